@@ -1,0 +1,362 @@
+#!/bin/bash
+# e2e-tcp.sh - end-to-end test of OUR NVMe/TCP gateway against the real Linux
+# initiator. Runs INSIDE the test VM:
+#
+#   tests/vm/run-in-vm.sh -t 900 -w target/vm-logs tests/vm/e2e-tcp.sh target/release/nvmeof-gateway
+#
+# usage: e2e-tcp.sh [--kernel-target] <path-to-nvmeof-gateway>
+#   --kernel-target  configure the kernel's nvmet (configfs, memory-backed
+#                    null_blk) with the same NQNs/port instead of starting our
+#                    binary; proves the script + initiator (no binary needed).
+#
+# Steps (each timed, PASS/FAIL): start gateway on 127.0.0.1:4420, (a) discover,
+# (b) connect + namespace size, (c) fio crc32c verify (4K randwrite, 128K seq
+# write), (d) mkfs.ext4 + 16 MiB sha256 round trip across a remount,
+# (e) disconnect, SIGTERM (exit 0), restart, reconnect, read,
+# (f) unknown host NQN refused, (g) unknown subsystem NQN refused (gateway
+# alive after each), final SIGTERM.
+# Last line: "N passed, N failed". Exit 0 only if nothing failed.
+#
+# Env: E2E_LOG_DIR (default: ./target/vm-logs if writable, else /tmp/e2e-logs),
+#      E2E_FIO_SIZE (default 32M), E2E_PORT (default 4420), RUST_LOG (default info).
+set -u
+export LC_ALL=C
+
+MODE=gateway
+if [ "${1:-}" = --kernel-target ]; then MODE=kernel; shift; fi
+GW=${1:-}
+if [ "$MODE" = gateway ]; then
+  if [ -z "$GW" ]; then echo "usage: e2e-tcp.sh [--kernel-target] <nvmeof-gateway binary>"; echo "0 passed, 1 failed"; exit 2; fi
+  case $GW in /*) ;; *) GW=$PWD/$GW ;; esac
+  if [ ! -x "$GW" ]; then echo "FAIL: gateway binary not found or not executable: $GW"; echo "0 passed, 1 failed"; exit 2; fi
+fi
+
+ADDR=127.0.0.1
+PORT=${E2E_PORT:-4420}
+NQN=nqn.2016-06.io.ceph-nvmeof-rs:e2e
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555
+HOSTID=11111111-2222-3333-4444-555555555555
+BADHOSTNQN=nqn.2014-08.org.nvmexpress:uuid:99999999-8888-7777-6666-555555555555
+BADHOSTID=99999999-8888-7777-6666-555555555555
+UNKNOWN_NQN=nqn.2016-06.io.ceph-nvmeof-rs:no-such-subsystem
+NS_BYTES=$((256 * 1024 * 1024))
+NS_BS=512
+FIO_SIZE=${E2E_FIO_SIZE:-32M}
+export RUST_LOG=${RUST_LOG:-info}
+
+WORK=/tmp/e2e
+mkdir -p $WORK
+CONF=$WORK/gateway.toml
+GWLOG=$WORK/gateway.log
+if [ -n "${E2E_LOG_DIR:-}" ]; then LOGDIR=$E2E_LOG_DIR
+elif [ -d target/vm-logs ] && [ -w target/vm-logs ] && touch target/vm-logs/.w 2>/dev/null; then LOGDIR=$PWD/target/vm-logs
+else LOGDIR=/tmp/e2e-logs; fi
+LOGDIR=$LOGDIR/e2e-tcp
+mkdir -p "$LOGDIR" 2>/dev/null && rm -f "$LOGDIR"/* 2>/dev/null
+# connect options: fail fast instead of retrying for 10 min if the target breaks
+COPTS=(-t tcp -a $ADDR -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1)
+
+now() { local u _; read -r u _ < /proc/uptime; echo "$u"; }
+T_ALL=$(now)
+PASS=0 FAIL=0 RESULTS=()
+GWPID=""
+
+gwlog_tail() { # n: tail of the gateway log (current run)
+  [ -s "$GWLOG" ] || return 0
+  echo "    --- gateway log (last ${1} lines of $GWLOG) ---"
+  tail -n "$1" "$GWLOG" | sed 's/^/    | /'
+}
+# step NAME DESCRIPTION cmd... : run, time, record PASS/FAIL; returns cmd's status
+step() {
+  local name=$1 desc=$2; shift 2
+  local t0 rc dt
+  echo "=== [$name] $desc"
+  t0=$(now)
+  "$@"
+  rc=$?
+  dt=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}')
+  if [ $rc -eq 0 ]; then
+    echo "PASS [$name] (${dt}s)"
+    PASS=$((PASS + 1)); RESULTS+=("$(printf 'PASS  %-28s %8ss' "$name" "$dt")")
+  else
+    echo "FAIL [$name] rc=$rc (${dt}s): $desc"
+    FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  %-28s %8ss  rc=%s' "$name" "$dt" "$rc")")
+    gwlog_tail 15
+    dmesg | grep -iE 'nvme|nvmet' | tail -n 8 | sed 's/^/    dmesg: /'
+  fi
+  return $rc
+}
+# skip NAME REASON: a step that could not run because an earlier one failed
+skip() {
+  echo "FAIL [$1] not run: $2"
+  FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  %-28s %8s   not run: %s' "$1" - "$2")")
+}
+say() { echo "    $*"; }
+
+# ---------------------------------------------------------------- target --
+write_config() {
+  cat > "$CONF" <<EOF
+[[listener]]
+transport = "tcp"
+address = "$ADDR"
+port = $PORT
+
+[[subsystem]]
+nqn = "$NQN"
+allow_any_host = false
+hosts = ["$HOSTNQN"]
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "memory"
+size = "256MiB"
+block_size = $NS_BS
+EOF
+  cp "$CONF" "$LOGDIR/" 2>/dev/null
+}
+port_listening() { # is something listening on $ADDR:$PORT (hex in /proc/net/tcp)?
+  local hp; hp=$(printf ':%04X' "$PORT")
+  awk -v hp="$hp" 'NR > 1 && $2 ~ hp"$" && $4 == "0A" {f = 1} END {exit !f}' /proc/net/tcp
+}
+gw_alive() { [ "$MODE" = kernel ] && return 0; [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; }
+
+CFG=/sys/kernel/config/nvmet
+kernel_start() { # nvmet with the same NQNs, host ACL and geometry as our config
+  local nb=/sys/kernel/config/nullb/e2e s=$CFG/subsystems/$NQN p=$CFG/ports/1
+  if [ ! -d $nb ]; then
+    mkdir $nb && echo $((NS_BYTES / 1024 / 1024)) > $nb/size && echo $NS_BS > $nb/blocksize &&
+      echo 1 > $nb/memory_backed && echo 1 > $nb/power || return 1
+  fi
+  local dev=""
+  for _ in $(seq 50); do [ -b /dev/e2e ] && { dev=/dev/e2e; break; }; sleep 0.1; done
+  [ -n "$dev" ] || { say "null_blk device did not appear"; return 1; }
+  if [ ! -d "$s" ]; then
+    mkdir "$CFG/hosts/$HOSTNQN" && mkdir "$s" && echo 0 > "$s/attr_allow_any_host" &&
+      ln -s "$CFG/hosts/$HOSTNQN" "$s/allowed_hosts/" &&
+      mkdir "$s/namespaces/1" && echo -n $dev > "$s/namespaces/1/device_path" &&
+      echo 1 > "$s/namespaces/1/enable" || return 1
+  fi
+  mkdir $p && echo tcp > $p/addr_trtype && echo ipv4 > $p/addr_adrfam &&
+    echo $ADDR > $p/addr_traddr && echo "$PORT" > $p/addr_trsvcid &&
+    ln -s "$s" "$p/subsystems/$NQN"
+}
+kernel_stop() {
+  local p=$CFG/ports/1
+  [ -d $p ] || return 0
+  rm -f "$p/subsystems/$NQN" && rmdir $p
+}
+
+start_gateway() { # [label]
+  if [ "$MODE" = kernel ]; then
+    say "kernel nvmet target (--kernel-target), not our binary"
+    kernel_start || return 1
+  else
+    write_config
+    say "$GW --config $CONF  (RUST_LOG=$RUST_LOG, log $GWLOG)"
+    echo "----- gateway start ${1:-} at guest uptime $(now) -----" >> "$GWLOG"
+    "$GW" --config "$CONF" >> "$GWLOG" 2>&1 < /dev/null &
+    GWPID=$!
+    say "gateway pid $GWPID"
+  fi
+  local i
+  for i in $(seq 150); do  # up to ~15 s
+    port_listening && { say "listening on $ADDR:$PORT"; return 0; }
+    gw_alive || { say "gateway exited during startup: $(wait "$GWPID"; echo "exit status $?")"; GWPID=""; return 1; }
+    sleep 0.1
+  done
+  say "nothing listening on $ADDR:$PORT after 15 s"
+  return 1
+}
+stop_gateway() { # SIGTERM; must exit 0 within 10 s
+  if [ "$MODE" = kernel ]; then kernel_stop; return; fi
+  [ -n "$GWPID" ] || { say "gateway not running"; return 1; }
+  if ! kill -0 "$GWPID" 2>/dev/null; then
+    wait "$GWPID"; say "gateway had already exited (status $?) before SIGTERM"; GWPID=""; return 1
+  fi
+  local t0; t0=$(now)
+  kill -TERM "$GWPID"
+  for _ in $(seq 100); do kill -0 "$GWPID" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$GWPID" 2>/dev/null; then
+    say "gateway still running 10 s after SIGTERM: sending SIGKILL"
+    kill -KILL "$GWPID"; wait "$GWPID" 2>/dev/null; GWPID=""; return 1
+  fi
+  wait "$GWPID"; local rc=$?
+  GWPID=""
+  say "gateway exited with status $rc $(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}')s after SIGTERM"
+  port_listening && { say "port $PORT still listening after exit"; return 1; }
+  [ $rc -eq 0 ]
+}
+
+# ------------------------------------------------------------- initiator --
+ns_dev_once() { # block device of the connected namespace of $NQN (multipath head or plain)
+  local s n b
+  for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+    [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
+    for n in "$s"/nvme*n* "$s"/nvme*/nvme*n*; do
+      b=${n##*/}
+      case $b in *c*n*) continue ;; esac  # hidden per-path nodes
+      [ -b "/dev/$b" ] && { echo "/dev/$b"; return 0; }
+    done
+  done
+  return 1
+}
+ns_dev() { for _ in $(seq 150); do ns_dev_once && return 0; sleep 0.1; done; return 1; }
+connected_ctrls() { # controllers (nvmeX) connected to subsystem NQN $1
+  local c
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] && echo "${c##*/}"
+  done
+}
+disconnect_nqn() { # nqn: disconnect and wait until its controllers are gone
+  timeout -k 5 60 nvme disconnect -n "$1" 2>&1 | sed 's/^/    /'
+  for _ in $(seq 150); do [ -z "$(connected_ctrls "$1")" ] && return 0; sleep 0.1; done
+  say "controllers of $1 still present: $(connected_ctrls "$1" | tr '\n' ' ')"
+  return 1
+}
+
+discover() {
+  local out rc
+  out=$(timeout -k 5 60 nvme discover -t tcp -a $ADDR -s "$PORT" --hostnqn=$HOSTNQN --hostid=$HOSTID 2>&1)
+  rc=$?
+  echo "$out" | sed 's/^/    /'
+  [ $rc -eq 0 ] || { say "nvme discover failed (rc=$rc)"; return 1; }
+  echo "$out" | grep -q "subnqn: *$NQN\$" || { say "subsystem $NQN not in the discovery log"; return 1; }
+  echo "$out" | grep -q "trsvcid: *$PORT\$" || { say "trsvcid $PORT not in the discovery log"; return 1; }
+  echo "$out" | grep -q "traddr: *$ADDR\$" || { say "traddr $ADDR not in the discovery log"; return 1; }
+}
+DEV=""
+connect() {
+  local out rc
+  out=$(timeout -k 5 90 nvme connect "${COPTS[@]}" -n $NQN --hostnqn=$HOSTNQN --hostid=$HOSTID 2>&1)
+  rc=$?
+  [ -n "$out" ] && echo "$out" | sed 's/^/    /'
+  [ $rc -eq 0 ] || { say "nvme connect failed (rc=$rc)"; return 1; }
+  DEV=$(ns_dev) || { say "connected, but no /dev/nvmeXnY for $NQN appeared within 15 s"; DEV=""; return 1; }
+  local b=${DEV#/dev/} sz lbs ctrl
+  sz=$(( $(cat /sys/block/$b/size) * 512 ))
+  lbs=$(cat /sys/block/$b/queue/logical_block_size)
+  ctrl=$(connected_ctrls $NQN | head -1)
+  say "namespace $DEV: $sz bytes, logical block $lbs; controller $ctrl: model '$(cat /sys/class/nvme/$ctrl/model 2>/dev/null | xargs)' serial '$(cat /sys/class/nvme/$ctrl/serial 2>/dev/null | xargs)' fw '$(cat /sys/class/nvme/$ctrl/firmware_rev 2>/dev/null | xargs)'"
+  [ "$sz" -eq $NS_BYTES ] || { say "size $sz != expected $NS_BYTES"; return 1; }
+  [ "$lbs" -eq $NS_BS ] || { say "logical block size $lbs != expected $NS_BS"; return 1; }
+}
+fio_run() { # label fio-args...
+  local label=$1; shift
+  local out=$WORK/fio-$label.log
+  (cd /tmp && timeout -k 10 300 fio --name="$label" --filename="$DEV" --direct=1 --ioengine=libaio \
+     --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 --group_reporting "$@") > "$out" 2>&1
+  local rc=$?
+  cp "$out" "$LOGDIR/" 2>/dev/null
+  grep -E 'IOPS|err=|verify|error|fio:' "$out" | sed 's/^/    /'
+  [ $rc -eq 0 ] || { say "fio failed (rc=$rc$([ $rc -eq 124 ] && echo ': timeout')); full output in $out"; tail -n 5 "$out" | sed 's/^/    | /'; return 1; }
+  grep -qE 'err= *[1-9]' "$out" && { say "fio reported errors"; return 1; }
+  return 0
+}
+fio_randwrite() { fio_run randwrite-4k --rw=randwrite --bs=4k --size="$FIO_SIZE" --iodepth=16; }
+fio_seqwrite() { fio_run seqwrite-128k --rw=write --bs=128k --size="$FIO_SIZE" --iodepth=8; }
+fs_check() {
+  local m=/mnt/e2e blob=$WORK/blob want got
+  mkdir -p $m
+  head -c 16M /dev/urandom > $blob || return 1
+  want=$(sha256sum < $blob | cut -d' ' -f1)
+  timeout -k 5 120 mkfs.ext4 -q -F -E lazy_itable_init=1,lazy_journal_init=1 "$DEV" || { say "mkfs.ext4 failed"; return 1; }
+  timeout -k 5 60 mount "$DEV" $m || { say "mount failed"; return 1; }
+  timeout -k 5 120 cp $blob $m/blob && timeout -k 5 120 sync || { say "write/sync failed"; umount $m; return 1; }
+  timeout -k 5 60 umount $m || { say "umount failed"; return 1; }
+  echo 3 > /proc/sys/vm/drop_caches
+  timeout -k 5 60 mount "$DEV" $m || { say "second mount failed"; return 1; }
+  got=$(timeout -k 5 120 sha256sum < $m/blob | cut -d' ' -f1)
+  timeout -k 5 60 umount $m || { say "final umount failed"; return 1; }
+  say "sha256 written=$want read-back=$got"
+  [ "$want" = "$got" ] || { say "sha256 MISMATCH"; return 1; }
+}
+read_check() { # after the restart: namespace readable + a small write/verify
+  local rc
+  timeout -k 5 60 dd if="$DEV" of=/dev/null bs=1M count=16 iflag=direct 2>&1 | tail -n 1 | sed 's/^/    dd: /'
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { say "dd read of 16 MiB failed (rc=$rc)"; return 1; }
+  fio_run after-restart-4k --rw=randwrite --bs=4k --size=4M --iodepth=8
+}
+expect_refused() { # label nqn hostnqn hostid
+  local out rc
+  out=$(timeout -k 5 90 nvme connect "${COPTS[@]}" -n "$2" --hostnqn="$3" --hostid="$4" 2>&1)
+  rc=$?
+  [ -n "$out" ] && echo "$out" | sed 's/^/    /'
+  dmesg | grep -iE 'nvme' | tail -n 2 | sed 's/^/    dmesg: /'
+  if [ $rc -eq 0 ] || [ -n "$(connected_ctrls "$2")" ]; then
+    say "UNEXPECTED: connect to $2 as $3 succeeded"
+    disconnect_nqn "$2" >/dev/null
+    return 1
+  fi
+  [ $rc -eq 124 ] && { say "nvme connect hung until timeout instead of being refused"; return 1; }
+  say "refused as expected (nvme connect rc=$rc)"
+  sleep 0.5
+  gw_alive || { say "gateway process DIED after the refused connect"; return 1; }
+  say "gateway still alive (pid ${GWPID:-kernel})"
+  discover > /dev/null || { say "gateway alive but discovery no longer works"; return 1; }
+  say "discovery still works"
+}
+
+cleanup() {
+  for c in $(connected_ctrls $NQN); do echo 1 > /sys/class/nvme/$c/delete_controller 2>/dev/null; done
+  if [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; then kill -KILL "$GWPID" 2>/dev/null; fi
+  [ -s "$GWLOG" ] && cp "$GWLOG" "$LOGDIR/" 2>/dev/null
+  dmesg > "$LOGDIR/dmesg.log" 2>/dev/null
+}
+trap cleanup EXIT
+
+# ------------------------------------------------------------------ main --
+echo "e2e-tcp: mode=$MODE guest $(uname -r), $(nproc) vCPU, nvme-cli $(nvme version 2>/dev/null | head -1 | awk '{print $3}'), logs in $LOGDIR"
+[ "$MODE" = gateway ] && echo "e2e-tcp: gateway $GW"
+step setup.modprobe "load the NVMe/TCP initiator" \
+  eval 'modprobe -a nvme-core nvme-tcp && { [ $MODE = gateway ] || { modprobe -a nvmet nvmet-tcp && modprobe null_blk nr_devices=0; }; }'
+
+if step gateway.start "start the target on $ADDR:$PORT" start_gateway first; then
+  step a.discover "nvme discover lists $NQN" discover
+
+  if step b.connect "nvme connect as allowed host, /dev/nvmeXnY has 256 MiB / 512 B blocks" connect; then
+    step c1.fio-randwrite-4k "fio 4K randwrite $FIO_SIZE iodepth 16 + crc32c verify" fio_randwrite
+    step c2.fio-seqwrite-128k "fio 128K sequential write $FIO_SIZE + crc32c verify" fio_seqwrite
+    step d.ext4-sha256 "mkfs.ext4, 16 MiB file, remount after drop_caches, sha256 matches" fs_check
+    step e1.disconnect "nvme disconnect" disconnect_nqn $NQN
+  else
+    for s in c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256 e1.disconnect; do skip $s "connect failed"; done
+    disconnect_nqn $NQN > /dev/null 2>&1
+  fi
+
+  if step e2.sigterm "SIGTERM: gateway exits with status 0 within 10 s" stop_gateway; then :; else
+    if [ -n "$GWPID" ]; then kill -KILL "$GWPID" 2>/dev/null; wait "$GWPID" 2>/dev/null; GWPID=""; fi
+  fi
+  if step e3.restart "restart the gateway with the same config" start_gateway restart; then
+    if step e4.reconnect "reconnect after restart" connect; then
+      step e5.read-after-restart "namespace usable after restart (dd read + fio verify 4M)" read_check
+      disconnect_nqn $NQN > /dev/null
+    else
+      skip e5.read-after-restart "reconnect failed"; disconnect_nqn $NQN > /dev/null 2>&1
+    fi
+    step f.reject-unknown-host "connect with a host NQN not in hosts[] is refused, gateway alive" \
+      expect_refused bad-host $NQN $BADHOSTNQN $BADHOSTID
+    step g.reject-unknown-subsys "connect to an unknown subsystem NQN is refused, gateway alive" \
+      expect_refused bad-subsys $UNKNOWN_NQN $HOSTNQN $HOSTID
+    step h.shutdown "final SIGTERM: exit status 0" stop_gateway
+  else
+    for s in e4.reconnect e5.read-after-restart f.reject-unknown-host g.reject-unknown-subsys h.shutdown; do skip $s "restart failed"; done
+  fi
+else
+  for s in a.discover b.connect c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256 e1.disconnect \
+    e2.sigterm e3.restart e4.reconnect e5.read-after-restart f.reject-unknown-host g.reject-unknown-subsys h.shutdown; do
+    skip $s "gateway did not start"
+  done
+fi
+
+cleanup; trap - EXIT
+echo
+echo "================ e2e-tcp summary (mode $MODE, guest $(uname -r), TCG) ================"
+printf '%s\n' "${RESULTS[@]}"
+echo "total $(awk -v a="$T_ALL" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}')s; logs: $LOGDIR"
+if [ $FAIL -gt 0 ] && [ -s "$GWLOG" ]; then
+  echo "---- gateway log tail ($LOGDIR/gateway.log) ----"
+  tail -n 40 "$GWLOG"
+fi
+echo "$PASS passed, $FAIL failed"
+[ $FAIL -eq 0 ]
