@@ -1,0 +1,298 @@
+//! Fabrics commands: Connect, Property Get/Set, Disconnect.
+
+use std::sync::Arc;
+
+use rbd_backend::IoBuf;
+
+use super::command::{Command, Status};
+use super::controller::{Controller, MAX_IO_QUEUES};
+use super::queue::{Action, Binding, Queue, MAX_QUEUE_ENTRIES};
+use super::subsystem::Subsystem;
+use crate::spec::{cntlid, fabrics, reg, sc, version, NQN_MAX_LEN};
+
+/// Length of the Connect command's data (`struct nvmf_connect_data`).
+pub const CONNECT_DATA_LEN: usize = 1024;
+/// Field offsets in the Connect data, for invalid-parameter reports.
+const DATA_HOSTID: usize = 0;
+const DATA_CNTLID: usize = 16;
+const DATA_SUBNQN: usize = 256;
+const DATA_HOSTNQN: usize = 512;
+/// Field offsets in the Connect command.
+const CMD_RECFMT: usize = 40;
+const CMD_QID: usize = 42;
+const CMD_SQSIZE: usize = 44;
+const CMD_KATO: usize = 48;
+
+/// NVMe version reported in VS and Identify Controller VER: 1.4 brought ANA.
+pub const NVME_VERSION: u32 = version(1, 4, 0);
+/// CAP.TO in 500 ms units: how long the host waits for CSTS.RDY (7.5 s).
+const CAP_TIMEOUT_UNITS: u64 = 15;
+
+/// Completion dword 0 for Connect Invalid Parameters: offset of the bad field, with IATTR
+/// set when it lies in the data rather than the command.
+fn invalid_param_location(offset: usize, in_data: bool) -> u64 {
+    (offset as u64) | if in_data { 1 << 16 } else { 0 }
+}
+
+/// The parsed Connect command and data.
+struct ConnectRequest {
+    qid: u16,
+    sqsize: u16,
+    kato_ms: u32,
+    hostid: [u8; 16],
+    cntlid: u16,
+    subnqn: String,
+    hostnqn: String,
+}
+
+/// A rejected Connect: status and the parameter location reported in dword 0.
+struct Reject {
+    status: Status,
+    location: u64,
+}
+
+impl Reject {
+    fn data(code: u16, offset: usize) -> Self {
+        Reject {
+            status: Status::error(code),
+            location: invalid_param_location(offset, true),
+        }
+    }
+
+    fn command(code: u16, offset: usize) -> Self {
+        Reject {
+            status: Status::error(code),
+            location: invalid_param_location(offset, false),
+        }
+    }
+
+    fn plain(code: u16) -> Self {
+        Reject {
+            status: Status::error(code),
+            location: 0,
+        }
+    }
+}
+
+/// An NQN field: NUL-terminated UTF-8 of at most 223 bytes.
+fn parse_nqn(field: &[u8]) -> Option<String> {
+    let len = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    if len == 0 || len > NQN_MAX_LEN {
+        return None;
+    }
+    std::str::from_utf8(&field[..len]).ok().map(str::to_owned)
+}
+
+fn parse_connect(cmd: &Command, data: Option<&IoBuf>) -> Result<ConnectRequest, Reject> {
+    let raw = cmd.as_bytes();
+    let le16 = |at: usize| u16::from_le_bytes([raw[at], raw[at + 1]]);
+    if le16(CMD_RECFMT) != 0 {
+        return Err(Reject::command(sc::CONNECT_FORMAT, CMD_RECFMT));
+    }
+    let data = match data {
+        Some(d) if d.len() >= CONNECT_DATA_LEN => d.as_slice(),
+        _ => return Err(Reject::plain(sc::SGL_INVALID_DATA)),
+    };
+    let mut hostid = [0u8; 16];
+    hostid.copy_from_slice(&data[DATA_HOSTID..DATA_HOSTID + 16]);
+    Ok(ConnectRequest {
+        qid: le16(CMD_QID),
+        sqsize: le16(CMD_SQSIZE),
+        kato_ms: cmd.cdw(CMD_KATO / 4),
+        hostid,
+        cntlid: u16::from_le_bytes([data[DATA_CNTLID], data[DATA_CNTLID + 1]]),
+        subnqn: parse_nqn(&data[DATA_SUBNQN..DATA_SUBNQN + 256])
+            .ok_or(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_SUBNQN))?,
+        hostnqn: parse_nqn(&data[DATA_HOSTNQN..DATA_HOSTNQN + 256])
+            .ok_or(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_HOSTNQN))?,
+    })
+}
+
+impl Queue {
+    pub(crate) fn execute_fabrics(
+        &mut self,
+        cmd: Command,
+        data: Option<IoBuf>,
+        out: &mut Vec<Action>,
+    ) {
+        let fctype = cmd.fctype();
+        if fctype == fabrics::CONNECT {
+            let result = self.connect(&cmd, data.as_ref());
+            if let Some(buf) = data {
+                self.recycle(buf);
+            }
+            match result {
+                Ok(cntlid) => {
+                    let completion = self
+                        .completion(cmd.cid(), Status::SUCCESS)
+                        .with_result(u64::from(cntlid));
+                    self.respond_with(out, completion, None);
+                }
+                Err(reject) => {
+                    let completion = self
+                        .completion(cmd.cid(), reject.status)
+                        .with_result(reject.location);
+                    self.respond_with(out, completion, None);
+                }
+            }
+            return;
+        }
+        if let Some(buf) = data {
+            self.recycle(buf);
+        }
+        let Some(binding) = self.binding.clone() else {
+            self.respond(out, cmd.cid(), Status::error(sc::CMD_SEQ_ERROR));
+            return;
+        };
+        match (fctype, binding.qid) {
+            (fabrics::PROPERTY_GET, 0) => match property_get(&binding.controller, &cmd) {
+                Ok(value) => {
+                    let completion = self
+                        .completion(cmd.cid(), Status::SUCCESS)
+                        .with_result(value);
+                    self.respond_with(out, completion, None);
+                }
+                Err(status) => self.respond(out, cmd.cid(), status),
+            },
+            (fabrics::PROPERTY_SET, 0) => {
+                let status = property_set(&binding.controller, &cmd);
+                self.respond(out, cmd.cid(), status);
+            }
+            (fabrics::DISCONNECT, qid) if qid != 0 => {
+                self.respond(out, cmd.cid(), Status::SUCCESS);
+                out.push(Action::Close);
+            }
+            _ => self.respond(out, cmd.cid(), Status::error(sc::INVALID_OPCODE)),
+        }
+    }
+
+    fn connect(&mut self, cmd: &Command, data: Option<&IoBuf>) -> Result<u16, Reject> {
+        if self.binding.is_some() {
+            return Err(Reject::plain(sc::CMD_SEQ_ERROR));
+        }
+        let req = parse_connect(cmd, data)?;
+        let subsystem = self
+            .target
+            .subsystem(&req.subnqn)
+            .ok_or(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_SUBNQN))?;
+        if !subsystem.spec.access.allows(&req.hostnqn) {
+            tracing::warn!(host = %req.hostnqn, subsystem = %req.subnqn, "connect refused: host not allowed");
+            return Err(Reject::data(sc::CONNECT_INVALID_HOST, DATA_HOSTNQN));
+        }
+        if req.sqsize == 0 || u32::from(req.sqsize) + 1 > MAX_QUEUE_ENTRIES {
+            return Err(Reject::command(sc::CONNECT_INVALID_PARAM, CMD_SQSIZE));
+        }
+        let controller = if req.qid == 0 {
+            self.connect_admin(subsystem, &req)?
+        } else {
+            self.connect_io(&subsystem, &req)?
+        };
+        let cntlid = controller.cntlid;
+        controller.register_notifier(self.notifier.clone());
+        self.sq_entries = u32::from(req.sqsize) + 1;
+        tracing::info!(cntlid, qid = req.qid, sqsize = req.sqsize, host = %req.hostnqn, subsystem = %req.subnqn, "queue connected");
+        self.binding = Some(Binding {
+            controller,
+            qid: req.qid,
+        });
+        Ok(cntlid)
+    }
+
+    fn connect_admin(
+        &self,
+        subsystem: Arc<Subsystem>,
+        req: &ConnectRequest,
+    ) -> Result<Arc<Controller>, Reject> {
+        if req.cntlid != cntlid::DYNAMIC && req.cntlid != cntlid::STATIC_ANY {
+            return Err(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_CNTLID));
+        }
+        let target = self.target.clone();
+        let caps = self.caps;
+        let sub = subsystem.clone();
+        subsystem
+            .register_controller(|id| {
+                Arc::new(Controller::new(
+                    id,
+                    sub,
+                    target,
+                    req.hostnqn.clone(),
+                    req.hostid,
+                    req.kato_ms,
+                    caps,
+                ))
+            })
+            .map_err(|_| Reject::plain(sc::CONNECT_CTRL_BUSY))
+    }
+
+    fn connect_io(
+        &self,
+        subsystem: &Subsystem,
+        req: &ConnectRequest,
+    ) -> Result<Arc<Controller>, Reject> {
+        if subsystem.is_discovery() {
+            return Err(Reject::command(sc::CONNECT_INVALID_PARAM, CMD_QID));
+        }
+        let controller = subsystem
+            .controller(req.cntlid)
+            .filter(|c| !c.is_torn_down())
+            .ok_or(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_CNTLID))?;
+        if controller.hostnqn != req.hostnqn {
+            return Err(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_HOSTNQN));
+        }
+        if !controller.is_ready() {
+            return Err(Reject::plain(sc::CMD_SEQ_ERROR));
+        }
+        let granted = match controller.io_queues_granted() {
+            0 => MAX_IO_QUEUES,
+            n => n,
+        };
+        if req.qid > granted {
+            return Err(Reject::command(sc::CONNECT_INVALID_PARAM, CMD_QID));
+        }
+        if !controller.attach_queue(req.qid) {
+            tracing::warn!(
+                cntlid = controller.cntlid,
+                qid = req.qid,
+                "connect refused: queue already connected"
+            );
+            return Err(Reject::plain(sc::CMD_SEQ_ERROR));
+        }
+        Ok(controller)
+    }
+}
+
+/// Property Get: attribute bits 2:0 give the size (0 = 4 bytes, 1 = 8 bytes).
+fn property_get(ctrl: &Controller, cmd: &Command) -> Result<u64, Status> {
+    let eight_bytes = cmd.as_bytes()[40] & 0x7 == 1;
+    let offset = cmd.cdw(11);
+    let value = match (offset, eight_bytes) {
+        (reg::CAP, true) => capabilities(),
+        (reg::VS, false) => u64::from(NVME_VERSION),
+        (reg::CC, false) => u64::from(ctrl.cc()),
+        (reg::CSTS, false) => u64::from(ctrl.csts()),
+        _ => return Err(Status::error(sc::INVALID_FIELD)),
+    };
+    Ok(value)
+}
+
+fn property_set(ctrl: &Controller, cmd: &Command) -> Status {
+    let eight_bytes = cmd.as_bytes()[40] & 0x7 == 1;
+    let offset = cmd.cdw(11);
+    let value = cmd.cdw(12);
+    match (offset, eight_bytes) {
+        (reg::CC, false) => {
+            ctrl.write_cc(value);
+            Status::SUCCESS
+        }
+        _ => Status::error(sc::INVALID_FIELD),
+    }
+}
+
+/// CAP: MQES, contiguous queues required, timeout, NVM command set; 4 KiB pages only.
+pub fn capabilities() -> u64 {
+    let mqes = u64::from(MAX_QUEUE_ENTRIES - 1);
+    let cqr = 1u64 << 16;
+    let timeout = CAP_TIMEOUT_UNITS << 24;
+    let css_nvm = 1u64 << 37;
+    mqes | cqr | timeout | css_nvm
+}

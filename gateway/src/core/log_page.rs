@@ -1,0 +1,215 @@
+//! Log pages, built whole; Get Log Page slices the requested window out of them.
+
+use super::admin::supported_log_pages;
+use super::command::Status;
+use super::controller::Controller;
+use super::target::{ListenerInfo, TransportType};
+use crate::spec::{admin_opcode, disc, effects, io_opcode, log, sc, NQN_FIELD_LEN};
+
+const ERROR_LOG_ENTRY_LEN: usize = 64;
+const SMART_LOG_LEN: usize = 512;
+const FW_SLOT_LOG_LEN: usize = 512;
+const EFFECTS_LOG_LEN: usize = 4096;
+const CHANGED_NS_LOG_LEN: usize = 4096;
+const ANA_HEADER_LEN: usize = 16;
+const ANA_DESCRIPTOR_LEN: usize = 32;
+
+/// Builds log page `lid` for `ctrl`. `retain_event` is the RAE bit: without it, reading a
+/// page that carries an event (Changed Namespace List) also clears its content.
+pub fn build(ctrl: &Controller, lid: u8, lsp: u8, retain_event: bool) -> Result<Vec<u8>, Status> {
+    let discovery = ctrl.is_discovery();
+    if !supported_log_pages(discovery).contains(&lid) {
+        return Err(Status::error(sc::INVALID_LOG_PAGE));
+    }
+    Ok(match lid {
+        log::SUPPORTED => supported(discovery),
+        log::ERROR => vec![0; ERROR_LOG_ENTRY_LEN],
+        log::SMART => smart(),
+        log::FW_SLOT => firmware_slots(ctrl),
+        log::CHANGED_NS => changed_namespaces(ctrl, !retain_event),
+        log::CMD_EFFECTS => command_effects(),
+        log::ANA => ana(ctrl, lsp & log::ANA_LSP_RGO != 0),
+        log::DISC => discovery_log(ctrl),
+        _ => return Err(Status::error(sc::INVALID_LOG_PAGE)),
+    })
+}
+
+fn put_u16(buf: &mut [u8], at: usize, v: u16) {
+    buf[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_u32(buf: &mut [u8], at: usize, v: u32) {
+    buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(buf: &mut [u8], at: usize, v: u64) {
+    buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_str(buf: &mut [u8], at: usize, len: usize, s: &str) {
+    let n = s.len().min(len);
+    buf[at..at + n].copy_from_slice(&s.as_bytes()[..n]);
+}
+
+fn supported(discovery: bool) -> Vec<u8> {
+    let mut page = vec![0; 1024];
+    for &lid in supported_log_pages(discovery) {
+        put_u32(&mut page, usize::from(lid) * 4, log::LIDS_LSUPP);
+    }
+    page
+}
+
+fn smart() -> Vec<u8> {
+    let mut page = vec![0; SMART_LOG_LEN];
+    // Composite temperature 25 °C; spare fully available with a 10% threshold.
+    put_u16(&mut page, 1, 298);
+    page[3] = 100;
+    page[4] = 10;
+    page
+}
+
+fn firmware_slots(ctrl: &Controller) -> Vec<u8> {
+    let mut page = vec![0; FW_SLOT_LOG_LEN];
+    page[0] = 1; // AFI: slot 1 active
+    let fw = &ctrl.target.identity.firmware;
+    page[8..16].fill(b' ');
+    put_str(&mut page, 8, 8, fw);
+    page
+}
+
+fn command_effects() -> Vec<u8> {
+    let mut page = vec![0; EFFECTS_LOG_LEN];
+    for op in [
+        admin_opcode::GET_LOG_PAGE,
+        admin_opcode::IDENTIFY,
+        admin_opcode::ABORT,
+        admin_opcode::SET_FEATURES,
+        admin_opcode::GET_FEATURES,
+        admin_opcode::ASYNC_EVENT,
+        admin_opcode::KEEP_ALIVE,
+    ] {
+        put_u32(&mut page, usize::from(op) * 4, effects::CSUPP);
+    }
+    let io = 1024;
+    for (op, bits) in [
+        (io_opcode::FLUSH, effects::CSUPP | effects::LBCC),
+        (io_opcode::WRITE, effects::CSUPP | effects::LBCC),
+        (io_opcode::READ, effects::CSUPP),
+        (io_opcode::COMPARE, effects::CSUPP),
+        (io_opcode::WRITE_ZEROES, effects::CSUPP | effects::LBCC),
+        (io_opcode::DSM, effects::CSUPP | effects::LBCC),
+    ] {
+        put_u32(&mut page, io + usize::from(op) * 4, bits);
+    }
+    page
+}
+
+fn changed_namespaces(ctrl: &Controller, clear: bool) -> Vec<u8> {
+    let mut page = vec![0; CHANGED_NS_LOG_LEN];
+    let (list, overflow) = ctrl.changed_namespaces(clear);
+    if overflow {
+        put_u32(&mut page, 0, 0xffff_ffff);
+    } else {
+        for (i, nsid) in list
+            .into_iter()
+            .take(log::MAX_CHANGED_NAMESPACES)
+            .enumerate()
+        {
+            put_u32(&mut page, i * 4, nsid);
+        }
+    }
+    page
+}
+
+/// ANA log: a header, then one descriptor per group with its namespaces (unless only the
+/// groups were asked for: RGO).
+fn ana(ctrl: &Controller, groups_only: bool) -> Vec<u8> {
+    let subsystem = &ctrl.subsystem;
+    let namespaces = subsystem.namespaces();
+    let groups = subsystem.ana_groups();
+    let change_count = subsystem.ana_change_count();
+    let mut page = vec![0; ANA_HEADER_LEN];
+    put_u64(&mut page, 0, change_count);
+    put_u16(&mut page, 8, groups.len() as u16);
+    for (group, state) in groups {
+        let members: Vec<u32> = if groups_only {
+            Vec::new()
+        } else {
+            namespaces
+                .iter()
+                .filter(|ns| ns.ana_group == group)
+                .map(|ns| ns.nsid)
+                .collect()
+        };
+        let at = page.len();
+        page.resize(at + ANA_DESCRIPTOR_LEN + members.len() * 4, 0);
+        put_u32(&mut page, at, group);
+        put_u32(&mut page, at + 4, members.len() as u32);
+        put_u64(&mut page, at + 8, change_count);
+        page[at + 16] = state;
+        for (i, nsid) in members.iter().enumerate() {
+            put_u32(&mut page, at + ANA_DESCRIPTOR_LEN + i * 4, *nsid);
+        }
+    }
+    page
+}
+
+fn discovery_entry(page: &mut Vec<u8>, listener: &ListenerInfo, subtype: u8, subnqn: &str) {
+    let at = page.len();
+    page.resize(at + disc::ENTRY_LEN, 0);
+    let entry = &mut page[at..];
+    entry[0] = match listener.transport {
+        TransportType::Tcp => disc::TRTYPE_TCP,
+        TransportType::Rdma => disc::TRTYPE_RDMA,
+    };
+    entry[1] = if listener.address.contains(':') {
+        disc::ADRFAM_IP6
+    } else {
+        disc::ADRFAM_IP4
+    };
+    entry[2] = subtype;
+    entry[3] = disc::TREQ_NOT_REQUIRED;
+    put_u16(entry, 4, listener.port_id);
+    put_u16(entry, 6, crate::spec::cntlid::DYNAMIC);
+    put_u16(entry, 8, 32); // ASQSZ: admin queue depth the host should use
+    put_str(entry, 32, 32, &listener.port.to_string());
+    put_str(entry, 256, NQN_FIELD_LEN, subnqn);
+    put_str(entry, 512, 256, &listener.address);
+    match listener.transport {
+        TransportType::Tcp => entry[768] = disc::TCP_SECTYPE_NONE,
+        TransportType::Rdma => {
+            entry[768] = disc::RDMA_QPTYPE_CONNECTED;
+            entry[769] = disc::RDMA_PRTYPE_NOT_SPECIFIED;
+            entry[770] = disc::RDMA_CMS_RDMA_CM;
+        }
+    }
+}
+
+/// Discovery log: every listener of every subsystem this host may connect to, plus the
+/// discovery subsystem itself on each listener.
+fn discovery_log(ctrl: &Controller) -> Vec<u8> {
+    let target = &ctrl.target;
+    let listeners = target.listeners();
+    let mut page = vec![0; disc::HEADER_LEN];
+    for listener in &listeners {
+        discovery_entry(
+            &mut page,
+            listener,
+            disc::SUBTYPE_CURRENT_DISCOVERY,
+            ctrl.subsystem.nqn(),
+        );
+    }
+    for subsystem in target.subsystems() {
+        if !subsystem.spec.access.allows(&ctrl.hostnqn) {
+            continue;
+        }
+        for listener in &listeners {
+            discovery_entry(&mut page, listener, disc::SUBTYPE_NVME, subsystem.nqn());
+        }
+    }
+    let records = ((page.len() - disc::HEADER_LEN) / disc::ENTRY_LEN) as u64;
+    put_u64(&mut page, 0, target.discovery_generation());
+    put_u64(&mut page, 8, records);
+    put_u16(&mut page, 16, 0); // RECFMT
+    page
+}

@@ -1,0 +1,19 @@
+//! The NVMe-oF protocol core: subsystems, controllers, queues and every command, with no
+//! I/O and no clock. Transports (NVMe/TCP, NVMe/RDMA) drive it through [`queue::Queue`].
+
+pub mod admin;
+pub mod command;
+pub mod controller;
+pub mod fabrics;
+pub mod identify;
+pub mod io;
+pub mod log_page;
+pub mod queue;
+pub mod subsystem;
+pub mod target;
+
+pub use command::{Command, Completion, Status};
+pub use controller::{Controller, QueueNotifier, TeardownReason};
+pub use queue::{Action, Queue, Response};
+pub use subsystem::{HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec};
+pub use target::{ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType};

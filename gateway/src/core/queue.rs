@@ -1,0 +1,297 @@
+//! One NVMe queue pair as the core sees it: commands in, actions out.
+//!
+//! A transport owns one [`Queue`] per connection (NVMe/TCP) or queue pair (RDMA). It feeds
+//! each command capsule (with its host data, once fetched) to [`Queue::execute`], runs the
+//! [`Action`]s that come back (send a response, submit an op to a device, close), and feeds
+//! device completions to [`Queue::complete_io`]. The queue does no I/O and reads no clock, so
+//! every path is testable byte for byte without a socket.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use rbd_backend::{BlockDevice, IoBuf, IoOp};
+
+use super::command::{Command, Completion, Status};
+use super::controller::{Controller, QueueNotifier, TeardownReason};
+use super::target::{Target, TransportCaps};
+use crate::spec::{fuse, io_opcode, sc};
+
+/// Maximum Data Transfer Size as a power of two of the 4 KiB minimum page: 2^8 * 4 KiB = 1 MiB.
+pub const MDTS_SHIFT: u8 = 8;
+pub const MAX_DATA_LEN: u32 = 4096 << MDTS_SHIFT;
+/// Largest queue the target accepts (CAP.MQES is this minus one).
+pub const MAX_QUEUE_ENTRIES: u32 = 1024;
+
+/// A completion, with the data to send to the host before it (reads, Identify, logs).
+#[derive(Debug)]
+pub struct Response {
+    pub completion: Completion,
+    pub data: Option<IoBuf>,
+}
+
+/// What the transport must do next.
+pub enum Action {
+    /// Send `data` (if any) then the completion.
+    Respond(Response),
+    /// Start `op` on `device`; hand its [`IoDone`] to [`Queue::complete_io`].
+    Submit {
+        device: Arc<dyn BlockDevice>,
+        tag: u64,
+        op: IoOp,
+    },
+    /// Close the connection after sending what came before.
+    Close,
+}
+
+impl std::fmt::Debug for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::Respond(r) => f.debug_tuple("Respond").field(r).finish(),
+            Action::Submit { device, tag, op } => f
+                .debug_struct("Submit")
+                .field("device", &device.name())
+                .field("tag", tag)
+                .field("op", op)
+                .finish(),
+            Action::Close => f.write_str("Close"),
+        }
+    }
+}
+
+/// What a command waiting for its device needs at completion.
+#[derive(Debug)]
+pub(crate) enum InFlight {
+    Read,
+    Write,
+    Flush,
+    /// A multi-op command (DSM ranges): completes when `remaining` reaches zero.
+    Ranges {
+        remaining: u32,
+        status: Status,
+    },
+    /// Compare: the device reads, the core compares against the host's data.
+    Compare {
+        expected: IoBuf,
+    },
+    /// Fused compare-and-write: both commands complete together.
+    FusedCompareAndWrite {
+        first_cid: u16,
+    },
+    /// The compare half of a fused pair, held so its CID is not reused meanwhile.
+    FusedFirstHalf,
+}
+
+/// The queue's association with a controller, set by Connect.
+#[derive(Debug, Clone)]
+pub struct Binding {
+    pub controller: Arc<Controller>,
+    pub qid: u16,
+}
+
+pub struct Queue {
+    pub(crate) target: Arc<Target>,
+    pub(crate) caps: TransportCaps,
+    pub(crate) binding: Option<Binding>,
+    /// Entries in the submission queue (SQSIZE + 1).
+    pub(crate) sq_entries: u32,
+    sq_head: u16,
+    pub(crate) inflight: HashMap<u16, InFlight>,
+    parked_fused_first: Option<(Command, Option<IoBuf>)>,
+    free_buffers: Vec<IoBuf>,
+    pub(crate) notifier: Weak<dyn QueueNotifier>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("qid", &self.qid())
+            .field(
+                "cntlid",
+                &self.binding.as_ref().map(|b| b.controller.cntlid),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Queue {
+    pub fn new(
+        target: Arc<Target>,
+        caps: TransportCaps,
+        notifier: Weak<dyn QueueNotifier>,
+    ) -> Self {
+        Self {
+            target,
+            caps,
+            binding: None,
+            sq_entries: 0,
+            sq_head: 0,
+            inflight: HashMap::new(),
+            parked_fused_first: None,
+            free_buffers: Vec::new(),
+            notifier,
+        }
+    }
+
+    pub fn binding(&self) -> Option<&Binding> {
+        self.binding.as_ref()
+    }
+
+    pub fn controller(&self) -> Option<&Arc<Controller>> {
+        self.binding.as_ref().map(|b| &b.controller)
+    }
+
+    pub fn qid(&self) -> Option<u16> {
+        self.binding.as_ref().map(|b| b.qid)
+    }
+
+    /// Commands waiting for a device.
+    pub fn in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// A buffer of exactly `len` bytes from the queue's free list.
+    pub fn take_buffer(&mut self, len: usize) -> IoBuf {
+        let mut buf = self.free_buffers.pop().unwrap_or_default();
+        buf.resize(len);
+        buf
+    }
+
+    /// Returns a buffer to the free list once the transport has sent it.
+    pub fn recycle(&mut self, buf: IoBuf) {
+        // Keep enough for a full queue of in-flight commands; drop the rest.
+        if self.free_buffers.len() < 256 {
+            self.free_buffers.push(buf);
+        }
+    }
+
+    /// Checks a command's data length before the transport fetches its data, so an
+    /// oversized transfer is refused without reading it.
+    pub fn check_data_len(&self, cmd: &Command) -> Result<(), Completion> {
+        if cmd.data_len() > MAX_DATA_LEN {
+            return Err(self.completion(cmd.cid(), Status::error(sc::INVALID_FIELD)));
+        }
+        Ok(())
+    }
+
+    /// A completion for this queue, with SQ ID and head filled in.
+    pub(crate) fn completion(&self, cid: u16, status: Status) -> Completion {
+        Completion {
+            result: 0,
+            sq_head: self.sq_head,
+            sq_id: self.qid().unwrap_or(0),
+            cid,
+            status,
+        }
+    }
+
+    pub(crate) fn respond(&self, out: &mut Vec<Action>, cid: u16, status: Status) {
+        out.push(Action::Respond(Response {
+            completion: self.completion(cid, status),
+            data: None,
+        }));
+    }
+
+    pub(crate) fn respond_with(
+        &self,
+        out: &mut Vec<Action>,
+        completion: Completion,
+        data: Option<IoBuf>,
+    ) {
+        let completion = Completion {
+            sq_head: self.sq_head,
+            sq_id: self.qid().unwrap_or(0),
+            ..completion
+        };
+        out.push(Action::Respond(Response { completion, data }));
+    }
+
+    /// Runs one command. `data` is the host's data for host-to-controller commands.
+    pub fn execute(&mut self, cmd: Command, data: Option<IoBuf>, out: &mut Vec<Action>) {
+        if self.sq_entries > 0 {
+            self.sq_head = ((u32::from(self.sq_head) + 1) % self.sq_entries) as u16;
+        }
+        if let Some(ctrl) = self.controller() {
+            ctrl.keep_alive();
+        }
+
+        // A fused pair must arrive back to back: anything else orphans a parked first half.
+        if cmd.fuse() != fuse::SECOND {
+            if let Some((first, first_data)) = self.parked_fused_first.take() {
+                if let Some(buf) = first_data {
+                    self.recycle(buf);
+                }
+                self.respond(out, first.cid(), Status::error(sc::FUSED_MISSING));
+            }
+        }
+        if self.inflight.contains_key(&cmd.cid()) {
+            self.respond(out, cmd.cid(), Status::error(sc::CMDID_CONFLICT));
+            return;
+        }
+        if cmd.is_fabrics() {
+            self.execute_fabrics(cmd, data, out);
+            return;
+        }
+        let Some(binding) = self.binding.clone() else {
+            // Only Connect may come before Connect.
+            self.respond(out, cmd.cid(), Status::error(sc::CMD_SEQ_ERROR));
+            return;
+        };
+        if binding.qid == 0 {
+            self.execute_admin(&binding.controller, cmd, data, out);
+            return;
+        }
+        match cmd.fuse() {
+            0 => self.execute_io(&binding.controller, cmd, data, out),
+            fuse::FIRST => {
+                if cmd.opcode() != io_opcode::COMPARE {
+                    self.respond(out, cmd.cid(), Status::error(sc::INVALID_FIELD));
+                } else {
+                    self.parked_fused_first = Some((cmd, data));
+                }
+            }
+            fuse::SECOND => match self.parked_fused_first.take() {
+                Some((first, first_data)) => {
+                    self.execute_fused(&binding.controller, first, first_data, cmd, data, out)
+                }
+                None => self.respond(out, cmd.cid(), Status::error(sc::FUSED_MISSING)),
+            },
+            _ => self.respond(out, cmd.cid(), Status::error(sc::INVALID_FIELD)),
+        }
+    }
+
+    /// Completions and closes that arrived from outside (asynchronous events, teardown).
+    pub fn poll_events(&mut self, out: &mut Vec<Action>) {
+        let Some(binding) = self.binding.clone() else {
+            return;
+        };
+        if binding.controller.is_torn_down() {
+            out.push(Action::Close);
+            return;
+        }
+        if binding.qid == 0 {
+            for completion in binding.controller.take_ready_completions() {
+                self.respond_with(out, completion, None);
+            }
+        }
+    }
+
+    /// The connection is gone: release the queue, and with the admin queue the controller.
+    pub fn close(&mut self) {
+        if let Some(binding) = self.binding.take() {
+            if binding.qid == 0 {
+                binding.controller.abort_parked_aers();
+                binding
+                    .controller
+                    .teardown(TeardownReason::AdminQueueClosed);
+            } else {
+                binding.controller.detach_queue(binding.qid);
+            }
+        }
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

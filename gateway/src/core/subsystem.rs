@@ -1,0 +1,262 @@
+//! NVM subsystems and their namespaces.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use rbd_backend::BlockDevice;
+
+use super::controller::Controller;
+use crate::spec::{ana, cntlid};
+
+/// One namespace: a block device with the identity the host sees.
+pub struct Namespace {
+    pub nsid: u32,
+    pub device: Arc<dyn BlockDevice>,
+    /// log2 of the LBA size (9 for 512 bytes, 12 for 4096).
+    pub lba_shift: u8,
+    /// Stable identity, identical on every gateway and unique per namespace: the Linux host
+    /// joins paths by it and drops namespaces whose IDs collide.
+    pub nguid: [u8; 16],
+    pub uuid: [u8; 16],
+    pub ana_group: u32,
+    pub read_only: bool,
+}
+
+impl Namespace {
+    pub fn lba_size(&self) -> u64 {
+        1 << self.lba_shift
+    }
+
+    /// Size in logical blocks, rounded down.
+    pub fn size_in_lbas(&self) -> u64 {
+        self.device.size_bytes() >> self.lba_shift
+    }
+}
+
+impl std::fmt::Debug for Namespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Namespace")
+            .field("nsid", &self.nsid)
+            .field("device", &self.device.name())
+            .field("lba_shift", &self.lba_shift)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a subsystem serves I/O or discovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubsystemKind {
+    Nvm,
+    Discovery,
+}
+
+/// Which hosts may connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostAccess {
+    AnyHost,
+    Only(BTreeSet<String>),
+}
+
+impl HostAccess {
+    pub fn allows(&self, hostnqn: &str) -> bool {
+        match self {
+            HostAccess::AnyHost => true,
+            HostAccess::Only(hosts) => hosts.contains(hostnqn),
+        }
+    }
+}
+
+/// Static description of a subsystem, from configuration.
+#[derive(Debug, Clone)]
+pub struct SubsystemSpec {
+    pub nqn: String,
+    pub serial: String,
+    pub model: String,
+    pub access: HostAccess,
+    /// Controller IDs this gateway hands out. Gateways of one group get disjoint ranges so a
+    /// host never sees the same CNTLID twice in one subsystem.
+    pub cntlid_min: u16,
+    pub cntlid_max: u16,
+}
+
+/// An NVM subsystem (or the discovery subsystem).
+pub struct Subsystem {
+    pub kind: SubsystemKind,
+    pub spec: SubsystemSpec,
+    namespaces: RwLock<BTreeMap<u32, Arc<Namespace>>>,
+    controllers: Mutex<BTreeMap<u16, Weak<Controller>>>,
+    next_cntlid: Mutex<u16>,
+    /// ANA group states as seen through this gateway's ports.
+    ana_groups: RwLock<BTreeMap<u32, u8>>,
+    /// Bumped on every ANA change, reported in the ANA log page.
+    ana_change_count: AtomicU64,
+}
+
+impl std::fmt::Debug for Subsystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subsystem")
+            .field("nqn", &self.spec.nqn)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a controller could not be allocated.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NoFreeControllerId;
+
+impl Subsystem {
+    pub fn new(kind: SubsystemKind, spec: SubsystemSpec) -> Self {
+        let first = spec.cntlid_min.max(cntlid::MIN);
+        Self {
+            kind,
+            spec,
+            namespaces: RwLock::new(BTreeMap::new()),
+            controllers: Mutex::new(BTreeMap::new()),
+            next_cntlid: Mutex::new(first),
+            ana_groups: RwLock::new(BTreeMap::new()),
+            ana_change_count: AtomicU64::new(1),
+        }
+    }
+
+    pub fn nqn(&self) -> &str {
+        &self.spec.nqn
+    }
+
+    pub fn is_discovery(&self) -> bool {
+        self.kind == SubsystemKind::Discovery
+    }
+
+    /// Adds a namespace; its ANA group starts optimized unless it already has a state.
+    pub fn add_namespace(&self, ns: Arc<Namespace>) {
+        self.ana_groups
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(ns.ana_group)
+            .or_insert(ana::OPTIMIZED);
+        self.namespaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ns.nsid, ns);
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        self.namespaces
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&nsid)
+            .cloned()
+    }
+
+    /// All namespaces, in NSID order.
+    pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
+        self.namespaces
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The highest NSID this subsystem may hold (Identify Controller NN).
+    pub fn max_namespaces(&self) -> u32 {
+        1024
+    }
+
+    pub fn ana_state(&self, group: u32) -> u8 {
+        self.ana_groups
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&group)
+            .copied()
+            .unwrap_or(ana::INACCESSIBLE)
+    }
+
+    /// Group ID → state, in group order.
+    pub fn ana_groups(&self) -> Vec<(u32, u8)> {
+        self.ana_groups
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(g, s)| (*g, *s))
+            .collect()
+    }
+
+    pub fn ana_change_count(&self) -> u64 {
+        self.ana_change_count.load(Ordering::SeqCst)
+    }
+
+    /// Changes one group's state and tells every live controller.
+    pub fn set_ana_state(&self, group: u32, state: u8) {
+        let changed = {
+            let mut groups = self.ana_groups.write().unwrap_or_else(|e| e.into_inner());
+            groups.insert(group, state) != Some(state)
+        };
+        if changed {
+            self.ana_change_count.fetch_add(1, Ordering::SeqCst);
+            for ctrl in self.controllers() {
+                ctrl.notify_ana_change();
+            }
+        }
+    }
+
+    /// Allocates the next free controller ID in this gateway's range and registers the
+    /// controller built for it.
+    pub fn register_controller(
+        &self,
+        build: impl FnOnce(u16) -> Arc<Controller>,
+    ) -> Result<Arc<Controller>, NoFreeControllerId> {
+        let mut controllers = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        controllers.retain(|_, c| c.strong_count() > 0);
+        let min = self.spec.cntlid_min.max(cntlid::MIN);
+        let max = self.spec.cntlid_max.min(cntlid::MAX);
+        let span = u32::from(max.saturating_sub(min)) + 1;
+        let mut next = self.next_cntlid.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..span {
+            let candidate = if *next < min || *next > max {
+                min
+            } else {
+                *next
+            };
+            *next = if candidate >= max { min } else { candidate + 1 };
+            if !controllers.contains_key(&candidate) {
+                let ctrl = build(candidate);
+                controllers.insert(candidate, Arc::downgrade(&ctrl));
+                return Ok(ctrl);
+            }
+        }
+        Err(NoFreeControllerId)
+    }
+
+    pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
+        self.controllers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&cntlid)
+            .and_then(Weak::upgrade)
+    }
+
+    pub fn controllers(&self) -> Vec<Arc<Controller>> {
+        self.controllers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    pub fn remove_controller(&self, cntlid: u16) {
+        self.controllers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&cntlid);
+    }
+
+    /// Tells every controller that a namespace changed (added, removed, resized).
+    pub fn notify_namespace_changed(&self, nsid: u32) {
+        for ctrl in self.controllers() {
+            ctrl.notify_namespace_changed(nsid);
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The target: every subsystem this gateway serves, and the ports it listens on.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use super::subsystem::{HostAccess, Subsystem, SubsystemKind, SubsystemSpec};
+use crate::spec::{cntlid, DISCOVERY_NQN};
+
+/// The fabric a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportType {
+    Tcp,
+    Rdma,
+}
+
+/// One listening address, as reported in discovery log entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerInfo {
+    pub transport: TransportType,
+    /// Numeric address (IPv4 or IPv6), as the host should dial it.
+    pub address: String,
+    pub port: u16,
+    /// Port ID in discovery entries; unique per listener within the gateway group.
+    pub port_id: u16,
+}
+
+/// What a transport can carry, which shapes Identify Controller fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransportCaps {
+    /// Bytes of data a command capsule may carry (IOCCSZ = (64 + this) / 16).
+    pub in_capsule_data_size: u32,
+    /// Keyed SGL data block descriptors (RDMA).
+    pub keyed_sgls: bool,
+}
+
+/// Product identity shared by every gateway of a group.
+#[derive(Debug, Clone)]
+pub struct TargetIdentity {
+    pub model: String,
+    pub firmware: String,
+}
+
+impl Default for TargetIdentity {
+    fn default() -> Self {
+        Self {
+            model: "Ceph RBD NVMe-oF gateway".into(),
+            firmware: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+/// All subsystems and listeners of one gateway.
+pub struct Target {
+    pub identity: TargetIdentity,
+    discovery: Arc<Subsystem>,
+    subsystems: RwLock<BTreeMap<String, Arc<Subsystem>>>,
+    listeners: RwLock<Vec<ListenerInfo>>,
+    discovery_generation: AtomicU64,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target").finish_non_exhaustive()
+    }
+}
+
+impl Target {
+    pub fn new(identity: TargetIdentity) -> Self {
+        let discovery = Subsystem::new(
+            SubsystemKind::Discovery,
+            SubsystemSpec {
+                nqn: DISCOVERY_NQN.into(),
+                serial: "discovery".into(),
+                model: identity.model.clone(),
+                access: HostAccess::AnyHost,
+                cntlid_min: cntlid::MIN,
+                cntlid_max: cntlid::MAX,
+            },
+        );
+        Self {
+            identity,
+            discovery: Arc::new(discovery),
+            subsystems: RwLock::new(BTreeMap::new()),
+            listeners: RwLock::new(Vec::new()),
+            discovery_generation: AtomicU64::new(1),
+        }
+    }
+
+    pub fn add_subsystem(&self, subsystem: Arc<Subsystem>) {
+        self.subsystems
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(subsystem.nqn().to_string(), subsystem);
+        self.discovery_changed();
+    }
+
+    pub fn add_listener(&self, listener: ListenerInfo) {
+        self.listeners
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(listener);
+        self.discovery_changed();
+    }
+
+    /// The subsystem named `nqn`, the discovery subsystem included.
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        if nqn == DISCOVERY_NQN {
+            return Some(self.discovery.clone());
+        }
+        self.subsystems
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(nqn)
+            .cloned()
+    }
+
+    /// NVM subsystems, in NQN order.
+    pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
+        self.subsystems
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn listeners(&self) -> Vec<ListenerInfo> {
+        self.listeners
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn discovery_generation(&self) -> u64 {
+        self.discovery_generation.load(Ordering::SeqCst)
+    }
+
+    fn discovery_changed(&self) {
+        self.discovery_generation.fetch_add(1, Ordering::SeqCst);
+        for ctrl in self.discovery.controllers() {
+            ctrl.notify_discovery_change();
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The block-device contract shared by every backend.
+
+use std::sync::Arc;
+
+/// An owned, reusable data buffer. Ops carry their buffers to the device and back, so the
+/// transport can recycle them (later: slots of a registered RDMA buffer pool) and never
+/// allocate per I/O once warm.
+#[derive(Debug, Default)]
+pub struct IoBuf {
+    bytes: Vec<u8>,
+}
+
+impl IoBuf {
+    /// A zero-filled buffer of `len` bytes.
+    pub fn zeroed(len: usize) -> Self {
+        Self {
+            bytes: vec![0; len],
+        }
+    }
+
+    /// Wraps existing bytes.
+    pub fn from_vec(bytes: Vec<u8>) -> Self {
+        Self { bytes }
+    }
+
+    /// Resizes to `len` bytes, reusing the allocation when it is large enough. New bytes are
+    /// zero; callers that overwrite the whole buffer pay only for growth.
+    pub fn resize(&mut self, len: usize) {
+        self.bytes.resize(len, 0);
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.bytes.capacity()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+
+    pub fn into_vec(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
+/// One request to a device. Offsets and lengths are in bytes; the core has already checked
+/// them against the namespace size and block size.
+#[derive(Debug)]
+pub enum IoOp {
+    /// Fill `buf` (its whole length) from `offset`.
+    Read { offset: u64, buf: IoBuf },
+    /// Write `buf` at `offset`; with `fua` the data is durable when the op completes.
+    Write { offset: u64, buf: IoBuf, fua: bool },
+    /// Make every completed write durable.
+    Flush,
+    /// Deallocate a range; later reads of it return zeroes.
+    Discard { offset: u64, len: u64 },
+    /// Write zeroes over a range.
+    WriteZeroes { offset: u64, len: u64 },
+    /// Atomically: if the range at `offset` equals `compare`, write `write` there; otherwise
+    /// fail with [`IoError::Miscompare`] and change nothing. Both buffers have equal length.
+    CompareAndWrite {
+        offset: u64,
+        compare: IoBuf,
+        write: IoBuf,
+    },
+}
+
+/// Why an op failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IoError {
+    #[error("compare failed at byte {offset_in_range} of the range")]
+    Miscompare { offset_in_range: u64 },
+    #[error("range {offset}+{len} is beyond the device size {size}")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("device is read-only")]
+    ReadOnly,
+    #[error("device I/O error: {0}")]
+    Device(String),
+}
+
+/// A finished op, handed back with its buffers.
+#[derive(Debug)]
+pub struct IoDone {
+    /// The caller's tag, returned unchanged.
+    pub tag: u64,
+    pub op: IoOp,
+    pub result: Result<(), IoError>,
+}
+
+/// Where a device reports finished ops. Called from any thread, possibly before `submit`
+/// returns (a synchronous device), so implementations must not block or take locks the
+/// submitter holds.
+pub trait IoCompletion: Send + Sync {
+    fn complete(&self, done: IoDone);
+}
+
+/// Something that changed on the device without the host asking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceEvent {
+    /// The device now has `new_size` bytes (for RBD: `rbd resize` from anywhere).
+    Resized { new_size: u64 },
+}
+
+/// Receives device events; the core turns them into NVMe asynchronous events.
+pub trait DeviceEventSink: Send + Sync {
+    fn device_event(&self, event: DeviceEvent);
+}
+
+/// A block device: the core's only view of storage.
+pub trait BlockDevice: Send + Sync {
+    /// Human-readable identity for logs (`pool/image`, `memory:demo`).
+    fn name(&self) -> &str;
+
+    /// Current size in bytes.
+    fn size_bytes(&self) -> u64;
+
+    /// Starts `op`; its result reaches `completion` exactly once, tagged with `tag`.
+    fn submit(&self, tag: u64, op: IoOp, completion: &Arc<dyn IoCompletion>);
+
+    /// Registers the sink for [`DeviceEvent`]s, replacing any earlier one.
+    fn set_event_sink(&self, sink: Arc<dyn DeviceEventSink>);
+}

@@ -1,0 +1,15 @@
+//! Block devices behind NVMe namespaces.
+//!
+//! The NVMe-oF core never calls a storage library directly: it hands an [`IoOp`] to a
+//! [`BlockDevice`] and later receives the same op back, with its result, through an
+//! [`IoCompletion`]. That callback shape (rather than `async fn`) is what librbd's
+//! `rbd_aio_*` completions map onto without a boxed future per I/O, and it lets the op own its
+//! buffers, so a device that completes on another thread can never write into freed memory.
+
+mod device;
+mod memory;
+
+pub use device::{
+    BlockDevice, DeviceEvent, DeviceEventSink, IoBuf, IoCompletion, IoDone, IoError, IoOp,
+};
+pub use memory::MemoryDevice;
