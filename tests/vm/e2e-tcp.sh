@@ -277,19 +277,30 @@ read_check() { # after the restart: namespace readable + a small write/verify
   [ "$rc" -eq 0 ] || { say "dd read of 16 MiB failed (rc=$rc)"; return 1; }
   fio_run after-restart-4k --rw=randwrite --bs=4k --size=4M --iodepth=8
 }
-expect_refused() { # label nqn hostnqn hostid
-  local out rc
+expect_refused() { # label nqn hostnqn hostid expected-status(hex, informational)
+  local out rc n0 new ret
+  n0=$(dmesg | wc -l)
   out=$(timeout -k 5 90 nvme connect "${COPTS[@]}" -n "$2" --hostnqn="$3" --hostid="$4" 2>&1)
   rc=$?
   [ -n "$out" ] && echo "$out" | sed 's/^/    /'
-  dmesg | grep -iE 'nvme' | tail -n 2 | sed 's/^/    dmesg: /'
+  new=$(dmesg | tail -n +$((n0 + 1)) | grep -iE 'nvme')
+  [ -n "$new" ] && echo "$new" | tail -n 3 | sed 's/^/    dmesg: /'
   if [ $rc -eq 0 ] || [ -n "$(connected_ctrls "$2")" ]; then
     say "UNEXPECTED: connect to $2 as $3 succeeded"
     disconnect_nqn "$2" >/dev/null
     return 1
   fi
   [ $rc -eq 124 ] && { say "nvme connect hung until timeout instead of being refused"; return 1; }
-  say "refused as expected (nvme connect rc=$rc)"
+  # the kernel logs "failed to connect queue: 0 ret=N": N > 0 is the NVMe status
+  # the target answered the Connect command with, N < 0 an errno (no answer)
+  ret=$(echo "$new" | sed -n 's/.*failed to connect queue: 0 ret=\(-\{0,1\}[0-9]*\).*/\1/p' | tail -n 1)
+  if [ -z "$ret" ] || [ "$ret" -le 0 ]; then
+    say "connect failed, but not with an NVMe status from the target (ret=${ret:-?}; -11 = no ICResp/answer, -104 = connection reset): the Connect command must be answered with an error status"
+    return 1
+  fi
+  say "refused as expected: Connect status 0x$(printf '%x' "$ret") (SCT $(( (ret >> 8) & 7 )) SC 0x$(printf '%02x' $((ret & 0xff)))$([ $((ret & 0x4000)) -ne 0 ] && echo ', DNR'))"
+  [ -n "${5:-}" ] && [ $((ret & 0x7ff)) -ne $((0x$5)) ] &&
+    say "note: expected SCT/SC 0x$5 ($6), got 0x$(printf '%x' $((ret & 0x7ff)))"
   sleep 0.5
   gw_alive || { say "gateway process DIED after the refused connect"; return 1; }
   say "gateway still alive (pid ${GWPID:-kernel})"
@@ -335,9 +346,9 @@ if step gateway.start "start the target on $ADDR:$PORT" start_gateway first; the
       skip e5.read-after-restart "reconnect failed"; disconnect_nqn $NQN > /dev/null 2>&1
     fi
     step f.reject-unknown-host "connect with a host NQN not in hosts[] is refused, gateway alive" \
-      expect_refused bad-host $NQN $BADHOSTNQN $BADHOSTID
+      expect_refused bad-host $NQN $BADHOSTNQN $BADHOSTID 184 "Connect Invalid Host"
     step g.reject-unknown-subsys "connect to an unknown subsystem NQN is refused, gateway alive" \
-      expect_refused bad-subsys $UNKNOWN_NQN $HOSTNQN $HOSTID
+      expect_refused bad-subsys $UNKNOWN_NQN $HOSTNQN $HOSTID 182 "Connect Invalid Parameters"
     step h.shutdown "final SIGTERM: exit status 0" stop_gateway
   else
     for s in e4.reconnect e5.read-after-restart f.reject-unknown-host g.reject-unknown-subsys h.shutdown; do skip $s "restart failed"; done

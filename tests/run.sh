@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# tests/run.sh - the project's single test command.
+#
+# usage: tests/run.sh [--quick] [--no-fuzz] [-h]
+#   --quick     skip the VM end-to-end test (and fuzzing): fmt, clippy, unit tests, build
+#   --no-fuzz   skip the short cargo-fuzz run
+#
+# Stages (each prints a header; the first failing stage stops the run):
+#   deps      rust toolchain (+rustfmt/clippy), Debian packages for the VM (tests/vm/install-deps.sh, needs root)
+#   fmt       cargo fmt --all -- --check
+#   clippy    cargo clippy --workspace --all-targets -- -D warnings
+#   test      cargo test --workspace
+#   build     cargo build --release -p nvmeof-gateway
+#   e2e-vm    tests/vm/run-in-vm.sh -t 900 -w target/vm-logs tests/vm/e2e-tcp.sh target/release/nvmeof-gateway
+#             (the real Linux NVMe/TCP initiator in a QEMU/TCG guest against our gateway)
+#   fuzz      if gateway/fuzz exists: cargo fuzz run <each target> -- -max_total_time=$FUZZ_SECONDS
+#             (cargo +nightly if installed, else stable with RUSTC_BOOTSTRAP=1; skipped if impossible)
+# Final line: "N passed, N failed" over the stages. Exit 0 only if none failed.
+#
+# Env: FUZZ_SECONDS (default 30 per target), E2E_TIMEOUT (default 900), VM_* (see tests/vm/run-in-vm.sh).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+export PATH="$HOME/.cargo/bin:$PATH:/usr/local/sbin:/usr/sbin:/sbin"
+
+QUICK=0 FUZZ=1
+for a in "$@"; do
+  case $a in
+    --quick) QUICK=1; FUZZ=0 ;;
+    --no-fuzz) FUZZ=0 ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
+    *) echo "tests/run.sh: unknown option $a (-h for help)" >&2; exit 2 ;;
+  esac
+done
+
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+E2E_TIMEOUT=${E2E_TIMEOUT:-900}
+GATEWAY_BIN=$ROOT/target/release/nvmeof-gateway
+PASSED=0 FAILED=0 SUMMARY=()
+T_START=$(date +%s)
+
+elapsed() { echo $(( $(date +%s) - $1 )); }
+finish() {
+  echo
+  echo "================================ tests/run.sh summary ================================"
+  printf '%s\n' "${SUMMARY[@]}"
+  echo "total $(elapsed "$T_START")s"
+  echo "$PASSED passed, $FAILED failed"
+  [ "$FAILED" -eq 0 ] && exit 0
+  exit 1
+}
+# stage NAME cmd... : header, run, time; stops the whole run on failure
+ALL_STAGES=(deps fmt clippy test build e2e-vm fuzz)
+stage() {
+  local name=$1; shift
+  local t0 rc
+  echo
+  echo "==================== [stage $name] $* ===================="
+  t0=$(date +%s)
+  "$@"
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    PASSED=$((PASSED + 1)); SUMMARY+=("$(printf 'PASS     %-8s %5ss' "$name" "$(elapsed "$t0")")")
+    echo "---- [stage $name] PASS ($(elapsed "$t0")s)"
+  else
+    FAILED=$((FAILED + 1)); SUMMARY+=("$(printf 'FAIL     %-8s %5ss  (exit %s)' "$name" "$(elapsed "$t0")" "$rc")")
+    echo "---- [stage $name] FAIL (exit $rc, $(elapsed "$t0")s)"
+    local seen=0 s
+    for s in "${ALL_STAGES[@]}"; do
+      [ $seen = 1 ] && SUMMARY+=("$(printf 'not run  %-8s' "$s")")
+      [ "$s" = "$name" ] && seen=1
+    done
+    finish
+  fi
+}
+skipped() { # name reason
+  echo
+  echo "==================== [stage $1] SKIPPED: $2 ===================="
+  SUMMARY+=("$(printf 'skipped  %-8s        %s' "$1" "$2")")
+}
+
+# ------------------------------------------------------------------ deps --
+deps() {
+  command -v cargo >/dev/null || { echo "cargo not found: install the Rust toolchain (rustup)"; return 1; }
+  cargo --version
+  local c
+  for c in rustfmt clippy; do
+    if ! cargo "$([ $c = rustfmt ] && echo fmt || echo clippy)" --version >/dev/null 2>&1; then
+      command -v rustup >/dev/null && rustup component add $c || { echo "cargo $c missing"; return 1; }
+    fi
+  done
+  if [ $QUICK = 1 ]; then echo "--quick: VM packages not checked"; return 0; fi
+  tests/vm/install-deps.sh
+}
+
+# ------------------------------------------------------------------- VM --
+e2e_vm() {
+  [ -x "$GATEWAY_BIN" ] || { echo "no gateway binary at $GATEWAY_BIN"; return 1; }
+  mkdir -p target/vm-logs
+  tests/vm/run-in-vm.sh -t "$E2E_TIMEOUT" -w target/vm-logs tests/vm/e2e-tcp.sh "$GATEWAY_BIN"
+  local rc=$?
+  echo "(logs: target/vm-logs/e2e-tcp/)"
+  return $rc
+}
+
+# ----------------------------------------------------------------- fuzz --
+FUZZ_SKIP_REASON=""
+fuzz_prepare() { # sets FUZZ_CARGO (array) or FUZZ_SKIP_REASON
+  if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "cargo-fuzz missing: cargo install cargo-fuzz --locked"
+    if ! cargo install cargo-fuzz --locked; then FUZZ_SKIP_REASON="cargo-fuzz could not be installed"; return 0; fi
+  fi
+  cargo fuzz --version
+  if rustup run nightly rustc --version >/dev/null 2>&1; then
+    FUZZ_CARGO=(cargo +nightly fuzz)
+    echo "using the nightly toolchain: $(rustup run nightly rustc --version)"
+  else
+    FUZZ_CARGO=(env RUSTC_BOOTSTRAP=1 cargo fuzz)
+    echo "no nightly toolchain: trying stable with RUSTC_BOOTSTRAP=1 ($(rustc --version))"
+  fi
+  # stable + RUSTC_BOOTSTRAP may not work at all: then skip (a build failure
+  # with nightly is a real failure and is reported by the fuzz stage)
+  if [ "${FUZZ_CARGO[0]}" = env ] && ! (cd gateway && "${FUZZ_CARGO[@]}" build); then
+    FUZZ_SKIP_REASON="the fuzz crate does not build on stable with RUSTC_BOOTSTRAP=1 (no nightly toolchain)"
+  fi
+  return 0
+}
+fuzz_run() {
+  local targets t rc=0
+  (cd gateway && "${FUZZ_CARGO[@]}" build) || { echo "cargo fuzz build failed"; return 1; }
+  targets=$(cd gateway && "${FUZZ_CARGO[@]}" list) || return 1
+  [ -n "$targets" ] || { echo "no fuzz targets in gateway/fuzz"; return 1; }
+  for t in $targets; do
+    echo "---- fuzz target $t (${FUZZ_SECONDS}s)"
+    (cd gateway && timeout -k 10 $((FUZZ_SECONDS + 600)) "${FUZZ_CARGO[@]}" run "$t" -- \
+       -max_total_time="$FUZZ_SECONDS" -print_final_stats=1) 2>&1 | tail -n 25
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fuzz target $t FAILED (crash artifacts: gateway/fuzz/artifacts/$t/)"; rc=1; }
+  done
+  return $rc
+}
+
+# ------------------------------------------------------------------ main --
+echo "tests/run.sh in $ROOT ($(nproc) cores, $(date -u '+%F %T UTC'))$([ $QUICK = 1 ] && echo ', --quick')"
+stage deps deps
+stage fmt cargo fmt --all -- --check
+stage clippy cargo clippy --workspace --all-targets -- -D warnings
+stage test cargo test --workspace
+stage build cargo build --release -p nvmeof-gateway
+
+if [ $QUICK = 1 ]; then skipped e2e-vm "--quick"
+else stage e2e-vm e2e_vm; fi
+
+if [ $FUZZ = 0 ]; then skipped fuzz "$([ $QUICK = 1 ] && echo --quick || echo --no-fuzz)"
+elif [ ! -d gateway/fuzz ]; then skipped fuzz "no gateway/fuzz directory"
+else
+  echo
+  echo "==================== [fuzz] preparing cargo-fuzz ===================="
+  fuzz_prepare
+  if [ -n "$FUZZ_SKIP_REASON" ]; then skipped fuzz "$FUZZ_SKIP_REASON"
+  else stage fuzz fuzz_run; fi
+fi
+finish
