@@ -1,4 +1,7 @@
 //! Ceph RBD to NVMe-oF gateway: the protocol core, its transports and the daemon's pieces.
 
+pub mod config;
 pub mod core;
+pub mod events;
 pub mod spec;
+pub mod tcp;

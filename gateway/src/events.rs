@@ -1,0 +1,42 @@
+//! Device events turned into NVMe asynchronous events.
+
+use std::sync::{Arc, Weak};
+
+use rbd_backend::{DeviceEvent, DeviceEventSink};
+
+use crate::core::Subsystem;
+
+/// Forwards a namespace's device events to every controller of its subsystem: a resize
+/// becomes a Namespace Attribute Changed notice and an entry in the Changed Namespace List.
+pub struct NamespaceEvents {
+    subsystem: Weak<Subsystem>,
+    nsid: u32,
+}
+
+impl NamespaceEvents {
+    pub fn new(subsystem: &Arc<Subsystem>, nsid: u32) -> Self {
+        Self {
+            subsystem: Arc::downgrade(subsystem),
+            nsid,
+        }
+    }
+}
+
+impl DeviceEventSink for NamespaceEvents {
+    fn device_event(&self, event: DeviceEvent) {
+        let Some(subsystem) = self.subsystem.upgrade() else {
+            return;
+        };
+        match event {
+            DeviceEvent::Resized { new_size } => {
+                tracing::info!(
+                    subsystem = subsystem.nqn(),
+                    nsid = self.nsid,
+                    new_size,
+                    "namespace resized"
+                );
+                subsystem.notify_namespace_changed(self.nsid);
+            }
+        }
+    }
+}

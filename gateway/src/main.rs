@@ -1,0 +1,105 @@
+//! `nvmeof-gateway`: serves the subsystems of a configuration file over NVMe/TCP.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use nvmeof_gateway::config::Config;
+use nvmeof_gateway::tcp::server::TcpServer;
+use tokio::sync::watch;
+
+/// NVMe over Fabrics gateway in front of Ceph RBD.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Configuration file (TOML): listeners, subsystems, namespaces, allowed hosts.
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Validate the configuration and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("nvmeof-gateway: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.check {
+        println!("configuration OK");
+        return ExitCode::SUCCESS;
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = config.gateway.worker_threads {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("nvmeof-gateway: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("nvmeof-gateway: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Config) -> Result<(), String> {
+    let target = config
+        .build_target()
+        .map_err(|e| format!("invalid configuration: {e}"))?;
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    for addr in config.listen_addrs() {
+        let server = TcpServer::bind(addr, target.clone())
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        servers.spawn(server.serve(shutdown_rx.clone()));
+    }
+    for s in target.subsystems() {
+        tracing::info!(
+            subsystem = s.nqn(),
+            namespaces = s.namespaces().len(),
+            "subsystem ready"
+        );
+    }
+    wait_for_signal().await;
+    tracing::info!("shutting down: closing connections");
+    let _ = shutdown_tx.send(true);
+    while servers.join_next().await.is_some() {}
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers, fall back to Ctrl-C only.
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}

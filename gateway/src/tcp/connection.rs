@@ -1,0 +1,673 @@
+//! One NVMe/TCP connection (one NVMe queue) on a tokio task.
+//!
+//! Everything protocol-shaped happens in [`crate::core::Queue`] and the PDU codec; this file
+//! only moves bytes. Per loop turn it reads what the socket has, decodes every complete PDU,
+//! runs the resulting actions, drains device completions that arrived meanwhile (the
+//! in-memory device completes inline), and writes all responses with one vectored write, so
+//! a burst of commands costs one read and one write system call.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rbd_backend::{IoBuf, IoCompletion, IoDone};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify};
+
+use super::pdu::{
+    encode_c2h_term_req, encode_icresp, DecoderConfig, Fes, IcResp, Pdu, PduDecoder, PduEncoder,
+    PduError, Role, PFV_1_0,
+};
+use crate::core::command::SQE_LEN;
+use crate::core::{
+    Action, Command, Completion, Queue, QueueNotifier, Status, Target, TeardownReason,
+    TransportCaps,
+};
+use crate::spec::sc;
+
+/// Bytes of data a command capsule may carry on I/O and admin queues.
+pub const IN_CAPSULE_DATA_SIZE: u32 = 8192;
+/// Largest H2CData payload we accept: one PDU per write up to MDTS.
+pub const MAX_H2C_DATA: u32 = crate::core::queue::MAX_DATA_LEN;
+/// Transient Transport Error: the host retries the command (NVMe Base, generic status 22h).
+const TRANSIENT_TRANSPORT_ERROR: u16 = 0x22;
+const READ_CHUNK: usize = 256 * 1024;
+
+/// Transport capabilities reported to controllers created over TCP.
+pub fn tcp_caps() -> TransportCaps {
+    TransportCaps {
+        in_capsule_data_size: IN_CAPSULE_DATA_SIZE,
+        keyed_sgls: false,
+    }
+}
+
+/// Device completions and controller wake-ups for one connection, shared with devices
+/// (which may complete on their own threads) and with the controller.
+#[derive(Default)]
+struct Signals {
+    completed: Mutex<Vec<IoDone>>,
+    notify: Notify,
+}
+
+impl IoCompletion for Signals {
+    fn complete(&self, done: IoDone) {
+        self.completed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(done);
+        self.notify.notify_one();
+    }
+}
+
+impl QueueNotifier for Signals {
+    fn wake(&self) {
+        self.notify.notify_one();
+    }
+}
+
+/// A write command waiting for its data through R2T / H2CData.
+struct PendingWrite {
+    cmd: Command,
+    buf: IoBuf,
+    received: usize,
+}
+
+/// Output waiting to be written: PDU headers live in `headers`, payloads stay in their
+/// buffers and go out by vectored write.
+enum Segment {
+    Header { start: usize, end: usize },
+    Data { buf: IoBuf, digest: Option<[u8; 4]> },
+}
+
+#[derive(Default)]
+struct Output {
+    headers: Vec<u8>,
+    segments: VecDeque<Segment>,
+    /// Bytes of the front segment already written.
+    front_written: usize,
+}
+
+impl Output {
+    fn push_header(&mut self, encode: impl FnOnce(&mut Vec<u8>)) {
+        let start = self.headers.len();
+        encode(&mut self.headers);
+        let end = self.headers.len();
+        match self.segments.back_mut() {
+            // Adjacent header bytes merge into one slice.
+            Some(Segment::Header { end: e, .. }) if *e == start => *e = end,
+            _ => self.segments.push_back(Segment::Header { start, end }),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.segments.is_empty()
+    }
+}
+
+enum Flow {
+    Continue,
+    Close,
+}
+
+pub struct Connection {
+    stream: TcpStream,
+    peer: String,
+    queue: Queue,
+    signals: Arc<Signals>,
+    completion_sink: Arc<dyn IoCompletion>,
+    decoder: PduDecoder,
+    encoder: PduEncoder,
+    rx: Vec<u8>,
+    rx_start: usize,
+    out: Output,
+    actions: Vec<Action>,
+    pending_writes: HashMap<u16, PendingWrite>,
+    next_ttag: u16,
+    keep_alive: Option<tokio::time::Interval>,
+}
+
+impl Connection {
+    pub fn new(stream: TcpStream, target: Arc<Target>) -> Self {
+        let peer = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        let _ = stream.set_nodelay(true);
+        let signals = Arc::new(Signals::default());
+        let notifier: Weak<dyn QueueNotifier> = {
+            let strong: Arc<dyn QueueNotifier> = signals.clone();
+            Arc::downgrade(&strong)
+        };
+        let mut cfg = DecoderConfig::new(Role::Target);
+        cfg.max_pdu_len = MAX_H2C_DATA + 4096;
+        let completion_sink: Arc<dyn IoCompletion> = signals.clone();
+        Self {
+            stream,
+            peer,
+            queue: Queue::new(target, tcp_caps(), notifier),
+            signals,
+            completion_sink,
+            decoder: PduDecoder::new(cfg),
+            encoder: PduEncoder::new(false, false, 0),
+            rx: Vec::with_capacity(READ_CHUNK),
+            rx_start: 0,
+            out: Output::default(),
+            actions: Vec::new(),
+            pending_writes: HashMap::new(),
+            next_ttag: 0,
+            keep_alive: None,
+        }
+    }
+
+    /// Serves the connection until the host leaves, a fatal error, or `shutdown` fires.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let span = tracing::info_span!("nvme-tcp", peer = %self.peer, cntlid = tracing::field::Empty, qid = tracing::field::Empty);
+        let _enter = span.enter();
+        tracing::debug!("connection accepted");
+        let mut span_recorded = false;
+        loop {
+            if self.rx.capacity() - self.rx.len() < READ_CHUNK / 4 {
+                self.compact_rx();
+            }
+            let flow = tokio::select! {
+                biased;
+                _ = shutdown.changed() => Flow::Close,
+                _ = self.signals.notify.notified() => self.on_signals(),
+                _ = tick(&mut self.keep_alive) => self.on_keep_alive_tick(),
+                read = read_some(&mut self.stream, &mut self.rx) => match read {
+                    Ok(0) => {
+                        tracing::debug!("host closed the connection");
+                        Flow::Close
+                    }
+                    Ok(_) => self.on_bytes(),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "read failed");
+                        Flow::Close
+                    }
+                },
+            };
+            if !span_recorded {
+                if let Some(b) = self.queue.binding() {
+                    span.record("cntlid", b.controller.cntlid);
+                    span.record("qid", b.qid);
+                    span_recorded = true;
+                }
+            }
+            if let Err(e) = self.flush().await {
+                tracing::debug!(error = %e, "write failed");
+                break;
+            }
+            if let Flow::Close = flow {
+                break;
+            }
+        }
+        let _ = self.stream.shutdown().await;
+        self.queue.close();
+        tracing::debug!("connection closed");
+    }
+
+    fn compact_rx(&mut self) {
+        if self.rx_start > 0 {
+            self.rx.drain(..self.rx_start);
+            self.rx_start = 0;
+        }
+        self.rx.reserve(READ_CHUNK);
+    }
+
+    /// Decodes and handles every complete PDU in the receive buffer.
+    fn on_bytes(&mut self) -> Flow {
+        loop {
+            let decoded = self.decoder.decode(&self.rx[self.rx_start..]);
+            let (flow, consumed) = match decoded {
+                Ok(None) => break,
+                Ok(Some((pdu, consumed))) => {
+                    // Copy what we need out of the receive buffer before handling, so the
+                    // handler can borrow `self` mutably.
+                    let base = self.rx[self.rx_start..].as_ptr() as usize;
+                    let owned = OwnedPdu::from(pdu, base, &mut self.queue);
+                    (self.on_pdu(owned), consumed)
+                }
+                Err(PduError::DataDigest {
+                    cccid, consumed, ..
+                }) => {
+                    tracing::warn!(cccid, "data digest mismatch: command failed for retry");
+                    self.pending_writes.remove(&cccid);
+                    self.respond_error(cccid, Status::retryable(TRANSIENT_TRANSPORT_ERROR));
+                    (Flow::Continue, consumed)
+                }
+                Err(e) => {
+                    self.fatal(&e);
+                    return Flow::Close;
+                }
+            };
+            self.rx_start += consumed;
+            if let Flow::Close = flow {
+                return Flow::Close;
+            }
+        }
+        if self.rx_start == self.rx.len() {
+            self.rx.clear();
+            self.rx_start = 0;
+        }
+        self.drain_completions()
+    }
+
+    /// Sends C2HTermReq for a fatal PDU error and closes.
+    fn fatal(&mut self, e: &PduError) {
+        let (fes, fei) = e.term_req_info().unwrap_or((Fes::InvalidHeaderField, 0));
+        tracing::warn!(error = %e, ?fes, fei, "fatal PDU error: sending C2HTermReq and closing");
+        let bad = &self.rx[self.rx_start..];
+        let header = &bad[..bad.len().min(super::pdu::TERM_REQ_MAX_DATA)];
+        let header = header.to_vec();
+        self.out
+            .push_header(|o| encode_c2h_term_req(o, fes, fei, &header));
+    }
+
+    fn on_pdu(&mut self, pdu: OwnedPdu) -> Flow {
+        match pdu {
+            OwnedPdu::IcReq {
+                pfv,
+                hpda,
+                hdgst,
+                ddgst,
+            } => {
+                if pfv != PFV_1_0 {
+                    let e = PduError::UnsupportedParameter {
+                        offset: super::pdu::offsets::PFV,
+                        value: u32::from(pfv),
+                    };
+                    self.fatal(&e);
+                    return Flow::Close;
+                }
+                self.decoder.set_digests(hdgst, ddgst);
+                self.decoder.set_max_h2c_data(MAX_H2C_DATA);
+                self.encoder = PduEncoder::new(hdgst, ddgst, hpda);
+                let resp = IcResp {
+                    pfv: PFV_1_0,
+                    cpda: 0,
+                    hdgst,
+                    ddgst,
+                    maxh2cdata: MAX_H2C_DATA,
+                };
+                self.out.push_header(|o| encode_icresp(o, &resp));
+                Flow::Continue
+            }
+            OwnedPdu::Capsule { cmd, data } => self.on_capsule(cmd, data),
+            OwnedPdu::H2CData {
+                cccid,
+                datao,
+                last,
+                data_range,
+            } => self.on_h2c_data(cccid, datao, last, data_range),
+            OwnedPdu::TermReq { fes, fei } => {
+                tracing::warn!(fes, fei, "host sent H2CTermReq: closing");
+                Flow::Close
+            }
+        }
+    }
+
+    fn on_capsule(&mut self, cmd: Command, in_capsule: Option<IoBuf>) -> Flow {
+        if let Err(completion) = self.queue.check_data_len(&cmd) {
+            if let Some(buf) = in_capsule {
+                self.queue.recycle(buf);
+            }
+            self.push_completion(&completion);
+            return Flow::Continue;
+        }
+        let len = cmd.data_len() as usize;
+        if cmd.is_host_to_controller() && len > 0 {
+            let sgl = cmd.sgl();
+            if sgl.is_in_capsule() {
+                return match in_capsule {
+                    Some(buf) if buf.len() >= len && sgl.address == 0 => {
+                        let mut buf = buf;
+                        buf.resize(len);
+                        self.execute(cmd, Some(buf))
+                    }
+                    other => {
+                        if let Some(buf) = other {
+                            self.queue.recycle(buf);
+                        }
+                        self.respond_error(cmd.cid(), Status::error(sc::SGL_INVALID_OFFSET));
+                        Flow::Continue
+                    }
+                };
+            }
+            if let Some(buf) = in_capsule {
+                self.queue.recycle(buf);
+            }
+            // Ask the host for the data: one R2T covering the whole transfer.
+            let cid = cmd.cid();
+            if self.pending_writes.contains_key(&cid) {
+                self.respond_error(cid, Status::error(sc::CMDID_CONFLICT));
+                return Flow::Continue;
+            }
+            let buf = self.queue.take_buffer(len);
+            self.pending_writes.insert(
+                cid,
+                PendingWrite {
+                    cmd,
+                    buf,
+                    received: 0,
+                },
+            );
+            let ttag = self.next_ttag;
+            self.next_ttag = self.next_ttag.wrapping_add(1);
+            let encoder = &self.encoder;
+            self.out
+                .push_header(|o| encoder.r2t(o, cid, ttag, 0, len as u32));
+            return Flow::Continue;
+        }
+        if let Some(buf) = in_capsule {
+            self.queue.recycle(buf);
+        }
+        self.execute(cmd, None)
+    }
+
+    fn on_h2c_data(
+        &mut self,
+        cccid: u16,
+        datao: u32,
+        last: bool,
+        data: std::ops::Range<usize>,
+    ) -> Flow {
+        let Some(pending) = self.pending_writes.get_mut(&cccid) else {
+            self.fatal(&PduError::DataOutOfRange {
+                offset: super::pdu::offsets::CCCID,
+            });
+            return Flow::Close;
+        };
+        let bytes = &self.rx[self.rx_start..][data];
+        let end = datao as usize + bytes.len();
+        if datao as usize != pending.received || end > pending.buf.len() {
+            self.fatal(&PduError::DataOutOfRange {
+                offset: super::pdu::offsets::DATAO,
+            });
+            return Flow::Close;
+        }
+        pending.buf.as_mut_slice()[datao as usize..end].copy_from_slice(bytes);
+        pending.received = end;
+        let complete = end == pending.buf.len();
+        if complete != last && last {
+            self.fatal(&PduError::DataOutOfRange {
+                offset: super::pdu::offsets::DATAL,
+            });
+            return Flow::Close;
+        }
+        if complete {
+            if let Some(p) = self.pending_writes.remove(&cccid) {
+                return self.execute(p.cmd, Some(p.buf));
+            }
+        }
+        Flow::Continue
+    }
+
+    fn execute(&mut self, cmd: Command, data: Option<IoBuf>) -> Flow {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.queue.execute(cmd, data, &mut actions);
+        let flow = self.run_actions(&mut actions);
+        self.actions = actions;
+        if self.keep_alive.is_none() {
+            self.arm_keep_alive();
+        }
+        flow
+    }
+
+    /// Starts the KATO timer once this queue is a connected admin queue.
+    fn arm_keep_alive(&mut self) {
+        let Some(binding) = self.queue.binding() else {
+            return;
+        };
+        if binding.qid != 0 {
+            return;
+        }
+        let kato = binding.controller.kato_ms();
+        if kato == 0 {
+            return;
+        }
+        let period = Duration::from_millis(u64::from(kato));
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.keep_alive = Some(interval);
+    }
+
+    fn on_keep_alive_tick(&mut self) -> Flow {
+        let Some(ctrl) = self.queue.controller().cloned() else {
+            return Flow::Continue;
+        };
+        if !ctrl.take_keep_alive() {
+            tracing::warn!(
+                cntlid = ctrl.cntlid,
+                kato_ms = ctrl.kato_ms(),
+                "keep alive timeout"
+            );
+            ctrl.teardown(TeardownReason::KeepAliveExpired);
+            return Flow::Close;
+        }
+        Flow::Continue
+    }
+
+    fn run_actions(&mut self, actions: &mut Vec<Action>) -> Flow {
+        let mut flow = Flow::Continue;
+        for action in actions.drain(..) {
+            match action {
+                Action::Respond(resp) => {
+                    if let Some(buf) = resp.data {
+                        self.push_data(resp.completion.cid, buf);
+                    }
+                    self.push_completion(&resp.completion);
+                }
+                Action::Submit { device, tag, op } => device.submit(tag, op, &self.completion_sink),
+                Action::Close => flow = Flow::Close,
+            }
+        }
+        flow
+    }
+
+    fn push_data(&mut self, cid: u16, buf: IoBuf) {
+        if buf.is_empty() {
+            self.queue.recycle(buf);
+            return;
+        }
+        let encoder = &self.encoder;
+        let len = buf.len() as u32;
+        self.out
+            .push_header(|o| encoder.c2h_data_header(o, cid, 0, len, true, false));
+        let digest = encoder
+            .data_digest()
+            .then(|| super::digest::data_digest(buf.as_slice()).to_le_bytes());
+        self.out.segments.push_back(Segment::Data { buf, digest });
+    }
+
+    fn push_completion(&mut self, completion: &Completion) {
+        let encoder = &self.encoder;
+        let cqe = completion.to_bytes();
+        self.out.push_header(|o| encoder.capsule_resp(o, &cqe));
+    }
+
+    fn respond_error(&mut self, cid: u16, status: Status) {
+        let completion = Completion {
+            sq_id: self.queue.qid().unwrap_or(0),
+            ..Completion::new(cid, status)
+        };
+        self.push_completion(&completion);
+    }
+
+    fn drain_completions(&mut self) -> Flow {
+        let mut flow = Flow::Continue;
+        loop {
+            let done: Vec<IoDone> = std::mem::take(
+                &mut *self
+                    .signals
+                    .completed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            if done.is_empty() {
+                break;
+            }
+            let mut actions = std::mem::take(&mut self.actions);
+            for d in done {
+                self.queue.complete_io(d, &mut actions);
+            }
+            if let Flow::Close = self.run_actions(&mut actions) {
+                flow = Flow::Close;
+            }
+            self.actions = actions;
+        }
+        flow
+    }
+
+    fn on_signals(&mut self) -> Flow {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.queue.poll_events(&mut actions);
+        let mut flow = self.run_actions(&mut actions);
+        self.actions = actions;
+        if let Flow::Close = self.drain_completions() {
+            flow = Flow::Close;
+        }
+        flow
+    }
+
+    /// Writes all queued output with vectored writes.
+    async fn flush(&mut self) -> std::io::Result<()> {
+        const MAX_SLICES: usize = 64;
+        while !self.out.is_empty() {
+            let written = {
+                let mut slices: [IoSlice<'_>; MAX_SLICES] = [IoSlice::new(&[]); MAX_SLICES];
+                let mut n = 0;
+                let mut skip = self.out.front_written;
+                'fill: for seg in &self.out.segments {
+                    let parts: [&[u8]; 2] = match seg {
+                        Segment::Header { start, end } => [&self.out.headers[*start..*end], &[]],
+                        Segment::Data { buf, digest } => {
+                            [buf.as_slice(), digest.as_ref().map_or(&[][..], |d| &d[..])]
+                        }
+                    };
+                    for part in parts {
+                        if part.is_empty() {
+                            continue;
+                        }
+                        if skip >= part.len() {
+                            skip -= part.len();
+                            continue;
+                        }
+                        slices[n] = IoSlice::new(&part[skip..]);
+                        skip = 0;
+                        n += 1;
+                        if n == MAX_SLICES {
+                            break 'fill;
+                        }
+                    }
+                }
+                self.stream.write_vectored(&slices[..n]).await?
+            };
+            if written == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            self.advance_output(written);
+        }
+        self.out.headers.clear();
+        Ok(())
+    }
+
+    fn advance_output(&mut self, mut written: usize) {
+        written += self.out.front_written;
+        self.out.front_written = 0;
+        while let Some(seg) = self.out.segments.front() {
+            let len = match seg {
+                Segment::Header { start, end } => end - start,
+                Segment::Data { buf, digest } => buf.len() + digest.map_or(0, |d| d.len()),
+            };
+            if written < len {
+                self.out.front_written = written;
+                return;
+            }
+            written -= len;
+            if let Some(Segment::Data { buf, .. }) = self.out.segments.pop_front() {
+                self.queue.recycle(buf);
+            }
+        }
+    }
+}
+
+/// A decoded PDU with its data moved out of the receive buffer (commands) or located in
+/// it (H2CData, copied straight into the waiting command's buffer).
+enum OwnedPdu {
+    IcReq {
+        pfv: u16,
+        hpda: u8,
+        hdgst: bool,
+        ddgst: bool,
+    },
+    Capsule {
+        cmd: Command,
+        data: Option<IoBuf>,
+    },
+    H2CData {
+        cccid: u16,
+        datao: u32,
+        last: bool,
+        data_range: std::ops::Range<usize>,
+    },
+    TermReq {
+        fes: u16,
+        fei: u32,
+    },
+}
+
+impl OwnedPdu {
+    /// `base` is the address of the buffer the PDU was decoded from.
+    fn from(pdu: Pdu<'_>, base: usize, queue: &mut Queue) -> OwnedPdu {
+        match pdu {
+            Pdu::IcReq(r) => OwnedPdu::IcReq {
+                pfv: r.pfv,
+                hpda: r.hpda,
+                hdgst: r.hdgst,
+                ddgst: r.ddgst,
+            },
+            Pdu::CapsuleCmd(c) => {
+                let sqe: &[u8; SQE_LEN] = c.sqe;
+                let data = (!c.data.is_empty()).then(|| {
+                    let mut buf = queue.take_buffer(c.data.len());
+                    buf.as_mut_slice().copy_from_slice(c.data);
+                    buf
+                });
+                OwnedPdu::Capsule {
+                    cmd: Command::from_bytes(sqe),
+                    data,
+                }
+            }
+            Pdu::H2CData(d) => OwnedPdu::H2CData {
+                cccid: d.cccid,
+                datao: d.datao,
+                last: d.last,
+                data_range: {
+                    let start = d.data.as_ptr() as usize - base;
+                    start..start + d.data.len()
+                },
+            },
+            Pdu::H2CTermReq(t) => OwnedPdu::TermReq {
+                fes: t.fes,
+                fei: t.fei,
+            },
+            // The decoder only yields host-to-controller PDUs for the target role.
+            _ => OwnedPdu::TermReq { fes: 0, fei: 0 },
+        }
+    }
+}
+
+async fn tick(keep_alive: &mut Option<tokio::time::Interval>) {
+    match keep_alive {
+        Some(interval) => {
+            interval.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn read_some(stream: &mut TcpStream, rx: &mut Vec<u8>) -> std::io::Result<usize> {
+    stream.read_buf(rx).await
+}

@@ -1,0 +1,54 @@
+//! NVMe/TCP listeners: accept connections and run each on its own task.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::connection::Connection;
+use crate::core::Target;
+
+/// A bound NVMe/TCP listener.
+pub struct TcpServer {
+    listener: TcpListener,
+    target: Arc<Target>,
+}
+
+impl TcpServer {
+    pub async fn bind(addr: SocketAddr, target: Arc<Target>) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        Ok(Self { listener, target })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Accepts until `shutdown` turns true, then waits for every connection to close.
+    pub async fn serve(self, mut shutdown: watch::Receiver<bool>) {
+        let addr = self.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        tracing::info!(%addr, "NVMe/TCP listener ready");
+        let mut connections = JoinSet::new();
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let conn = Connection::new(stream, self.target.clone());
+                        connections.spawn(conn.run(shutdown.clone()));
+                    }
+                    Err(e) => {
+                        // Out of file descriptors and the like: keep serving the others.
+                        tracing::warn!(%addr, error = %e, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                },
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        }
+        while connections.join_next().await.is_some() {}
+        tracing::info!(%addr, "NVMe/TCP listener stopped");
+    }
+}
