@@ -17,3 +17,6 @@ pub use controller::{Controller, QueueNotifier, TeardownReason};
 pub use queue::{Action, Queue, Response};
 pub use subsystem::{HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec};
 pub use target::{ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType};
+
+#[cfg(test)]
+mod tests;

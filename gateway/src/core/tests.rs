@@ -1,0 +1,880 @@
+//! Byte-level tests of the core: commands in, actions out, no socket.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, Weak};
+
+use rbd_backend::{BlockDevice, IoBuf, IoCompletion, IoDone, MemoryDevice};
+
+use super::*;
+use crate::spec::{self, admin_opcode, fabrics, io_opcode, sc};
+
+const SUBNQN: &str = "nqn.2016-06.io.test:sub";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:host-a";
+const OTHER_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:host-b";
+const NS_BYTES: u64 = 8 << 20;
+
+struct Wakes(Mutex<u32>);
+impl QueueNotifier for Wakes {
+    fn wake(&self) {
+        *self.0.lock().unwrap() += 1;
+    }
+}
+
+#[derive(Default)]
+struct Collect(Mutex<Vec<IoDone>>);
+impl IoCompletion for Collect {
+    fn complete(&self, done: IoDone) {
+        self.0.lock().unwrap().push(done);
+    }
+}
+
+struct Fixture {
+    target: Arc<Target>,
+    device: Arc<MemoryDevice>,
+    notifier: Arc<Wakes>,
+}
+
+fn fixture() -> Fixture {
+    let target = Arc::new(Target::new(TargetIdentity::default()));
+    let sub = Arc::new(Subsystem::new(
+        SubsystemKind::Nvm,
+        SubsystemSpec {
+            nqn: SUBNQN.into(),
+            serial: "SN123".into(),
+            model: "test model".into(),
+            access: HostAccess::Only(BTreeSet::from([HOSTNQN.to_string()])),
+            cntlid_min: 10,
+            cntlid_max: 12,
+        },
+    ));
+    let device = Arc::new(MemoryDevice::new("mem", NS_BYTES));
+    sub.add_namespace(Arc::new(Namespace {
+        nsid: 1,
+        device: device.clone(),
+        lba_shift: 9,
+        nguid: [1; 16],
+        uuid: [2; 16],
+        ana_group: 1,
+        read_only: false,
+    }));
+    device.set_event_sink(Arc::new(crate::events::NamespaceEvents::new(&sub, 1)));
+    target.add_subsystem(sub);
+    target.add_listener(ListenerInfo {
+        transport: TransportType::Tcp,
+        address: "127.0.0.1".into(),
+        port: 4420,
+        port_id: 1,
+    });
+    Fixture {
+        target,
+        device,
+        notifier: Arc::new(Wakes(Mutex::new(0))),
+    }
+}
+
+fn caps() -> TransportCaps {
+    TransportCaps {
+        in_capsule_data_size: 8192,
+        keyed_sgls: false,
+    }
+}
+
+impl Fixture {
+    fn queue(&self) -> Queue {
+        let strong: Arc<dyn QueueNotifier> = self.notifier.clone();
+        let weak: Weak<dyn QueueNotifier> = Arc::downgrade(&strong);
+        // Keep the notifier alive through the fixture's Arc, not this temporary.
+        std::mem::forget(strong);
+        Queue::new(self.target.clone(), caps(), weak)
+    }
+}
+
+fn sqe(opcode: u8, cid: u16, nsid: u32) -> [u8; 64] {
+    let mut raw = [0u8; 64];
+    raw[0] = opcode;
+    raw[2..4].copy_from_slice(&cid.to_le_bytes());
+    raw[4..8].copy_from_slice(&nsid.to_le_bytes());
+    raw
+}
+
+fn set_cdw(raw: &mut [u8; 64], n: usize, v: u32) {
+    raw[n * 4..n * 4 + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn set_data_len(raw: &mut [u8; 64], len: u32) {
+    raw[32..36].copy_from_slice(&len.to_le_bytes());
+    raw[39] = 0x5a; // transport SGL data block
+}
+
+fn connect(qid: u16, sqsize: u16, kato: u32) -> Command {
+    let mut raw = sqe(fabrics::OPCODE, 100 + qid, 0);
+    raw[4] = fabrics::CONNECT;
+    set_data_len(&mut raw, 1024);
+    raw[42..44].copy_from_slice(&qid.to_le_bytes());
+    raw[44..46].copy_from_slice(&sqsize.to_le_bytes());
+    raw[48..52].copy_from_slice(&kato.to_le_bytes());
+    Command::from_bytes(&raw)
+}
+
+fn connect_data(subnqn: &str, hostnqn: &str, cntlid: u16) -> IoBuf {
+    let mut d = vec![0u8; 1024];
+    d[0..16].copy_from_slice(&[7; 16]);
+    d[16..18].copy_from_slice(&cntlid.to_le_bytes());
+    d[256..256 + subnqn.len()].copy_from_slice(subnqn.as_bytes());
+    d[512..512 + hostnqn.len()].copy_from_slice(hostnqn.as_bytes());
+    IoBuf::from_vec(d)
+}
+
+/// Runs a command to completion, executing device ops synchronously.
+fn run(q: &mut Queue, cmd: Command, data: Option<IoBuf>) -> Vec<Response> {
+    let mut actions = Vec::new();
+    q.execute(cmd, data, &mut actions);
+    settle(q, actions)
+}
+
+fn settle(q: &mut Queue, mut actions: Vec<Action>) -> Vec<Response> {
+    let mut responses = Vec::new();
+    while !actions.is_empty() {
+        let mut next = Vec::new();
+        for a in actions {
+            match a {
+                Action::Respond(r) => responses.push(r),
+                Action::Submit { device, tag, op } => {
+                    let sink = Arc::new(Collect::default());
+                    let dyn_sink: Arc<dyn IoCompletion> = sink.clone();
+                    device.submit(tag, op, &dyn_sink);
+                    for done in sink.0.lock().unwrap().drain(..) {
+                        q.complete_io(done, &mut next);
+                    }
+                }
+                Action::Close => responses.push(Response {
+                    completion: Completion::new(0xffff, Status::from_raw(0x7ff)),
+                    data: None,
+                }),
+            }
+        }
+        actions = next;
+    }
+    responses
+}
+
+fn one(mut responses: Vec<Response>) -> Response {
+    assert_eq!(responses.len(), 1, "{responses:?}");
+    responses.remove(0)
+}
+
+fn property_set_cc(q: &mut Queue, value: u32) -> Status {
+    let mut raw = sqe(fabrics::OPCODE, 1, 0);
+    raw[4] = fabrics::PROPERTY_SET;
+    set_cdw(&mut raw, 11, spec::reg::CC);
+    set_cdw(&mut raw, 12, value);
+    one(run(q, Command::from_bytes(&raw), None))
+        .completion
+        .status
+}
+
+fn property_get(q: &mut Queue, offset: u32, eight: bool) -> Response {
+    let mut raw = sqe(fabrics::OPCODE, 2, 0);
+    raw[4] = fabrics::PROPERTY_GET;
+    raw[40] = u8::from(eight);
+    set_cdw(&mut raw, 11, offset);
+    one(run(q, Command::from_bytes(&raw), None))
+}
+
+/// Admin queue connected and enabled; returns the controller ID.
+fn admin_ready(q: &mut Queue, kato: u32) -> u16 {
+    let r = one(run(
+        q,
+        connect(0, 31, kato),
+        Some(connect_data(SUBNQN, HOSTNQN, 0xffff)),
+    ));
+    assert!(
+        r.completion.status.is_success(),
+        "{:?}",
+        r.completion.status
+    );
+    let cc = 1 | (6 << 16) | (4 << 20);
+    assert!(property_set_cc(q, cc).is_success());
+    r.completion.result as u16
+}
+
+fn io_ready(f: &Fixture, cntlid: u16, qid: u16) -> Queue {
+    let mut q = f.queue();
+    let r = one(run(
+        &mut q,
+        connect(qid, 127, 0),
+        Some(connect_data(SUBNQN, HOSTNQN, cntlid)),
+    ));
+    assert!(
+        r.completion.status.is_success(),
+        "{:?}",
+        r.completion.status
+    );
+    q
+}
+
+fn identify(q: &mut Queue, cns: u8, nsid: u32) -> Response {
+    let mut raw = sqe(admin_opcode::IDENTIFY, 5, nsid);
+    set_cdw(&mut raw, 10, u32::from(cns));
+    set_data_len(&mut raw, 4096);
+    one(run(q, Command::from_bytes(&raw), None))
+}
+
+fn get_log(q: &mut Queue, lid: u8, len: u32, offset: u64, rae: bool) -> Response {
+    let mut raw = sqe(admin_opcode::GET_LOG_PAGE, 6, spec::NSID_ALL);
+    let numd = len / 4 - 1;
+    set_cdw(
+        &mut raw,
+        10,
+        u32::from(lid) | (u32::from(rae) << 15) | ((numd & 0xffff) << 16),
+    );
+    set_cdw(&mut raw, 11, numd >> 16);
+    set_cdw(&mut raw, 12, offset as u32);
+    set_cdw(&mut raw, 13, (offset >> 32) as u32);
+    set_data_len(&mut raw, len);
+    one(run(q, Command::from_bytes(&raw), None))
+}
+
+fn rw(opcode: u8, cid: u16, slba: u64, blocks: u32) -> Command {
+    let mut raw = sqe(opcode, cid, 1);
+    set_cdw(&mut raw, 10, slba as u32);
+    set_cdw(&mut raw, 11, (slba >> 32) as u32);
+    set_cdw(&mut raw, 12, blocks - 1);
+    set_data_len(&mut raw, blocks * 512);
+    Command::from_bytes(&raw)
+}
+
+fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+#[test]
+fn identify_controller_satisfies_the_linux_host_checks() {
+    let f = fixture();
+    let mut q = f.queue();
+    let cntlid = admin_ready(&mut q, 5000);
+    assert_eq!(cntlid, 10, "first ID of the configured range");
+    let r = identify(&mut q, spec::cns::CTRL, 0);
+    let id = r.data.unwrap().into_vec();
+    assert_eq!(id.len(), 4096);
+    assert_eq!(le16(&id, 78), cntlid, "CNTLID equals Connect's");
+    assert_ne!(le16(&id, 320), 0, "KAS != 0");
+    assert!(le32(&id, 1792) >= 4, "IOCCSZ >= 4");
+    assert!(le32(&id, 1796) >= 1, "IORCSZ >= 1");
+    assert_eq!(id[76], 0b1011, "CMIC: multi-port, multi-controller, ANA");
+    let (nn, mnan) = (le32(&id, 516), le32(&id, 540));
+    assert!(mnan > 0 && mnan <= nn);
+    assert_eq!(&id[768..768 + SUBNQN.len()], SUBNQN.as_bytes());
+    assert_eq!(id[768 + SUBNQN.len()], 0);
+    assert_eq!(&id[4..9], b"SN123");
+    assert_eq!(id[111], 1, "I/O controller");
+    assert_eq!(le16(&id, 522) & 1, 1, "fused compare-and-write advertised");
+    assert_ne!(le16(&id, 266), 0, "WCTEMP");
+}
+
+#[test]
+fn capabilities_report_a_timeout_and_enable_sets_ready() {
+    let f = fixture();
+    let mut q = f.queue();
+    let r = one(run(
+        &mut q,
+        connect(0, 31, 0),
+        Some(connect_data(SUBNQN, HOSTNQN, 0xffff)),
+    ));
+    assert!(r.completion.status.is_success());
+    let cap = property_get(&mut q, spec::reg::CAP, true).completion.result;
+    assert_ne!((cap >> 24) & 0xff, 0, "CAP.TO");
+    assert_eq!(cap & 0xffff, 1023, "CAP.MQES");
+    assert_eq!(
+        property_get(&mut q, spec::reg::CSTS, false)
+            .completion
+            .result
+            & 1,
+        0
+    );
+    // Admin commands wait for CC.EN.
+    let early = identify(&mut q, spec::cns::CTRL, 0);
+    assert_eq!(early.completion.status.code(), sc::CMD_SEQ_ERROR);
+    assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20)).is_success());
+    assert_eq!(
+        property_get(&mut q, spec::reg::CSTS, false)
+            .completion
+            .result
+            & 1,
+        1
+    );
+    assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20) | (1 << 14)).is_success());
+    let csts = property_get(&mut q, spec::reg::CSTS, false)
+        .completion
+        .result as u32;
+    assert_eq!(
+        csts & spec::csts::SHST_MASK,
+        spec::csts::SHST_CMPLT,
+        "shutdown completes"
+    );
+    let vs = property_get(&mut q, spec::reg::VS, false).completion.result;
+    assert_eq!(vs, 0x10400);
+    // A 4-byte read of CAP is refused.
+    assert_eq!(
+        property_get(&mut q, spec::reg::CAP, false)
+            .completion
+            .status
+            .code(),
+        sc::INVALID_FIELD
+    );
+}
+
+#[test]
+fn connect_refuses_unknown_subsystems_and_hosts_with_the_spec_status() {
+    let f = fixture();
+    let mut q = f.queue();
+    let r = one(run(
+        &mut q,
+        connect(0, 31, 0),
+        Some(connect_data("nqn.2016-06.io.test:nope", HOSTNQN, 0xffff)),
+    ));
+    assert_eq!(r.completion.status.code(), sc::CONNECT_INVALID_PARAM);
+    assert!(r.completion.status.dnr());
+    assert_eq!(
+        r.completion.result,
+        (1 << 16) | 256,
+        "IATTR=data, IPO=SUBNQN"
+    );
+    let r = one(run(
+        &mut q,
+        connect(0, 31, 0),
+        Some(connect_data(SUBNQN, OTHER_HOST, 0xffff)),
+    ));
+    assert_eq!(r.completion.status.code(), sc::CONNECT_INVALID_HOST);
+    assert_eq!(r.completion.result, (1 << 16) | 512, "IPO=HOSTNQN");
+    let r = one(run(
+        &mut q,
+        connect(0, 0, 0),
+        Some(connect_data(SUBNQN, HOSTNQN, 0xffff)),
+    ));
+    assert_eq!(
+        r.completion.status.code(),
+        sc::CONNECT_INVALID_PARAM,
+        "SQSIZE 0"
+    );
+    let r = one(run(&mut q, connect(0, 31, 0), None));
+    assert_eq!(
+        r.completion.status.code(),
+        sc::SGL_INVALID_DATA,
+        "no connect data"
+    );
+    // The queue is still usable after refusals.
+    assert_eq!(admin_ready(&mut q, 0), 10);
+}
+
+#[test]
+fn commands_before_connect_are_a_sequence_error() {
+    let f = fixture();
+    let mut q = f.queue();
+    let r = identify(&mut q, spec::cns::CTRL, 0);
+    assert_eq!(r.completion.status.code(), sc::CMD_SEQ_ERROR);
+    let r = one(run(&mut q, rw(io_opcode::READ, 1, 0, 1), None));
+    assert_eq!(r.completion.status.code(), sc::CMD_SEQ_ERROR);
+}
+
+#[test]
+fn io_queues_write_read_and_refuse_duplicates_and_bad_ranges() {
+    let f = fixture();
+    let mut admin = f.queue();
+    let cntlid = admin_ready(&mut admin, 0);
+    let mut q = io_ready(&f, cntlid, 1);
+    let mut dup = f.queue();
+    let r = one(run(
+        &mut dup,
+        connect(1, 127, 0),
+        Some(connect_data(SUBNQN, HOSTNQN, cntlid)),
+    ));
+    assert_eq!(
+        r.completion.status.code(),
+        sc::CMD_SEQ_ERROR,
+        "duplicate QID"
+    );
+    let mut wrong = f.queue();
+    let r = one(run(
+        &mut wrong,
+        connect(2, 127, 0),
+        Some(connect_data(SUBNQN, HOSTNQN, 999)),
+    ));
+    assert_eq!(
+        r.completion.status.code(),
+        sc::CONNECT_INVALID_PARAM,
+        "unknown CNTLID"
+    );
+
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    let w = one(run(
+        &mut q,
+        rw(io_opcode::WRITE, 7, 8, 8),
+        Some(IoBuf::from_vec(data.clone())),
+    ));
+    assert!(w.completion.status.is_success());
+    assert_eq!(w.completion.sq_id, 1);
+    let r = one(run(&mut q, rw(io_opcode::READ, 8, 8, 8), None));
+    assert!(r.completion.status.is_success());
+    assert_eq!(r.data.unwrap().into_vec(), data);
+
+    let last = NS_BYTES / 512;
+    let r = one(run(&mut q, rw(io_opcode::READ, 9, last - 1, 2), None));
+    assert_eq!(r.completion.status.code(), sc::LBA_RANGE);
+    let mut bad_ns = rw(io_opcode::READ, 10, 0, 1).as_bytes().to_owned();
+    bad_ns[4..8].copy_from_slice(&9u32.to_le_bytes());
+    let r = one(run(&mut q, Command::from_bytes(&bad_ns), None));
+    assert_eq!(r.completion.status.code(), sc::INVALID_NS);
+    let r = one(run(
+        &mut q,
+        rw(io_opcode::WRITE, 11, 0, 2),
+        Some(IoBuf::zeroed(512)),
+    ));
+    assert_eq!(
+        r.completion.status.code(),
+        sc::SGL_INVALID_DATA,
+        "data shorter than the blocks"
+    );
+    let r = one(run(&mut q, Command::from_bytes(&sqe(0x7e, 12, 1)), None));
+    assert_eq!(r.completion.status.code(), sc::INVALID_OPCODE);
+}
+
+#[test]
+fn fused_compare_and_write_is_all_or_nothing() {
+    let f = fixture();
+    let mut admin = f.queue();
+    let cntlid = admin_ready(&mut admin, 0);
+    let mut q = io_ready(&f, cntlid, 1);
+    assert!(one(run(
+        &mut q,
+        rw(io_opcode::WRITE, 1, 0, 1),
+        Some(IoBuf::from_vec(vec![5; 512]))
+    ))
+    .completion
+    .status
+    .is_success());
+
+    let fused = |cid: u16, opcode: u8, flag: u8| {
+        let mut raw = *rw(opcode, cid, 0, 1).as_bytes();
+        raw[1] = flag;
+        Command::from_bytes(&raw)
+    };
+    // Miscompare: nothing written, compare fails, write aborted.
+    let first = run(
+        &mut q,
+        fused(2, io_opcode::COMPARE, 1),
+        Some(IoBuf::from_vec(vec![6; 512])),
+    );
+    assert!(first.is_empty(), "first half waits for its partner");
+    let both = run(
+        &mut q,
+        fused(3, io_opcode::WRITE, 2),
+        Some(IoBuf::from_vec(vec![7; 512])),
+    );
+    assert_eq!(both.len(), 2);
+    assert_eq!(
+        (both[0].completion.cid, both[0].completion.status.code()),
+        (2, sc::COMPARE_FAILED)
+    );
+    assert_eq!(
+        (both[1].completion.cid, both[1].completion.status.code()),
+        (3, sc::FUSED_FAIL)
+    );
+    let r = one(run(&mut q, rw(io_opcode::READ, 4, 0, 1), None));
+    assert_eq!(r.data.unwrap().into_vec(), vec![5; 512]);
+    // Match: both succeed and the write lands.
+    assert!(run(
+        &mut q,
+        fused(5, io_opcode::COMPARE, 1),
+        Some(IoBuf::from_vec(vec![5; 512]))
+    )
+    .is_empty());
+    let both = run(
+        &mut q,
+        fused(6, io_opcode::WRITE, 2),
+        Some(IoBuf::from_vec(vec![7; 512])),
+    );
+    assert!(
+        both.iter().all(|r| r.completion.status.is_success()),
+        "{both:?}"
+    );
+    let r = one(run(&mut q, rw(io_opcode::READ, 7, 0, 1), None));
+    assert_eq!(r.data.unwrap().into_vec(), vec![7; 512]);
+    // A first half followed by an unrelated command is aborted as missing its partner.
+    assert!(run(
+        &mut q,
+        fused(8, io_opcode::COMPARE, 1),
+        Some(IoBuf::from_vec(vec![7; 512]))
+    )
+    .is_empty());
+    let rs = run(&mut q, rw(io_opcode::READ, 9, 0, 1), None);
+    assert_eq!(
+        (rs[0].completion.cid, rs[0].completion.status.code()),
+        (8, sc::FUSED_MISSING)
+    );
+    assert!(rs[1].completion.status.is_success());
+    // Plain Compare.
+    let mut cmp = *rw(io_opcode::COMPARE, 10, 0, 1).as_bytes();
+    cmp[1] = 0;
+    let r = one(run(
+        &mut q,
+        Command::from_bytes(&cmp),
+        Some(IoBuf::from_vec(vec![8; 512])),
+    ));
+    assert_eq!(r.completion.status.code(), sc::COMPARE_FAILED);
+}
+
+#[test]
+fn write_zeroes_and_deallocate_read_back_zero() {
+    let f = fixture();
+    let mut admin = f.queue();
+    let cntlid = admin_ready(&mut admin, 0);
+    let mut q = io_ready(&f, cntlid, 1);
+    assert!(one(run(
+        &mut q,
+        rw(io_opcode::WRITE, 1, 0, 16),
+        Some(IoBuf::from_vec(vec![9; 8192]))
+    ))
+    .completion
+    .status
+    .is_success());
+    let mut wz = *rw(io_opcode::WRITE_ZEROES, 2, 0, 4).as_bytes();
+    wz[32..40].fill(0);
+    assert!(one(run(&mut q, Command::from_bytes(&wz), None))
+        .completion
+        .status
+        .is_success());
+    let mut dsm = sqe(io_opcode::DSM, 3, 1);
+    set_cdw(&mut dsm, 10, 1); // two ranges
+    set_cdw(&mut dsm, 11, spec::rw::DSM_AD);
+    set_data_len(&mut dsm, 32);
+    let mut ranges = vec![0u8; 32];
+    ranges[4..8].copy_from_slice(&4u32.to_le_bytes());
+    ranges[8..16].copy_from_slice(&4u64.to_le_bytes());
+    ranges[20..24].copy_from_slice(&2u32.to_le_bytes());
+    ranges[24..32].copy_from_slice(&12u64.to_le_bytes());
+    let r = one(run(
+        &mut q,
+        Command::from_bytes(&dsm),
+        Some(IoBuf::from_vec(ranges)),
+    ));
+    assert!(r.completion.status.is_success());
+    let back = one(run(&mut q, rw(io_opcode::READ, 4, 0, 16), None))
+        .data
+        .unwrap()
+        .into_vec();
+    let blocks: Vec<u8> = back.chunks(512).map(|b| b[0]).collect();
+    assert_eq!(blocks, [0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 0, 0, 9, 9]);
+}
+
+#[test]
+fn log_pages_validate_their_input() {
+    let f = fixture();
+    let mut q = f.queue();
+    admin_ready(&mut q, 0);
+    assert_eq!(
+        get_log(&mut q, 0x42, 512, 0, false)
+            .completion
+            .status
+            .code(),
+        sc::INVALID_LOG_PAGE
+    );
+    assert_eq!(
+        get_log(&mut q, spec::log::SMART, 512, 4096, false)
+            .completion
+            .status
+            .code(),
+        sc::INVALID_FIELD
+    );
+    let supported = get_log(&mut q, spec::log::SUPPORTED, 1024, 0, false)
+        .data
+        .unwrap()
+        .into_vec();
+    for lid in [0u8, 1, 2, 3, 4, 5, 0x0c] {
+        assert_eq!(
+            le32(&supported, usize::from(lid) * 4) & 1,
+            1,
+            "LID {lid:#x} listed"
+        );
+    }
+    assert_eq!(
+        le32(&supported, 0x70 * 4),
+        0,
+        "no discovery log on an I/O controller"
+    );
+    let ana = get_log(&mut q, spec::log::ANA, 4096, 0, false)
+        .data
+        .unwrap()
+        .into_vec();
+    assert_eq!(le16(&ana, 8), 1, "one ANA group");
+    assert_eq!(le32(&ana, 16), 1, "group 1");
+    assert_eq!(le32(&ana, 20), 1, "one namespace");
+    assert_eq!(ana[32], spec::ana::OPTIMIZED);
+    assert_eq!(le32(&ana, 48), 1, "NSID 1");
+    // A window into the page: offset 16 starts at the first descriptor.
+    let window = get_log(&mut q, spec::log::ANA, 8, 16, false)
+        .data
+        .unwrap()
+        .into_vec();
+    assert_eq!(window, ana[16..24]);
+}
+
+#[test]
+fn namespace_identity_is_reported_everywhere() {
+    let f = fixture();
+    let mut q = f.queue();
+    admin_ready(&mut q, 0);
+    let ns = identify(&mut q, spec::cns::NS, 1).data.unwrap().into_vec();
+    assert_eq!(
+        u64::from_le_bytes(ns[0..8].try_into().unwrap()),
+        NS_BYTES / 512
+    );
+    assert_eq!(ns[30] & 1, 1, "NMIC shared");
+    assert_eq!(le32(&ns, 92), 1, "ANAGRPID");
+    assert_eq!(&ns[104..120], &[1; 16], "NGUID");
+    assert_eq!(ns[130], 9, "512-byte LBA");
+    let desc = identify(&mut q, spec::cns::NS_DESC_LIST, 1)
+        .data
+        .unwrap()
+        .into_vec();
+    assert_eq!((desc[0], desc[1]), (spec::nidt::NGUID, 16));
+    assert_eq!((desc[20], desc[21]), (spec::nidt::UUID, 16));
+    assert_eq!(&desc[24..40], &[2; 16]);
+    assert_eq!((desc[40], desc[41], desc[44]), (spec::nidt::CSI, 1, 0));
+    let list = identify(&mut q, spec::cns::NS_ACTIVE_LIST, 0)
+        .data
+        .unwrap()
+        .into_vec();
+    assert_eq!((le32(&list, 0), le32(&list, 4)), (1, 0));
+    let inactive = identify(&mut q, spec::cns::NS, 5).data.unwrap().into_vec();
+    assert!(
+        inactive.iter().all(|&b| b == 0),
+        "inactive NSID reads as zeroes"
+    );
+    assert_eq!(
+        identify(&mut q, spec::cns::NS, 5000)
+            .completion
+            .status
+            .code(),
+        sc::INVALID_NS
+    );
+}
+
+#[test]
+fn resize_completes_an_aer_and_fills_the_changed_namespace_list() {
+    let f = fixture();
+    let mut q = f.queue();
+    admin_ready(&mut q, 0);
+    let mut aec = sqe(admin_opcode::SET_FEATURES, 20, 0);
+    set_cdw(&mut aec, 10, u32::from(spec::feat::ASYNC_EVENT));
+    set_cdw(
+        &mut aec,
+        11,
+        spec::aer::CFG_NS_ATTR | spec::aer::CFG_ANA_CHANGE,
+    );
+    assert!(one(run(&mut q, Command::from_bytes(&aec), None))
+        .completion
+        .status
+        .is_success());
+    assert!(run(
+        &mut q,
+        Command::from_bytes(&sqe(admin_opcode::ASYNC_EVENT, 21, 0)),
+        None
+    )
+    .is_empty());
+    let wakes_before = *f.notifier.0.lock().unwrap();
+    f.device.resize(16 << 20);
+    assert!(
+        *f.notifier.0.lock().unwrap() > wakes_before,
+        "the transport was woken"
+    );
+    let mut actions = Vec::new();
+    q.poll_events(&mut actions);
+    let aer = one(settle(&mut q, actions));
+    assert_eq!(aer.completion.cid, 21);
+    assert_eq!(
+        aer.completion.result as u32, 0x04_00_02,
+        "notice, NS attribute changed, log 04h"
+    );
+    let list = get_log(&mut q, spec::log::CHANGED_NS, 4096, 0, false)
+        .data
+        .unwrap()
+        .into_vec();
+    assert_eq!((le32(&list, 0), le32(&list, 4)), (1, 0));
+    let again = get_log(&mut q, spec::log::CHANGED_NS, 4096, 0, false)
+        .data
+        .unwrap()
+        .into_vec();
+    assert_eq!(le32(&again, 0), 0, "read with RAE=0 cleared the list");
+    let ns = identify(&mut q, spec::cns::NS, 1).data.unwrap().into_vec();
+    assert_eq!(
+        u64::from_le_bytes(ns[0..8].try_into().unwrap()),
+        (16 << 20) / 512
+    );
+    // Too many AERs.
+    for cid in 30..34 {
+        assert!(run(
+            &mut q,
+            Command::from_bytes(&sqe(admin_opcode::ASYNC_EVENT, cid, 0)),
+            None
+        )
+        .is_empty());
+    }
+    let r = one(run(
+        &mut q,
+        Command::from_bytes(&sqe(admin_opcode::ASYNC_EVENT, 34, 0)),
+        None,
+    ));
+    assert_eq!(r.completion.status.code(), sc::ASYNC_LIMIT);
+}
+
+#[test]
+fn discovery_log_lists_allowed_subsystems_on_every_listener() {
+    let f = fixture();
+    for (host, expected) in [(HOSTNQN, 2u64), (OTHER_HOST, 1)] {
+        let mut q = f.queue();
+        let r = one(run(
+            &mut q,
+            connect(0, 31, 0),
+            Some(connect_data(spec::DISCOVERY_NQN, host, 0xffff)),
+        ));
+        assert!(r.completion.status.is_success(), "any host may discover");
+        assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20)).is_success());
+        let id = identify(&mut q, spec::cns::CTRL, 0)
+            .data
+            .unwrap()
+            .into_vec();
+        assert_eq!(id[111], 2, "discovery controller");
+        let page = get_log(&mut q, spec::log::DISC, 4096, 0, false)
+            .data
+            .unwrap()
+            .into_vec();
+        assert_eq!(
+            u64::from_le_bytes(page[8..16].try_into().unwrap()),
+            expected
+        );
+        if expected == 2 {
+            let entry = &page[2048..3072];
+            assert_eq!(entry[0], spec::disc::TRTYPE_TCP);
+            assert_eq!(entry[2], spec::disc::SUBTYPE_NVME);
+            assert_eq!(&entry[32..36], b"4420");
+            assert_eq!(&entry[256..256 + SUBNQN.len()], SUBNQN.as_bytes());
+            assert_eq!(&entry[512..521], b"127.0.0.1");
+        }
+        assert_eq!(
+            identify(&mut q, spec::cns::NS, 1).completion.status.code(),
+            sc::INVALID_FIELD
+        );
+    }
+}
+
+#[test]
+fn keep_alive_expiry_tears_down_one_controller_and_its_queues() {
+    let f = fixture();
+    let mut admin_a = f.queue();
+    let a = admin_ready(&mut admin_a, 1000);
+    let mut io_a = io_ready(&f, a, 1);
+    let mut admin_b = f.queue();
+    let b = admin_ready(&mut admin_b, 1000);
+    let ctrl_a = admin_a.controller().unwrap().clone();
+    assert!(ctrl_a.take_keep_alive(), "traffic since connect");
+    assert!(!ctrl_a.take_keep_alive(), "nothing since the last check");
+    ctrl_a.teardown(TeardownReason::KeepAliveExpired);
+    let mut actions = Vec::new();
+    io_a.poll_events(&mut actions);
+    assert!(matches!(actions.as_slice(), [Action::Close]), "{actions:?}");
+    let sub = f.target.subsystem(SUBNQN).unwrap();
+    assert!(sub.controller(a).is_none());
+    assert!(sub.controller(b).is_some(), "the other controller lives on");
+    let r = identify(&mut admin_b, spec::cns::CTRL, 0);
+    assert!(r.completion.status.is_success());
+    // The freed ID is reused within the range: 10, 11 taken → next 12, then 10 again.
+    let mut admin_c = f.queue();
+    assert_eq!(admin_ready(&mut admin_c, 0), 12);
+    let mut admin_d = f.queue();
+    assert_eq!(admin_ready(&mut admin_d, 0), 10);
+    let mut admin_e = f.queue();
+    let r = one(run(
+        &mut admin_e,
+        connect(0, 31, 0),
+        Some(connect_data(SUBNQN, HOSTNQN, 0xffff)),
+    ));
+    assert_eq!(
+        r.completion.status.code(),
+        sc::CONNECT_CTRL_BUSY,
+        "range exhausted"
+    );
+}
+
+#[test]
+fn features_required_by_the_host_answer() {
+    let f = fixture();
+    let mut q = f.queue();
+    admin_ready(&mut q, 5000);
+    let mut nq = sqe(admin_opcode::SET_FEATURES, 40, 0);
+    set_cdw(&mut nq, 10, u32::from(spec::feat::NUM_QUEUES));
+    set_cdw(&mut nq, 11, (3 << 16) | 3);
+    assert_eq!(
+        one(run(&mut q, Command::from_bytes(&nq), None))
+            .completion
+            .result,
+        (3 << 16) | 3
+    );
+    let mut get = sqe(admin_opcode::GET_FEATURES, 41, 0);
+    set_cdw(&mut get, 10, u32::from(spec::feat::KATO));
+    assert_eq!(
+        one(run(&mut q, Command::from_bytes(&get), None))
+            .completion
+            .result,
+        5000
+    );
+    let mut hostid = sqe(admin_opcode::GET_FEATURES, 42, 0);
+    set_cdw(&mut hostid, 10, u32::from(spec::feat::HOST_ID));
+    set_cdw(&mut hostid, 11, 1);
+    set_data_len(&mut hostid, 16);
+    let r = one(run(&mut q, Command::from_bytes(&hostid), None));
+    assert_eq!(r.data.unwrap().into_vec(), vec![7; 16]);
+    for fid in [1u8, 2, 4, 5, 6, 8, 0x0a] {
+        let mut g = sqe(admin_opcode::GET_FEATURES, 43, 0);
+        set_cdw(&mut g, 10, u32::from(fid));
+        assert!(
+            one(run(&mut q, Command::from_bytes(&g), None))
+                .completion
+                .status
+                .is_success(),
+            "feature {fid:#x}"
+        );
+    }
+    let mut save = sqe(admin_opcode::SET_FEATURES, 44, 0);
+    set_cdw(
+        &mut save,
+        10,
+        u32::from(spec::feat::ARBITRATION) | (1 << 31),
+    );
+    assert_eq!(
+        one(run(&mut q, Command::from_bytes(&save), None))
+            .completion
+            .status
+            .code(),
+        sc::FEATURE_NOT_SAVEABLE
+    );
+    let mut unknown = sqe(admin_opcode::GET_FEATURES, 45, 0);
+    set_cdw(&mut unknown, 10, 0x7d);
+    assert_eq!(
+        one(run(&mut q, Command::from_bytes(&unknown), None))
+            .completion
+            .status
+            .code(),
+        sc::INVALID_FIELD
+    );
+    let abort = one(run(
+        &mut q,
+        Command::from_bytes(&sqe(admin_opcode::ABORT, 46, 0)),
+        None,
+    ));
+    assert_eq!(abort.completion.result & 1, 1, "not aborted");
+}
