@@ -179,6 +179,16 @@ impl Config {
         Ok(config)
     }
 
+    /// Parses and validates configuration text (tests, benchmarks, embedded use).
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: "<inline>".into(),
+            source,
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
     /// Checks everything that can be checked without opening devices or sockets.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.listeners.is_empty() {
