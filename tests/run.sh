@@ -4,6 +4,7 @@
 # usage: tests/run.sh [--quick] [--no-fuzz] [-h]
 #   --quick     skip the VM end-to-end test (and fuzzing): fmt, clippy, unit tests, build
 #   --no-fuzz   skip the short cargo-fuzz run
+#   --only LIST run only these stages (comma-separated, e.g. --only build,e2e-vm)
 #
 # Stages (each prints a header; the first failing stage stops the run):
 #   deps      rust toolchain (+rustfmt/clippy), Debian packages for the VM (tests/vm/install-deps.sh, needs root)
@@ -13,8 +14,9 @@
 #   build     cargo build --release -p nvmeof-gateway
 #   e2e-vm    tests/vm/run-in-vm.sh -t 900 -w target/vm-logs tests/vm/e2e-tcp.sh target/release/nvmeof-gateway
 #             (the real Linux NVMe/TCP initiator in a QEMU/TCG guest against our gateway)
-#   fuzz      if gateway/fuzz exists: cargo fuzz run <each target> -- -max_total_time=$FUZZ_SECONDS
-#             (cargo +nightly if installed, else stable with RUSTC_BOOTSTRAP=1; skipped if impossible)
+#   fuzz      if gateway/fuzz exists: cargo-fuzz (installed if missing), cargo fuzz build on stable
+#             with RUSTC_BOOTSTRAP=1 (nightly as fallback; skipped with a message if neither works),
+#             then cargo fuzz run <each target> -- -max_total_time=$FUZZ_SECONDS
 # Final line: "N passed, N failed" over the stages. Exit 0 only if none failed.
 #
 # Env: FUZZ_SECONDS (default 30 per target), E2E_TIMEOUT (default 900), VM_* (see tests/vm/run-in-vm.sh).
@@ -24,9 +26,11 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 export PATH="$HOME/.cargo/bin:$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
-QUICK=0 FUZZ=1
-for a in "$@"; do
+QUICK=0 FUZZ=1 ONLY=""
+while [ $# -gt 0 ]; do
+  a=$1; shift
   case $a in
+    --only) ONLY=",${1:?--only needs a stage list},"; shift ;;
     --quick) QUICK=1; FUZZ=0 ;;
     --no-fuzz) FUZZ=0 ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
@@ -35,6 +39,7 @@ for a in "$@"; do
 done
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+FUZZ_DIR=${FUZZ_DIR:-gateway}  # the crate whose fuzz/ dir holds the cargo-fuzz targets
 E2E_TIMEOUT=${E2E_TIMEOUT:-900}
 GATEWAY_BIN=$ROOT/target/release/nvmeof-gateway
 PASSED=0 FAILED=0 SUMMARY=()
@@ -55,12 +60,18 @@ ALL_STAGES=(deps fmt clippy test build e2e-vm fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
+  if [ -n "$ONLY" ] && [[ $ONLY != *",$name,"* ]]; then
+    SUMMARY+=("$(printf 'skipped  %-8s        not in --only' "$name")"); return 0
+  fi
   echo
   echo "==================== [stage $name] $* ===================="
   t0=$(date +%s)
   "$@"
   rc=$?
-  if [ $rc -eq 0 ]; then
+  if [ $rc -eq 200 ]; then  # the stage decided it cannot run here
+    SUMMARY+=("$(printf 'skipped  %-8s %5ss  %s' "$name" "$(elapsed "$t0")" "$SKIP_REASON")")
+    echo "---- [stage $name] SKIPPED: $SKIP_REASON"
+  elif [ $rc -eq 0 ]; then
     PASSED=$((PASSED + 1)); SUMMARY+=("$(printf 'PASS     %-8s %5ss' "$name" "$(elapsed "$t0")")")
     echo "---- [stage $name] PASS ($(elapsed "$t0")s)"
   else
@@ -105,37 +116,39 @@ e2e_vm() {
 }
 
 # ----------------------------------------------------------------- fuzz --
-FUZZ_SKIP_REASON=""
-fuzz_prepare() { # sets FUZZ_CARGO (array) or FUZZ_SKIP_REASON
+SKIP_REASON=""
+FUZZ_CARGO=()
+fuzz_prepare() { # sets FUZZ_CARGO (array); or SKIP_REASON and returns 200
   if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "cargo-fuzz missing: cargo install cargo-fuzz --locked"
-    if ! cargo install cargo-fuzz --locked; then FUZZ_SKIP_REASON="cargo-fuzz could not be installed"; return 0; fi
+    if ! cargo install cargo-fuzz --locked; then SKIP_REASON="cargo-fuzz could not be installed"; return 200; fi
   fi
   cargo fuzz --version
+  # cargo-fuzz needs nightly features (-Zsanitizer, ...). Stable rustc accepts
+  # them with RUSTC_BOOTSTRAP=1 (tried first: same toolchain as the rest);
+  # a nightly toolchain, if installed, is the fallback.
+  echo "building the fuzz targets on $(rustc --version) with RUSTC_BOOTSTRAP=1"
+  if (cd "$FUZZ_DIR" && env RUSTC_BOOTSTRAP=1 cargo fuzz build); then
+    FUZZ_CARGO=(env RUSTC_BOOTSTRAP=1 cargo fuzz); return 0
+  fi
   if rustup run nightly rustc --version >/dev/null 2>&1; then
-    FUZZ_CARGO=(cargo +nightly fuzz)
-    echo "using the nightly toolchain: $(rustup run nightly rustc --version)"
-  else
-    FUZZ_CARGO=(env RUSTC_BOOTSTRAP=1 cargo fuzz)
-    echo "no nightly toolchain: trying stable with RUSTC_BOOTSTRAP=1 ($(rustc --version))"
+    echo "stable + RUSTC_BOOTSTRAP=1 failed: trying $(rustup run nightly rustc --version)"
+    if (cd "$FUZZ_DIR" && cargo +nightly fuzz build); then FUZZ_CARGO=(cargo +nightly fuzz); return 0; fi
+    return 1  # fails on nightly too: a real build failure
   fi
-  # stable + RUSTC_BOOTSTRAP may not work at all: then skip (a build failure
-  # with nightly is a real failure and is reported by the fuzz stage)
-  if [ "${FUZZ_CARGO[0]}" = env ] && ! (cd gateway && "${FUZZ_CARGO[@]}" build); then
-    FUZZ_SKIP_REASON="the fuzz crate does not build on stable with RUSTC_BOOTSTRAP=1 (no nightly toolchain)"
-  fi
-  return 0
+  SKIP_REASON="the fuzz crate does not build on stable with RUSTC_BOOTSTRAP=1 and there is no nightly toolchain (see the output above)"
+  return 200
 }
-fuzz_run() {
+fuzz_all() {
   local targets t rc=0
-  (cd gateway && "${FUZZ_CARGO[@]}" build) || { echo "cargo fuzz build failed"; return 1; }
-  targets=$(cd gateway && "${FUZZ_CARGO[@]}" list) || return 1
+  fuzz_prepare || return $?
+  targets=$(cd "$FUZZ_DIR" && "${FUZZ_CARGO[@]}" list) || return 1
   [ -n "$targets" ] || { echo "no fuzz targets in gateway/fuzz"; return 1; }
   for t in $targets; do
     echo "---- fuzz target $t (${FUZZ_SECONDS}s)"
-    (cd gateway && timeout -k 10 $((FUZZ_SECONDS + 600)) "${FUZZ_CARGO[@]}" run "$t" -- \
+    (cd "$FUZZ_DIR" && timeout -k 10 $((FUZZ_SECONDS + 600)) "${FUZZ_CARGO[@]}" run "$t" -- \
        -max_total_time="$FUZZ_SECONDS" -print_final_stats=1) 2>&1 | tail -n 25
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fuzz target $t FAILED (crash artifacts: gateway/fuzz/artifacts/$t/)"; rc=1; }
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fuzz target $t FAILED (crash artifacts: $FUZZ_DIR/fuzz/artifacts/$t/)"; rc=1; }
   done
   return $rc
 }
@@ -152,12 +165,8 @@ if [ $QUICK = 1 ]; then skipped e2e-vm "--quick"
 else stage e2e-vm e2e_vm; fi
 
 if [ $FUZZ = 0 ]; then skipped fuzz "$([ $QUICK = 1 ] && echo --quick || echo --no-fuzz)"
-elif [ ! -d gateway/fuzz ]; then skipped fuzz "no gateway/fuzz directory"
+elif [ ! -d "$FUZZ_DIR/fuzz" ]; then skipped fuzz "no $FUZZ_DIR/fuzz directory"
 else
-  echo
-  echo "==================== [fuzz] preparing cargo-fuzz ===================="
-  fuzz_prepare
-  if [ -n "$FUZZ_SKIP_REASON" ]; then skipped fuzz "$FUZZ_SKIP_REASON"
-  else stage fuzz fuzz_run; fi
+  stage fuzz fuzz_all
 fi
 finish
