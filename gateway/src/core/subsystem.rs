@@ -220,9 +220,9 @@ impl Subsystem {
                 *next
             };
             *next = if candidate >= max { min } else { candidate + 1 };
-            if !controllers.contains_key(&candidate) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = controllers.entry(candidate) {
                 let ctrl = build(candidate);
-                controllers.insert(candidate, Arc::downgrade(&ctrl));
+                slot.insert(Arc::downgrade(&ctrl));
                 return Ok(ctrl);
             }
         }
