@@ -11,12 +11,16 @@
 
 use libfuzzer_sys::fuzz_target;
 use nvmeof_gateway::tcp::pdu::{
-    encode_c2h_term_req, encode_h2c_term_req, encode_icreq, encode_icresp, DecoderConfig, Fes,
-    Pdu, PduDecoder, PduEncoder, PduError, Role,
+    encode_c2h_term_req, encode_h2c_term_req, encode_icreq, encode_icresp, DecoderConfig, Fes, Pdu,
+    PduDecoder, PduEncoder, PduError, Role,
 };
 
 fn decoder(cfg: u8) -> PduDecoder {
-    let role = if cfg & 0x01 == 0 { Role::Target } else { Role::Host };
+    let role = if cfg & 0x01 == 0 {
+        Role::Target
+    } else {
+        Role::Host
+    };
     let mut c = DecoderConfig::new(role);
     if cfg & 0x40 != 0 {
         c.max_pdu_len = 256;
@@ -46,7 +50,9 @@ fn round_trip(dec: &PduDecoder, pdu: &Pdu<'_>) {
         Pdu::IcReq(r) => encode_icreq(&mut out, r),
         Pdu::IcResp(r) => encode_icresp(&mut out, r),
         Pdu::H2CTermReq(t) | Pdu::C2HTermReq(t) => {
-            let Some(fes) = Fes::from_u16(t.fes) else { return };
+            let Some(fes) = Fes::from_u16(t.fes) else {
+                return;
+            };
             if matches!(pdu, Pdu::H2CTermReq(_)) {
                 encode_h2c_term_req(&mut out, fes, t.fei, t.data);
             } else {
