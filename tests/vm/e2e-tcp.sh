@@ -43,6 +43,7 @@ NS_BYTES=$((256 * 1024 * 1024))
 NS_BS=512
 FIO_SIZE=${E2E_FIO_SIZE:-32M}
 export RUST_LOG=${RUST_LOG:-info}
+export NO_COLOR=1  # plain gateway logs (tracing-subscriber honours NO_COLOR)
 
 WORK=/tmp/e2e
 mkdir -p $WORK
@@ -64,7 +65,7 @@ GWPID=""
 gwlog_tail() { # n: tail of the gateway log (current run)
   [ -s "$GWLOG" ] || return 0
   echo "    --- gateway log (last ${1} lines of $GWLOG) ---"
-  tail -n "$1" "$GWLOG" | sed 's/^/    | /'
+  tail -n "$1" "$GWLOG" | sed 's/\x1b\[[0-9;]*m//g; s/^/    | /'
 }
 # step NAME DESCRIPTION cmd... : run, time, record PASS/FAIL; returns cmd's status
 step() {
@@ -367,7 +368,7 @@ printf '%s\n' "${RESULTS[@]}"
 echo "total $(awk -v a="$T_ALL" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}')s; logs: $LOGDIR"
 if [ $FAIL -gt 0 ] && [ -s "$GWLOG" ]; then
   echo "---- gateway log tail ($LOGDIR/gateway.log) ----"
-  tail -n 40 "$GWLOG"
+  tail -n 40 "$GWLOG" | sed 's/\x1b\[[0-9;]*m//g'
 fi
 echo "$PASS passed, $FAIL failed"
 [ $FAIL -eq 0 ]
