@@ -942,6 +942,24 @@ impl HostConnection {
             .map(|_| ())
     }
 
+    /// Send Keep Alive every `interval` in the background until the
+    /// connection closes, a Keep Alive fails, or the connection is dropped.
+    pub fn spawn_keep_alive(self: &Arc<Self>, interval: Duration) -> JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(conn) = weak.upgrade() else { break };
+                if conn.is_closed() || conn.keep_alive().await.is_err() {
+                    break;
+                }
+            }
+        })
+    }
+
     // ---- NVM I/O --------------------------------------------------------------
 
     fn blocks(len: usize, block_size: u32) -> Result<u32, HostError> {

@@ -50,6 +50,7 @@ struct FakeState {
     disk: Vec<u8>,
     cc: u32,
     connects: Vec<(u16, u16, String, String)>,
+    keep_alives: usize,
 }
 
 struct Fake {
@@ -206,7 +207,10 @@ impl Conn {
                     page.resize(off + len.max(page.len()), 0);
                     Some(page[off..off + len].to_vec())
                 }
-                cmd::admin::KEEP_ALIVE => None,
+                cmd::admin::KEEP_ALIVE => {
+                    st.keep_alives += 1;
+                    None
+                }
                 _ => {
                     drop(st);
                     return self.resp(out, cqe(cid, 0, 1, 0));
@@ -764,4 +768,19 @@ async fn bad_pdu_from_controller_gets_h2c_term_req() {
     assert_eq!((t.fes, t.fei), (Fes::InvalidHeaderField as u16, 2));
     assert_eq!(&t.data[..4], &[0x05, 0, 23, 0]);
     let _ = PduError::DataOutOfRange { offset: 0 };
+}
+
+#[tokio::test]
+async fn background_keep_alive() {
+    let f = fake(FakeOpts::default()).await;
+    let (a, _) = admin(&f, opts()).await;
+    let a = std::sync::Arc::new(a);
+    let h = a.spawn_keep_alive(Duration::from_millis(20));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(f.state.lock().unwrap().keep_alives >= 3);
+    drop(a);
+    tokio::time::timeout(Duration::from_secs(2), h)
+        .await
+        .unwrap()
+        .unwrap();
 }
