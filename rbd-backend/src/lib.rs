@@ -5,11 +5,19 @@
 //! [`IoCompletion`]. That callback shape (rather than `async fn`) is what librbd's
 //! `rbd_aio_*` completions map onto without a boxed future per I/O, and it lets the op own its
 //! buffers, so a device that completes on another thread can never write into freed memory.
+//!
+//! Devices: [`MemoryDevice`] (RAM) and [`RbdDevice`] (a Ceph RBD image through librbd, see
+//! [`rbd`]). All foreign calls live in the private `ffi` module, the only one allowed `unsafe`.
+
+#![deny(unsafe_code)]
 
 mod device;
+mod ffi;
 mod memory;
+pub mod rbd;
 
 pub use device::{
     BlockDevice, DeviceEvent, DeviceEventSink, IoBuf, IoCompletion, IoDone, IoError, IoOp,
 };
 pub use memory::MemoryDevice;
+pub use rbd::{CephSettings, ClusterPool, ImageSpec, RbdDevice, RbdError};
