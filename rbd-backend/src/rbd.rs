@@ -34,6 +34,9 @@ use crate::ffi::{self, AioAction, AioRequest, FfiError};
 
 pub use crate::ffi::versions as library_versions;
 
+/// The largest aligned range librbd 16.2 compare-and-writes natively.
+const CAW_SECTOR: u64 = 512;
+
 const ENOENT: i32 = 2;
 const EIO: i32 = 5;
 const EINVAL: i32 = 22;
@@ -461,6 +464,14 @@ pub struct PoolAdmin {
     pool: String,
 }
 
+impl std::fmt::Debug for PoolAdmin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolAdmin")
+            .field("pool", &self.pool)
+            .finish()
+    }
+}
+
 impl PoolAdmin {
     pub fn create_image(&self, name: &str, size: u64) -> Result<(), RbdError> {
         self.ioctx
@@ -633,14 +644,13 @@ impl RbdDevice {
                     )));
                 }
                 range(*offset, write.len() as u64)?;
-                // librbd 16.2 does compare-and-write atomically on the OSD (a cmpext + write
-                // transaction on one RADOS object), so it refuses (-EINVAL) a range that
-                // spans two objects. Say why instead of passing on a bare EINVAL.
-                let os = self.state.object_size.max(1);
+                // librbd 16.2 does compare-and-write atomically on the OSD (cmpext + write in
+                // one RADOS transaction) but only within one 512-byte sector: it refuses
+                // (-EINVAL) `offset % 512 + len > 512`. Say so instead of a bare EINVAL.
                 let len = write.len() as u64;
-                if len > 0 && *offset / os != (*offset + len - 1) / os {
+                if *offset % CAW_SECTOR + len > CAW_SECTOR {
                     return Err(IoError::Device(format!(
-                        "compare-and-write of {len} bytes at {offset} crosses a {os}-byte RBD object boundary; librbd can only do it atomically within one object"
+                        "compare-and-write of {len} bytes at {offset}: librbd 16.2 does it atomically only within one 512-byte sector"
                     )));
                 }
                 Ok(())
@@ -672,9 +682,8 @@ fn op_result(req: &AioRequest, rv: i64) -> Result<(), IoError> {
         (IoOp::CompareAndWrite { .. }, _) => "compare-and-write",
     };
     Err(match (&req.op, errno) {
-        (IoOp::CompareAndWrite { offset, .. }, EILSEQ) => IoError::Miscompare {
-            // librbd reports the image offset of the first differing byte.
-            offset_in_range: req.mismatch_off.saturating_sub(*offset),
+        (IoOp::CompareAndWrite { offset, write, .. }, EILSEQ) => IoError::Miscompare {
+            offset_in_range: mismatch_in_range(req.mismatch_off, *offset, write.len() as u64),
         },
         (_, EROFS) => IoError::ReadOnly,
         (_, ESHUTDOWN) => IoError::Device(format!(
@@ -688,6 +697,17 @@ fn op_result(req: &AioRequest, rv: i64) -> Result<(), IoError> {
         )),
         _ => IoError::Device(format!("{what}: {} (errno {errno})", ffi::strerror(errno))),
     })
+}
+
+/// librbd 16.2 reports the mismatch relative to the request (seen: 100 for a difference at
+/// byte 100 of a compare at image offset 65536); later releases may report the image offset.
+/// Accept both: a value inside `offset..offset+len` is an image offset.
+fn mismatch_in_range(mismatch_off: u64, offset: u64, len: u64) -> u64 {
+    if mismatch_off >= offset && mismatch_off - offset < len && mismatch_off >= len {
+        mismatch_off - offset
+    } else {
+        mismatch_off.min(len.saturating_sub(1))
+    }
 }
 
 /// Completion of one librbd request, on the librbd callback thread.

@@ -1,0 +1,518 @@
+//! RbdDevice against a real Ceph cluster (never a mock).
+//!
+//! Compiled only with `--features ceph-tests`; then every test needs a cluster and FAILS when
+//! there is none. The wrapper starts a throwaway one and runs these:
+//!
+//! ```sh
+//! bash rbd-backend/tests/ceph-tests.sh          # micro-ceph start, cargo test, stop
+//! # or by hand:
+//! eval "$(scripts/micro-ceph.sh start)"
+//! cargo test -p rbd-backend --features ceph-tests --test ceph
+//! ```
+//!
+//! Env: `CEPH_CONF` (required), `CEPH_KEYRING`, `MICRO_CEPH_POOL` (default `rbd`).
+//! Each test works on its own fresh image, so they run in parallel.
+#![cfg(feature = "ceph-tests")]
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rbd_backend::rbd::{CephSettings, ClusterPool, ImageSpec, PoolAdmin, RbdError};
+use rbd_backend::{
+    BlockDevice, DeviceEvent, DeviceEventSink, IoBuf, IoCompletion, IoDone, IoError, IoOp,
+    RbdDevice,
+};
+
+const MIB: u64 = 1 << 20;
+const OBJ: u64 = 4 * MIB;
+
+fn settings(max_connections: usize) -> CephSettings {
+    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
+    assert!(
+        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
+        "these tests need a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
+         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
+    );
+    CephSettings {
+        conf: Some(PathBuf::from(conf)),
+        keyring: std::env::var("CEPH_KEYRING").ok().map(PathBuf::from),
+        max_connections,
+        ..CephSettings::default()
+    }
+}
+
+fn pool_name() -> String {
+    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
+}
+
+/// A cluster pool plus an image only this test uses, removed at the end.
+struct Fixture {
+    pool: Arc<ClusterPool>,
+    admin: PoolAdmin,
+    images: Vec<String>,
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+impl Fixture {
+    fn new(max_connections: usize) -> Self {
+        let pool = ClusterPool::new(settings(max_connections));
+        let admin = pool
+            .admin(&pool_name(), None)
+            .unwrap_or_else(|e| panic!("cannot reach the cluster: {e}"));
+        Fixture {
+            pool,
+            admin,
+            images: Vec::new(),
+        }
+    }
+
+    /// Creates a fresh image and returns its spec.
+    fn image(&mut self, size: u64) -> ImageSpec {
+        let name = format!(
+            "t-{}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst),
+            std::thread::current()
+                .name()
+                .unwrap_or("x")
+                .rsplit("::")
+                .next()
+                .unwrap_or("x")
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .take(40)
+                .collect::<String>()
+        );
+        self.admin.create_image(&name, size).expect("rbd_create");
+        self.images.push(name.clone());
+        ImageSpec {
+            pool: pool_name(),
+            namespace: None,
+            image: name,
+        }
+    }
+
+    fn open(&mut self, size: u64) -> RbdDevice {
+        let spec = self.image(size);
+        self.pool.open(&spec).expect("open image")
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        rbd_backend::rbd::wait_for_closes(Duration::from_secs(30));
+        for name in &self.images {
+            if let Err(e) = self.admin.remove_image(name) {
+                eprintln!("cleanup: {e}");
+            }
+        }
+    }
+}
+
+struct Waiter(Mutex<mpsc::Sender<IoDone>>);
+
+impl IoCompletion for Waiter {
+    fn complete(&self, done: IoDone) {
+        let _ = self.0.lock().unwrap().send(done);
+    }
+}
+
+fn run(dev: &RbdDevice, op: IoOp) -> IoDone {
+    let (tx, rx) = mpsc::channel();
+    let c: Arc<dyn IoCompletion> = Arc::new(Waiter(Mutex::new(tx)));
+    dev.submit(42, op, &c);
+    let done = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("no completion within 60 s");
+    assert_eq!(done.tag, 42);
+    assert!(rx.try_recv().is_err(), "exactly one completion per op");
+    done
+}
+
+fn write(dev: &RbdDevice, offset: u64, data: &[u8], fua: bool) {
+    run(
+        dev,
+        IoOp::Write {
+            offset,
+            buf: IoBuf::from_vec(data.to_vec()),
+            fua,
+        },
+    )
+    .result
+    .unwrap_or_else(|e| panic!("write at {offset}: {e}"));
+}
+
+fn read(dev: &RbdDevice, offset: u64, len: usize) -> Vec<u8> {
+    let done = run(
+        dev,
+        IoOp::Read {
+            offset,
+            buf: IoBuf::zeroed(len),
+        },
+    );
+    done.result
+        .unwrap_or_else(|e| panic!("read at {offset}: {e}"));
+    match done.op {
+        IoOp::Read { buf, .. } => buf.into_vec(),
+        other => panic!("got back {other:?}"),
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
+        .collect()
+}
+
+#[test]
+fn write_read_round_trip_across_an_object_boundary() {
+    let mut f = Fixture::new(1);
+    let dev = f.open(16 * MIB);
+    assert_eq!(dev.size_bytes(), 16 * MIB);
+    assert_eq!(dev.object_size(), OBJ);
+    let data = pattern(256 * 1024, 0x5a);
+    let offset = OBJ - 128 * 1024;
+    write(&dev, offset, &data, false);
+    assert_eq!(read(&dev, offset, data.len()), data);
+    // FUA write, then an explicit flush
+    let data2 = pattern(4096, 0x33);
+    write(&dev, 8192, &data2, true);
+    run(&dev, IoOp::Flush).result.expect("flush");
+    assert_eq!(read(&dev, 8192, 4096), data2);
+    assert_eq!(
+        read(&dev, 12 * MIB, 4096),
+        vec![0; 4096],
+        "never written: zeroes"
+    );
+    // a second handle (a fresh open, like `rbd export` would) sees the same bytes
+    let spec = ImageSpec {
+        pool: pool_name(),
+        namespace: None,
+        image: f.images[0].clone(),
+    };
+    drop(dev);
+    let again = f.pool.open(&spec).expect("reopen");
+    assert_eq!(read(&again, offset, data.len()), data);
+}
+
+#[test]
+fn out_of_range_and_empty_ops() {
+    let mut f = Fixture::new(1);
+    let dev = f.open(4 * MIB);
+    let done = run(
+        &dev,
+        IoOp::Read {
+            offset: 4 * MIB - 512,
+            buf: IoBuf::zeroed(1024),
+        },
+    );
+    assert!(
+        matches!(done.result, Err(IoError::OutOfRange { .. })),
+        "{:?}",
+        done.result
+    );
+    let done = run(
+        &dev,
+        IoOp::WriteZeroes {
+            offset: u64::MAX - 1,
+            len: 4,
+        },
+    );
+    assert!(matches!(done.result, Err(IoError::OutOfRange { .. })));
+    let done = run(&dev, IoOp::Discard { offset: 0, len: 0 });
+    done.result.expect("empty discard is a no-op");
+}
+
+#[test]
+fn discard_and_write_zeroes_read_back_zero() {
+    let mut f = Fixture::new(1);
+    let dev = f.open(16 * MIB);
+    let data = pattern(3 * OBJ as usize, 0x11);
+    write(&dev, 0, &data, false);
+    // a 4 KiB discard inside an object: plain rbd_aio_discard would keep the old data
+    run(
+        &dev,
+        IoOp::Discard {
+            offset: 4096,
+            len: 4096,
+        },
+    )
+    .result
+    .expect("discard");
+    assert_eq!(
+        read(&dev, 4096, 4096),
+        vec![0; 4096],
+        "discarded 4 KiB reads zero"
+    );
+    assert_eq!(read(&dev, 0, 4096), data[..4096], "block before intact");
+    assert_eq!(
+        read(&dev, 8192, 4096),
+        data[8192..12288],
+        "block after intact"
+    );
+    // write zeroes of one 512-byte sector
+    run(
+        &dev,
+        IoOp::WriteZeroes {
+            offset: 3 * 512,
+            len: 512,
+        },
+    )
+    .result
+    .expect("write zeroes");
+    let head = read(&dev, 0, 4096);
+    assert_eq!(head[..1536], data[..1536]);
+    assert_eq!(head[1536..2048], [0u8; 512]);
+    assert_eq!(head[2048..], data[2048..4096]);
+    // a discard spanning a whole object plus parts of its neighbours
+    let (off, len) = (OBJ - 65536, OBJ + 2 * 65536);
+    run(&dev, IoOp::Discard { offset: off, len })
+        .result
+        .expect("big discard");
+    let back = read(&dev, off - 4096, (len + 8192) as usize);
+    assert_eq!(back[..4096], data[(off - 4096) as usize..off as usize]);
+    assert!(
+        back[4096..4096 + len as usize].iter().all(|&b| b == 0),
+        "discarded range reads zero"
+    );
+    assert_eq!(
+        back[4096 + len as usize..],
+        data[(off + len) as usize..(off + len + 4096) as usize]
+    );
+}
+
+#[test]
+fn compare_and_write_match_mismatch_and_boundary() {
+    let mut f = Fixture::new(1);
+    let dev = f.open(8 * MIB);
+    let old = pattern(512, 1);
+    let new = pattern(512, 2);
+    write(&dev, 65536, &old, false);
+
+    // mismatch: byte 100 differs; nothing changes
+    let mut wrong = old.clone();
+    wrong[100] ^= 0xff;
+    let done = run(
+        &dev,
+        IoOp::CompareAndWrite {
+            offset: 65536,
+            compare: IoBuf::from_vec(wrong),
+            write: IoBuf::from_vec(new.clone()),
+        },
+    );
+    assert_eq!(
+        done.result,
+        Err(IoError::Miscompare {
+            offset_in_range: 100
+        })
+    );
+    assert_eq!(read(&dev, 65536, 512), old, "a miscompare writes nothing");
+
+    // match: written
+    let done = run(
+        &dev,
+        IoOp::CompareAndWrite {
+            offset: 65536,
+            compare: IoBuf::from_vec(old.clone()),
+            write: IoBuf::from_vec(new.clone()),
+        },
+    );
+    done.result.expect("compare-and-write with matching data");
+    assert_eq!(read(&dev, 65536, 512), new);
+
+    // the buffers come back with the op
+    match done.op {
+        IoOp::CompareAndWrite { compare, write, .. } => {
+            assert_eq!(compare.as_slice(), &old[..]);
+            assert_eq!(write.as_slice(), &new[..]);
+        }
+        other => panic!("got back {other:?}"),
+    }
+
+    // across an object boundary: refused with a reason, nothing written
+    let done = run(
+        &dev,
+        IoOp::CompareAndWrite {
+            offset: OBJ - 512,
+            compare: IoBuf::zeroed(1024),
+            write: IoBuf::from_vec(vec![9; 1024]),
+        },
+    );
+    match done.result {
+        Err(IoError::Device(msg)) => assert!(msg.contains("512-byte sector"), "{msg}"),
+        other => panic!("expected a boundary error, got {other:?}"),
+    }
+    assert_eq!(read(&dev, OBJ - 512, 1024), vec![0; 1024]);
+}
+
+struct Events(Mutex<Vec<DeviceEvent>>);
+
+impl DeviceEventSink for Events {
+    fn device_event(&self, event: DeviceEvent) {
+        self.0.lock().unwrap().push(event);
+    }
+}
+
+#[test]
+fn resize_from_another_client_is_reported() {
+    let mut f = Fixture::new(1);
+    let dev = f.open(8 * MIB);
+    let events = Arc::new(Events(Mutex::new(Vec::new())));
+    dev.set_event_sink(events.clone());
+    let name = f.images[0].clone();
+    f.admin.resize_image(&name, 24 * MIB).expect("resize");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while events.0.lock().unwrap().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        events.0.lock().unwrap().first(),
+        Some(&DeviceEvent::Resized { new_size: 24 * MIB }),
+        "a Resized event within 20 s"
+    );
+    assert_eq!(dev.size_bytes(), 24 * MIB);
+    let data = pattern(4096, 7);
+    write(&dev, 20 * MIB, &data, false);
+    assert_eq!(read(&dev, 20 * MIB, 4096), data, "the new space is usable");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        events.0.lock().unwrap().len(),
+        1,
+        "one event per size change"
+    );
+}
+
+#[test]
+fn missing_image_and_pool_are_reported_by_name() {
+    let f = Fixture::new(1);
+    let spec = ImageSpec {
+        pool: pool_name(),
+        namespace: None,
+        image: "no-such-image".into(),
+    };
+    let err = f.pool.open(&spec).expect_err("missing image");
+    assert!(matches!(err, RbdError::ImageNotFound { .. }), "{err:?}");
+    assert!(err.to_string().contains("rbd/no-such-image"), "{err}");
+    let spec = ImageSpec {
+        pool: "no-such-pool".into(),
+        namespace: None,
+        image: "img".into(),
+    };
+    let err = f.pool.open(&spec).expect_err("missing pool");
+    assert!(matches!(err, RbdError::PoolNotFound { .. }), "{err:?}");
+    assert!(err.to_string().contains("no-such-pool"), "{err}");
+}
+
+#[test]
+fn bad_ceph_options_are_refused() {
+    let mut s = settings(1);
+    s.args = vec!["--no-such-ceph-option=1".into()];
+    let err = ClusterPool::new(s)
+        .admin(&pool_name(), None)
+        .expect_err("unknown arg");
+    assert!(err.to_string().contains("no-such-ceph-option"), "{err}");
+    let mut s = settings(1);
+    s.options = vec![("no_such_option".into(), "1".into())];
+    let err = ClusterPool::new(s)
+        .admin(&pool_name(), None)
+        .expect_err("unknown option");
+    assert!(err.to_string().contains("no_such_option"), "{err}");
+    // the gateway's defaults hold unless overridden
+    let pool = ClusterPool::new(settings(1));
+    assert_eq!(pool.conf_get("rbd_cache").unwrap(), "false");
+    let mut s = settings(1);
+    s.args = vec!["--rbd_cache=true".into()];
+    assert_eq!(ClusterPool::new(s).conf_get("rbd_cache").unwrap(), "true");
+}
+
+#[test]
+fn images_are_spread_over_a_bounded_number_of_connections() {
+    let mut f = Fixture::new(2);
+    let a = f.open(4 * MIB);
+    let b = f.open(4 * MIB);
+    let c = f.open(4 * MIB);
+    assert_eq!(f.pool.connected(), 2, "two shards connected");
+    let mut per = f.pool.images_per_connection();
+    per.sort();
+    assert_eq!(per, vec![1, 2]);
+    for (i, dev) in [&a, &b, &c].into_iter().enumerate() {
+        let data = pattern(4096, i as u8);
+        write(dev, 0, &data, false);
+        assert_eq!(read(dev, 0, 4096), data);
+    }
+    drop(c);
+    let mut per = f.pool.images_per_connection();
+    per.sort();
+    assert_eq!(per, vec![1, 1], "closing gives the slot back");
+}
+
+/// QD32 random 4 KiB writes then verified reads from several submitting threads: every
+/// completion arrives once, with its own buffer.
+#[test]
+fn many_concurrent_ops_complete_once_with_their_buffers() {
+    let mut f = Fixture::new(1);
+    let dev = Arc::new(f.open(64 * MIB));
+    let (tx, rx) = mpsc::channel::<IoDone>();
+    let c: Arc<dyn IoCompletion> = Arc::new(Waiter(Mutex::new(tx)));
+    let blocks = 1024u64; // distinct 4 KiB blocks, spread over the image
+    let at = |i: u64| (i * 61 % (64 * MIB / 4096)) * 4096;
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let dev = dev.clone();
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for i in (t..blocks).step_by(4) {
+                    let mut data = pattern(4096, i as u8);
+                    data[..8].copy_from_slice(&i.to_le_bytes());
+                    dev.submit(
+                        i,
+                        IoOp::Write {
+                            offset: at(i),
+                            buf: IoBuf::from_vec(data),
+                            fua: false,
+                        },
+                        &c,
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut seen = vec![false; blocks as usize];
+    for _ in 0..blocks {
+        let done = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("write completion");
+        done.result.expect("write");
+        assert!(!seen[done.tag as usize], "tag {} completed twice", done.tag);
+        seen[done.tag as usize] = true;
+    }
+    for i in 0..blocks {
+        dev.submit(
+            i,
+            IoOp::Read {
+                offset: at(i),
+                buf: IoBuf::zeroed(4096),
+            },
+            &c,
+        );
+    }
+    for _ in 0..blocks {
+        let done = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("read completion");
+        done.result.expect("read");
+        let IoOp::Read { buf, .. } = done.op else {
+            panic!("not a read")
+        };
+        let mut want = pattern(4096, done.tag as u8);
+        want[..8].copy_from_slice(&done.tag.to_le_bytes());
+        assert_eq!(buf.as_slice(), &want[..], "block {}", done.tag);
+    }
+}
