@@ -3,5 +3,6 @@
 pub mod config;
 pub mod core;
 pub mod events;
+pub mod host;
 pub mod spec;
 pub mod tcp;

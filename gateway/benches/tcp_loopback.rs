@@ -1,0 +1,519 @@
+//! NVMe/TCP loopback benchmark: the gateway (a separate process, in-memory namespace, one
+//! runtime worker thread = one gateway core) driven over 127.0.0.1 by a pipelined Rust
+//! host. Prints IOPS, MiB/s, latency percentiles and gateway CPU time per I/O, and, as the
+//! baseline measured in the same run, the same workloads against a null responder (the PDU
+//! codec answering from a static buffer, no protocol core, no device) on one thread: the
+//! ratio shows what the gateway costs on top of loopback TCP and the host.
+//!
+//!     cargo bench -p nvmeof-gateway --bench tcp_loopback [-- --seconds 5]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nvmeof_gateway::host::cmd::{self as hcmd, Sqe};
+use nvmeof_gateway::host::{HostConnection, HostOptions};
+use nvmeof_gateway::tcp::pdu::{
+    encode_icreq, encode_icresp, DecoderConfig, IcReq, IcResp, Pdu, PduDecoder, PduEncoder, Role,
+};
+
+const SUBNQN: &str = "nqn.2016-06.io.ceph-nvmeof-rs:bench";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:bench-0000-0000-0000-000000000001";
+const NS_BYTES: u64 = 1 << 30;
+const BLOCK: u64 = 512;
+
+#[derive(Clone, Copy)]
+struct Workload {
+    name: &'static str,
+    write: bool,
+    random: bool,
+    io_bytes: u32,
+    queue_depth: usize,
+}
+
+const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "4K randread QD1",
+        write: false,
+        random: true,
+        io_bytes: 4096,
+        queue_depth: 1,
+    },
+    Workload {
+        name: "4K randread QD32",
+        write: false,
+        random: true,
+        io_bytes: 4096,
+        queue_depth: 32,
+    },
+    Workload {
+        name: "4K randwrite QD1",
+        write: true,
+        random: true,
+        io_bytes: 4096,
+        queue_depth: 1,
+    },
+    Workload {
+        name: "4K randwrite QD32",
+        write: true,
+        random: true,
+        io_bytes: 4096,
+        queue_depth: 32,
+    },
+    Workload {
+        name: "128K seqread QD8",
+        write: false,
+        random: false,
+        io_bytes: 131072,
+        queue_depth: 8,
+    },
+    Workload {
+        name: "128K seqwrite QD8",
+        write: true,
+        random: false,
+        io_bytes: 131072,
+        queue_depth: 8,
+    },
+];
+
+struct Figures {
+    ios: u64,
+    seconds: f64,
+    latencies_ns: Vec<u32>,
+}
+
+impl Figures {
+    fn iops(&self) -> f64 {
+        self.ios as f64 / self.seconds
+    }
+
+    fn percentile_us(&mut self, p: f64) -> f64 {
+        if self.latencies_ns.is_empty() {
+            return 0.0;
+        }
+        let idx = ((self.latencies_ns.len() as f64 - 1.0) * p).round() as usize;
+        let (_, v, _) = self.latencies_ns.select_nth_unstable(idx);
+        f64::from(*v) / 1000.0
+    }
+}
+
+/// A lean pipelined I/O queue over a blocking socket: no allocation per command, so the
+/// host is not what limits the figures.
+struct LeanQueue {
+    stream: TcpStream,
+    enc: PduEncoder,
+    dec: PduDecoder,
+    rx: Vec<u8>,
+    tx: Vec<u8>,
+}
+
+impl LeanQueue {
+    fn connect(addr: SocketAddr, cntlid: u16, qid: u16) -> LeanQueue {
+        let stream = TcpStream::connect(addr).expect("connect to the target");
+        stream.set_nodelay(true).ok();
+        let mut q = LeanQueue {
+            stream,
+            enc: PduEncoder::new(false, false, 0),
+            dec: PduDecoder::new(DecoderConfig::new(Role::Host)),
+            rx: Vec::with_capacity(4 << 20),
+            tx: Vec::with_capacity(1 << 20),
+        };
+        let mut out = Vec::new();
+        encode_icreq(&mut out, &IcReq::default());
+        q.stream.write_all(&out).expect("send ICReq");
+        q.next_pdu(|pdu| assert!(matches!(pdu, Pdu::IcResp(_)), "expected ICResp"));
+        let mut sqe = Sqe::connect(qid, 127, 0);
+        sqe.set_sgl_in_capsule(hcmd::CONNECT_DATA_LEN as u32);
+        let data = hcmd::connect_data(&[9; 16], cntlid, SUBNQN, HOSTNQN);
+        q.tx.clear();
+        q.enc.capsule_cmd(&mut q.tx, &sqe.0, &data);
+        q.stream.write_all(&q.tx).expect("send Connect");
+        q.tx.clear();
+        q.next_pdu(|pdu| match pdu {
+            Pdu::CapsuleResp(r) => assert_eq!(
+                u16::from_le_bytes([r.cqe[14], r.cqe[15]]) >> 1,
+                0,
+                "I/O queue connect failed"
+            ),
+            _ => panic!("expected CapsuleResp"),
+        });
+        q
+    }
+
+    fn next_pdu(&mut self, mut f: impl FnMut(Pdu<'_>)) {
+        loop {
+            if let Some((pdu, used)) = self.dec.decode(&self.rx).expect("valid PDU") {
+                f(pdu);
+                self.rx.drain(..used);
+                return;
+            }
+            self.fill();
+        }
+    }
+
+    fn fill(&mut self) {
+        let mut chunk = [0u8; 256 * 1024];
+        let n = self.stream.read(&mut chunk).expect("read");
+        assert!(n > 0, "target closed the connection");
+        self.rx.extend_from_slice(&chunk[..n]);
+    }
+
+    fn queue_command(&mut self, w: &Workload, cid: u16, lba: u64, payload: &[u8]) {
+        let blocks = w.io_bytes / BLOCK as u32;
+        let opcode = if w.write {
+            hcmd::io::WRITE
+        } else {
+            hcmd::io::READ
+        };
+        let mut sqe = Sqe::rw(opcode, 1, lba, blocks);
+        sqe.set_cid(cid);
+        if w.write && w.io_bytes as usize <= 8192 - 64 {
+            sqe.set_sgl_in_capsule(w.io_bytes);
+            self.enc.capsule_cmd(&mut self.tx, &sqe.0, payload);
+        } else {
+            sqe.set_sgl_transport(w.io_bytes);
+            self.enc.capsule_cmd(&mut self.tx, &sqe.0, &[]);
+        }
+    }
+
+    /// Keeps `queue_depth` commands in flight for `duration`.
+    fn run(&mut self, w: &Workload, duration: Duration) -> Figures {
+        let payload = vec![0xa5u8; w.io_bytes as usize];
+        let span_blocks = NS_BYTES / BLOCK - u64::from(w.io_bytes) / BLOCK;
+        let step = u64::from(w.io_bytes) / BLOCK;
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut seq = 0u64;
+        let mut next_lba = |rng: &mut u64| {
+            if w.random {
+                *rng ^= *rng << 13;
+                *rng ^= *rng >> 7;
+                *rng ^= *rng << 17;
+                (*rng % (span_blocks / step)) * step
+            } else {
+                seq = (seq + step) % span_blocks;
+                seq
+            }
+        };
+        let mut started = vec![Instant::now(); w.queue_depth];
+        let mut latencies = Vec::with_capacity(1 << 22);
+        for (cid, start) in started.iter_mut().enumerate() {
+            let lba = next_lba(&mut rng);
+            self.queue_command(w, cid as u16, lba, &payload);
+            *start = Instant::now();
+        }
+        self.stream.write_all(&self.tx).expect("send");
+        self.tx.clear();
+        let begin = Instant::now();
+        let deadline = begin + duration;
+        let mut ios = 0u64;
+        let mut outstanding = w.queue_depth;
+        let mut stopping = false;
+        while outstanding > 0 {
+            self.fill();
+            let mut consumed = 0;
+            while let Some((pdu, used)) = self.dec.decode(&self.rx[consumed..]).expect("valid PDU")
+            {
+                match pdu {
+                    Pdu::CapsuleResp(r) => {
+                        let cid = usize::from(r.cid());
+                        let status = u16::from_le_bytes([r.cqe[14], r.cqe[15]]) >> 1;
+                        assert_eq!(status, 0, "I/O failed");
+                        let now = Instant::now();
+                        latencies.push(
+                            now.duration_since(started[cid])
+                                .as_nanos()
+                                .min(u128::from(u32::MAX)) as u32,
+                        );
+                        ios += 1;
+                        if !stopping && now >= deadline {
+                            stopping = true;
+                        }
+                        if stopping {
+                            outstanding -= 1;
+                        } else {
+                            let lba = next_lba(&mut rng);
+                            self.queue_command(w, cid as u16, lba, &payload);
+                            started[cid] = now;
+                        }
+                    }
+                    Pdu::R2T(r) => {
+                        self.enc.h2c_data(
+                            &mut self.tx,
+                            r.cccid,
+                            r.ttag,
+                            r.r2to,
+                            &payload[r.r2to as usize..(r.r2to + r.r2tl) as usize],
+                            true,
+                        );
+                    }
+                    Pdu::C2HData(_) => {}
+                    other => panic!("unexpected PDU {:?}", other.pdu_type()),
+                }
+                consumed += used;
+            }
+            self.rx.drain(..consumed);
+            if !self.tx.is_empty() {
+                self.stream.write_all(&self.tx).expect("send");
+                self.tx.clear();
+            }
+        }
+        Figures {
+            ios,
+            seconds: begin.elapsed().as_secs_f64(),
+            latencies_ns: latencies,
+        }
+    }
+}
+
+/// The baseline target: answers Connect, reads (C2HData from a static buffer) and writes
+/// (in-capsule or by R2T) with the same PDU codec and no protocol core or device.
+fn null_responder(listener: TcpListener) {
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        std::thread::spawn(move || {
+            stream.set_nodelay(true).ok();
+            let zeros = vec![0u8; 1 << 20];
+            let mut dec = PduDecoder::new(DecoderConfig::new(Role::Target));
+            let mut enc = PduEncoder::new(false, false, 0);
+            let mut rx: Vec<u8> = Vec::with_capacity(4 << 20);
+            let mut tx: Vec<u8> = Vec::with_capacity(1 << 20);
+            let mut chunk = vec![0u8; 256 * 1024];
+            loop {
+                let n = match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                rx.extend_from_slice(&chunk[..n]);
+                let mut consumed = 0;
+                while let Ok(Some((pdu, used))) = dec.decode(&rx[consumed..]) {
+                    let respond = |tx: &mut Vec<u8>, enc: &PduEncoder, cid: u16| {
+                        let mut cqe = [0u8; 16];
+                        cqe[12..14].copy_from_slice(&cid.to_le_bytes());
+                        enc.capsule_resp(tx, &cqe);
+                    };
+                    match pdu {
+                        Pdu::IcReq(_) => {
+                            encode_icresp(
+                                &mut tx,
+                                &IcResp {
+                                    pfv: 0,
+                                    cpda: 0,
+                                    hdgst: false,
+                                    ddgst: false,
+                                    maxh2cdata: 1 << 20,
+                                },
+                            );
+                            enc = PduEncoder::new(false, false, 0);
+                        }
+                        Pdu::CapsuleCmd(c) => {
+                            let cid = c.cid();
+                            let len =
+                                u32::from_le_bytes([c.sqe[32], c.sqe[33], c.sqe[34], c.sqe[35]]);
+                            match c.opcode() {
+                                hcmd::io::READ => {
+                                    enc.c2h_data(
+                                        &mut tx,
+                                        cid,
+                                        0,
+                                        &zeros[..len as usize],
+                                        true,
+                                        false,
+                                    );
+                                    respond(&mut tx, &enc, cid);
+                                }
+                                _ if c.sqe[0] & 1 == 1 && c.data.is_empty() && len > 0 => {
+                                    enc.r2t(&mut tx, cid, cid, 0, len)
+                                }
+                                _ => respond(&mut tx, &enc, cid),
+                            }
+                        }
+                        Pdu::H2CData(d) => {
+                            if d.last {
+                                respond(&mut tx, &enc, d.cccid);
+                            }
+                        }
+                        _ => return,
+                    }
+                    consumed += used;
+                }
+                rx.drain(..consumed);
+                if !tx.is_empty() {
+                    if stream.write_all(&tx).is_err() {
+                        return;
+                    }
+                    tx.clear();
+                }
+            }
+        });
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// User + system CPU seconds of a process, from /proc/PID/stat (clock ticks of 1/100 s).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    // After "pid (comm)": state is field 0, utime field 11, stime field 12.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / 100.0
+}
+
+fn start_gateway(port: u16) -> Child {
+    let dir = std::env::temp_dir().join(format!("nvmeof-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[gateway]
+worker_threads = 1
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = {port}
+
+[[subsystem]]
+nqn = "{SUBNQN}"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "memory"
+size = "1GiB"
+"#
+        ),
+    )
+    .expect("write config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start nvmeof-gateway");
+    for _ in 0..100 {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("gateway did not start listening on port {port}");
+}
+
+/// Admin queue through the host library: Connect, enable, ask for I/O queues.
+fn admin_connect(addr: SocketAddr) -> (tokio::runtime::Runtime, HostConnection, u16) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (admin, cntlid) = rt.block_on(async {
+        let admin = HostConnection::connect(addr, HostOptions::new(HOSTNQN))
+            .await
+            .expect("admin connection");
+        let cntlid = admin.connect_admin(SUBNQN, 0).await.expect("admin connect");
+        admin.enable_controller().await.expect("enable");
+        (admin, cntlid)
+    });
+    (rt, admin, cntlid)
+}
+
+fn prefill(addr: SocketAddr, cntlid: u16) {
+    // Write the whole namespace once so reads touch allocated memory, as on a used image.
+    let mut q = LeanQueue::connect(addr, cntlid, 2);
+    let fill = Workload {
+        name: "prefill",
+        write: true,
+        random: false,
+        io_bytes: 1 << 20,
+        queue_depth: 4,
+    };
+    let ios_needed = NS_BYTES / (1 << 20);
+    let seconds_guess = Duration::from_millis(50);
+    let mut written = 0;
+    while written < ios_needed {
+        written += q.run(&fill, seconds_guess).ios;
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let seconds = args
+        .iter()
+        .position(|a| a == "--seconds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(4.0);
+    // `cargo test --benches` runs benches with --bench absent: keep that quick.
+    let duration = if args.iter().any(|a| a == "--bench") {
+        Duration::from_secs_f64(seconds)
+    } else {
+        Duration::from_millis(200)
+    };
+
+    let port = free_port();
+    let mut gateway = start_gateway(port);
+    let gw_addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let (_rt, _admin, cntlid) = admin_connect(gw_addr);
+    prefill(gw_addr, cntlid);
+
+    let null_listener = TcpListener::bind("127.0.0.1:0").expect("bind null responder");
+    let null_addr = null_listener.local_addr().expect("addr");
+    std::thread::spawn(move || null_responder(null_listener));
+
+    println!(
+        "NVMe/TCP loopback, in-memory namespace, gateway on 1 worker thread, {:.1} s per run",
+        duration.as_secs_f64()
+    );
+    println!(
+        "{:<20} {:>10} {:>9} {:>8} {:>8} {:>9} {:>11} {:>12} {:>7}",
+        "workload",
+        "IOPS",
+        "MiB/s",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "gw us/IO",
+        "null IOPS",
+        "ratio"
+    );
+    for (i, w) in WORKLOADS.iter().enumerate() {
+        let mut q = LeanQueue::connect(gw_addr, cntlid, 1 + (i as u16 % 2) * 2 + 1);
+        let cpu_before = cpu_seconds(gateway.id());
+        let mut figures = q.run(w, duration);
+        let cpu = cpu_seconds(gateway.id()) - cpu_before;
+        drop(q);
+        let mut null_q = LeanQueue::connect(null_addr, 1, 1);
+        let null = null_q.run(w, duration);
+        drop(null_q);
+        let iops = figures.iops();
+        println!(
+            "{:<20} {:>10.0} {:>9.1} {:>8.1} {:>8.1} {:>9.1} {:>11.2} {:>12.0} {:>7.2}",
+            w.name,
+            iops,
+            iops * f64::from(w.io_bytes) / f64::from(1 << 20),
+            figures.percentile_us(0.50),
+            figures.percentile_us(0.99),
+            figures.percentile_us(0.999),
+            cpu / figures.ios.max(1) as f64 * 1e6,
+            null.iops(),
+            iops / null.iops().max(1.0),
+        );
+    }
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+}
