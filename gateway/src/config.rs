@@ -1,10 +1,11 @@
 //! The gateway's configuration file (TOML), validated before anything starts.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 
+use rbd_backend::rbd::{CephSettings, ClusterPool, ImageSpec, RbdDevice, RbdError};
 use rbd_backend::{BlockDevice, MemoryDevice};
 use serde::Deserialize;
 
@@ -79,6 +80,113 @@ pub struct NamespaceConfig {
     /// on every gateway and after restarts.
     #[serde(default)]
     pub uuid: Option<String>,
+    /// `backend = "rbd"`: the Ceph pool of the image.
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// `backend = "rbd"`: RADOS namespace inside the pool (default: none).
+    #[serde(default)]
+    pub rados_namespace: Option<String>,
+    /// `backend = "rbd"`: the RBD image; its size is the namespace size (`rbd resize` is
+    /// reported to connected hosts).
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+/// A Ceph option value in `[ceph.options]`: `rados_osd_op_timeout = 30`, `rbd_cache = false`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum CephOptionValue {
+    Text(String),
+    Integer(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl std::fmt::Display for CephOptionValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CephOptionValue::Text(s) => f.write_str(s),
+            CephOptionValue::Integer(i) => write!(f, "{i}"),
+            CephOptionValue::Float(x) => write!(f, "{x}"),
+            CephOptionValue::Bool(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+/// `[ceph]`: how RBD namespaces reach the cluster, in the terms of Ceph's own tools.
+///
+/// Precedence (lowest first): the conf file, `$CEPH_ARGS` (unless `use_ceph_args_env =
+/// false`), the gateway's defaults (`rbd_cache=false`, `client_mount_timeout=30`), `args`,
+/// `options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CephSection {
+    /// ceph.conf path (default: `$CEPH_CONF`, then /etc/ceph/$cluster.conf and Ceph's search
+    /// list).
+    #[serde(default)]
+    pub conf: Option<String>,
+    /// Keyring path (default: what the conf file or `$CEPH_KEYRING` say).
+    #[serde(default)]
+    pub keyring: Option<String>,
+    /// Client entity: `client.admin`, `client.nvmeof` or just `nvmeof`.
+    #[serde(default)]
+    pub client_name: Option<String>,
+    /// Cluster name (default `ceph`).
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// CEPH_ARGS-style options: `"--rados_osd_op_timeout=30 --ms_crc_data=false"`.
+    #[serde(default)]
+    pub args: Option<String>,
+    /// Single options, applied last.
+    #[serde(default)]
+    pub options: std::collections::BTreeMap<String, CephOptionValue>,
+    /// Apply `$CEPH_ARGS` from the environment (default true).
+    #[serde(default)]
+    pub use_ceph_args_env: Option<bool>,
+    /// Cluster connections (`rados_t`) the images are spread over (default: one per CPU, at
+    /// most 8).
+    #[serde(default)]
+    pub connections: Option<usize>,
+}
+
+impl CephSection {
+    /// The backend's settings for this section.
+    pub fn settings(&self) -> CephSettings {
+        let d = CephSettings::default();
+        CephSettings {
+            cluster: self.cluster.clone().unwrap_or(d.cluster),
+            client_name: self.client_name.clone().unwrap_or(d.client_name),
+            conf: self.conf.as_ref().map(Into::into),
+            keyring: self.keyring.as_ref().map(Into::into),
+            use_ceph_args_env: self.use_ceph_args_env.unwrap_or(true),
+            args: self
+                .args
+                .as_deref()
+                .unwrap_or("")
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+            options: self
+                .options
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_string()))
+                .collect(),
+            max_connections: self.connections.unwrap_or(d.max_connections),
+        }
+    }
+}
+
+/// A namespace that [`Config::build_target_report`] left out because its device could not be
+/// opened (e.g. a missing RBD image). The other namespaces are served.
+#[derive(Debug, Clone)]
+pub struct SkippedNamespace {
+    /// `subsystem[0].namespace[1]`
+    pub field: String,
+    pub nqn: String,
+    pub nsid: u32,
+    /// `pool/image`
+    pub device: String,
+    pub error: String,
 }
 
 fn default_block_size() -> u32 {
@@ -114,6 +222,9 @@ pub struct Config {
     pub listeners: Vec<ListenerConfig>,
     #[serde(default, rename = "subsystem")]
     pub subsystems: Vec<SubsystemConfig>,
+    /// Ceph connection settings for `backend = "rbd"` namespaces.
+    #[serde(default)]
+    pub ceph: Option<CephSection>,
 }
 
 /// Parses "1GiB", "256 MiB", "10G", "4096".
@@ -163,6 +274,110 @@ fn derived_ids(identity: &str) -> ([u8; 16], [u8; 16]) {
 fn derived_serial(nqn: &str) -> String {
     let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, nqn.as_bytes());
     id.simple().to_string()[..20].to_string()
+}
+
+/// The image a `backend = "rbd"` namespace names, checked.
+fn rbd_spec(nfield: &str, ns: &NamespaceConfig) -> Result<ImageSpec, ConfigError> {
+    // Names go to librados as C strings; '/' and '@' would be read as pool/namespace/snapshot
+    // separators by Ceph's tools, so such a name is surely a mistake here.
+    fn name(
+        nfield: &str,
+        key: &str,
+        value: Option<&str>,
+        required: bool,
+    ) -> Result<Option<String>, ConfigError> {
+        let Some(v) = value else {
+            return if required {
+                Err(invalid(
+                    format!("{nfield}.{key}"),
+                    "required for the rbd backend",
+                ))
+            } else {
+                Ok(None)
+            };
+        };
+        if v.is_empty() && !required {
+            return Ok(None);
+        }
+        if v.is_empty() || v.contains(['/', '@', '\0']) || v.trim() != v {
+            return Err(invalid(
+                format!("{nfield}.{key}"),
+                format!(
+                    "{v:?} is not a valid Ceph name (non-empty, no '/', '@' or surrounding spaces)"
+                ),
+            ));
+        }
+        Ok(Some(v.to_string()))
+    }
+    let pool = name(nfield, "pool", ns.pool.as_deref(), true)?.unwrap_or_default();
+    let image = name(nfield, "image", ns.image.as_deref(), true)?.unwrap_or_default();
+    let namespace = name(
+        nfield,
+        "rados_namespace",
+        ns.rados_namespace.as_deref(),
+        false,
+    )?;
+    Ok(ImageSpec {
+        pool,
+        namespace,
+        image,
+    })
+}
+
+fn validate_ceph(ceph: &CephSection) -> Result<(), ConfigError> {
+    if let Some(n) = ceph.connections {
+        if n == 0 || n > 64 {
+            return Err(invalid(
+                "ceph.connections",
+                format!("{n} is outside 1..=64"),
+            ));
+        }
+    }
+    for (key, value) in [
+        ("conf", &ceph.conf),
+        ("keyring", &ceph.keyring),
+        ("client_name", &ceph.client_name),
+        ("cluster", &ceph.cluster),
+    ] {
+        if let Some(v) = value {
+            if v.is_empty() || v.contains('\0') {
+                return Err(invalid(format!("ceph.{key}"), "must be a non-empty string"));
+            }
+        }
+    }
+    if let Some(conf) = &ceph.conf {
+        if !Path::new(conf).is_file() {
+            return Err(invalid(
+                "ceph.conf",
+                format!("{conf:?} is not a readable file"),
+            ));
+        }
+    }
+    if let Some(args) = &ceph.args {
+        if let Some(bad) = args.split_whitespace().find(|a| a.contains('\0')) {
+            return Err(invalid("ceph.args", format!("{bad:?} contains a NUL byte")));
+        }
+        if let Some(first) = args.split_whitespace().next() {
+            if !first.starts_with('-') {
+                return Err(invalid(
+                    "ceph.args",
+                    format!("{first:?}: expected options like \"--rados_osd_op_timeout=30\""),
+                ));
+            }
+        }
+    }
+    for (key, value) in &ceph.options {
+        if key.is_empty() || key.contains(['\0', ' ', '=']) {
+            return Err(invalid(format!("ceph.options.{key}"), "not an option name"));
+        }
+        if value.to_string().contains('\0') {
+            return Err(invalid(
+                format!("ceph.options.{key}"),
+                "contains a NUL byte",
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Config {
@@ -230,6 +445,7 @@ impl Config {
             return Err(invalid("gateway.worker_threads", "must be at least 1"));
         }
         let mut seen_nqns = BTreeSet::new();
+        let mut seen_images = HashMap::new();
         for (i, s) in self.subsystems.iter().enumerate() {
             let field = format!("subsystem[{i}]");
             check_nqn(&format!("{field}.nqn"), &s.nqn)?;
@@ -303,6 +519,18 @@ impl Config {
                 }
                 match ns.backend.as_str() {
                     "memory" => {
+                        for (name, set) in [
+                            ("pool", ns.pool.is_some()),
+                            ("rados_namespace", ns.rados_namespace.is_some()),
+                            ("image", ns.image.is_some()),
+                        ] {
+                            if set {
+                                return Err(invalid(
+                                    format!("{nfield}.{name}"),
+                                    "only used by the rbd backend",
+                                ));
+                            }
+                        }
                         let size = ns.size.as_deref().ok_or_else(|| {
                             invalid(format!("{nfield}.size"), "required for the memory backend")
                         })?;
@@ -321,14 +549,32 @@ impl Config {
                             ));
                         }
                     }
+                    "rbd" => {
+                        if ns.size.is_some() {
+                            return Err(invalid(
+                                format!("{nfield}.size"),
+                                "not used by the rbd backend: the image has its size (rbd resize)",
+                            ));
+                        }
+                        let spec = rbd_spec(&nfield, ns)?;
+                        if let Some(other) = seen_images.insert(spec.clone(), nfield.clone()) {
+                            return Err(invalid(
+                                format!("{nfield}.image"),
+                                format!("{spec} is already served by {other}"),
+                            ));
+                        }
+                    }
                     other => {
                         return Err(invalid(
                             format!("{nfield}.backend"),
-                            format!("{other:?} is not supported (supported: \"memory\")"),
+                            format!("{other:?} is not supported (supported: \"memory\", \"rbd\")"),
                         ))
                     }
                 }
             }
+        }
+        if let Some(ceph) = &self.ceph {
+            validate_ceph(ceph)?;
         }
         Ok(())
     }
@@ -348,8 +594,68 @@ impl Config {
     }
 
     /// Builds the target: subsystems, namespaces (opening their devices) and listeners.
+    ///
+    /// Blocking: RBD images are opened here (in parallel, each on its own thread). A namespace
+    /// whose device cannot be opened (missing pool or image, cluster unreachable) is left out:
+    /// it is logged at error level with its field and image, and the other namespaces are
+    /// served. [`Config::build_target_report`] also returns the skipped namespaces.
     pub fn build_target(&self) -> Result<Arc<Target>, ConfigError> {
+        self.build_target_report().map(|(target, _)| target)
+    }
+
+    /// Opens every `backend = "rbd"` namespace's image, several at a time.
+    fn open_rbd_devices(&self) -> HashMap<(usize, usize), Result<RbdDevice, RbdError>> {
+        let mut wanted = Vec::new();
+        for (i, s) in self.subsystems.iter().enumerate() {
+            for (j, ns) in s.namespaces.iter().enumerate() {
+                if ns.backend == "rbd" {
+                    let nfield = format!("subsystem[{i}].namespace[{j}]");
+                    if let Ok(spec) = rbd_spec(&nfield, ns) {
+                        wanted.push(((i, j), spec));
+                    }
+                }
+            }
+        }
+        let mut opened = HashMap::new();
+        if wanted.is_empty() {
+            return opened;
+        }
+        let settings = self.ceph.clone().unwrap_or_default().settings();
+        tracing::info!(
+            client = %settings.entity_name(),
+            conf = settings.conf.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(default)".into()),
+            images = wanted.len(),
+            "opening RBD images"
+        );
+        let pool = ClusterPool::new(settings);
+        const PARALLEL_OPENS: usize = 8;
+        for batch in wanted.chunks(PARALLEL_OPENS) {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = batch
+                    .iter()
+                    .map(|(key, spec)| {
+                        let pool = &pool;
+                        (*key, scope.spawn(move || pool.open(spec)))
+                    })
+                    .collect();
+                for (key, handle) in handles {
+                    let result = handle.join().unwrap_or_else(|_| {
+                        Err(RbdError::Config(
+                            "the thread opening the image panicked".into(),
+                        ))
+                    });
+                    opened.insert(key, result);
+                }
+            });
+        }
+        opened
+    }
+
+    /// [`Config::build_target`], also returning the namespaces left out.
+    pub fn build_target_report(&self) -> Result<(Arc<Target>, Vec<SkippedNamespace>), ConfigError> {
         self.validate()?;
+        let mut rbd_devices = self.open_rbd_devices();
+        let mut skipped = Vec::new();
         let identity = TargetIdentity::default();
         let target = Arc::new(Target::new(identity.clone()));
         let (cntlid_min, cntlid_max) = self.cntlid_range();
@@ -380,6 +686,47 @@ impl Config {
                             size,
                         ))
                     }
+                    "rbd" => match rbd_devices.remove(&(i, j)) {
+                        Some(Ok(device)) => {
+                            let size = device.size_bytes();
+                            if size % u64::from(ns.block_size) != 0 {
+                                tracing::warn!(
+                                    field = %nfield,
+                                    image = device.name(),
+                                    size,
+                                    block_size = ns.block_size,
+                                    "image size is not a multiple of the block size; the tail is not served"
+                                );
+                            }
+                            Arc::new(device)
+                        }
+                        Some(Err(e)) => {
+                            let image = rbd_spec(&nfield, ns)
+                                .map(|spec| spec.to_string())
+                                .unwrap_or_default();
+                            tracing::error!(
+                                field = %nfield,
+                                nqn = %s.nqn,
+                                nsid = ns.nsid,
+                                image = %image,
+                                "namespace not served: {e}"
+                            );
+                            skipped.push(SkippedNamespace {
+                                field: nfield,
+                                nqn: s.nqn.clone(),
+                                nsid: ns.nsid,
+                                device: image,
+                                error: e.to_string(),
+                            });
+                            continue;
+                        }
+                        None => {
+                            return Err(invalid(
+                                format!("{nfield}.image"),
+                                "was not opened (invalid pool or image name)",
+                            ))
+                        }
+                    },
                     other => {
                         return Err(invalid(
                             format!("{nfield}.backend"),
@@ -419,7 +766,7 @@ impl Config {
                 port_id: i as u16 + 1,
             });
         }
-        Ok(target)
+        Ok((target, skipped))
     }
 }
 
@@ -523,6 +870,125 @@ mod tests {
             let err = parse(&text).unwrap_err().to_string();
             assert!(err.starts_with(field), "{err:?} should name {field}");
         }
+    }
+
+    const RBD: &str = r#"
+        [[listener]]
+        transport = "tcp"
+        address = "127.0.0.1"
+        port = 4420
+
+        [[subsystem]]
+        nqn = "nqn.2016-06.io.example:demo"
+        allow_any_host = true
+
+        [[subsystem.namespace]]
+        nsid = 1
+        backend = "memory"
+        size = "1GiB"
+
+        [[subsystem.namespace]]
+        nsid = 2
+        backend = "rbd"
+        pool = "rbd"
+        image = "img0"
+
+        [ceph]
+        client_name = "admin"
+        args = "--rados_osd_op_timeout=30"
+        connections = 2
+
+        [ceph.options]
+        rados_mon_op_timeout = 30
+        rbd_cache = false
+    "#;
+
+    #[test]
+    fn rbd_namespaces_and_the_ceph_section_parse() {
+        let c = parse(RBD).unwrap();
+        let ns = &c.subsystems[0].namespaces[1];
+        assert_eq!(ns.pool.as_deref(), Some("rbd"));
+        assert_eq!(ns.image.as_deref(), Some("img0"));
+        let s = c.ceph.as_ref().unwrap().settings();
+        assert_eq!(s.entity_name(), "client.admin");
+        assert_eq!(s.max_connections, 2);
+        assert_eq!(s.args, vec!["--rados_osd_op_timeout=30".to_string()]);
+        assert_eq!(
+            s.options,
+            vec![
+                ("rados_mon_op_timeout".to_string(), "30".to_string()),
+                ("rbd_cache".to_string(), "false".to_string())
+            ]
+        );
+        let spec = rbd_spec("x", ns).unwrap();
+        assert_eq!(spec.to_string(), "rbd/img0");
+        let with_ns = parse(&RBD.replace(
+            "image = \"img0\"",
+            "image = \"img0\"\nrados_namespace = \"tenant1\"",
+        ))
+        .unwrap();
+        let spec = rbd_spec("x", &with_ns.subsystems[0].namespaces[1]).unwrap();
+        assert_eq!(spec.to_string(), "rbd/tenant1/img0");
+    }
+
+    #[test]
+    fn rbd_errors_name_the_bad_field() {
+        let cases = [
+            (RBD.replace("pool = \"rbd\"\n", ""), "subsystem[0].namespace[1].pool"),
+            (RBD.replace("image = \"img0\"", "image = \"\""), "subsystem[0].namespace[1].image"),
+            (RBD.replace("image = \"img0\"", "image = \"a/b\""), "subsystem[0].namespace[1].image"),
+            (RBD.replace("image = \"img0\"", "image = \"img0\"\nsize = \"1GiB\""), "subsystem[0].namespace[1].size"),
+            (RBD.replace("size = \"1GiB\"", "size = \"1GiB\"\nimage = \"x\""), "subsystem[0].namespace[0].image"),
+            (RBD.replace("image = \"img0\"", "image = \"img0\"\nrados_namespace = \"a@b\""), "subsystem[0].namespace[1].rados_namespace"),
+            (RBD.replace("connections = 2", "connections = 0"), "ceph.connections"),
+            (RBD.replace("--rados_osd_op_timeout=30", "rados_osd_op_timeout=30"), "ceph.args"),
+            (RBD.replace("client_name = \"admin\"", "conf = \"/nonexistent/ceph.conf\""), "ceph.conf"),
+            (
+                RBD.replace(
+                    "[ceph]",
+                    "[[subsystem]]\nnqn = \"nqn.2016-06.io.example:two\"\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"rbd\"\npool = \"rbd\"\nimage = \"img0\"\n[ceph]",
+                ),
+                "subsystem[1].namespace[0].image",
+            ),
+        ];
+        for (text, field) in cases {
+            let err = match parse(&text) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("accepted, should fail on {field}:\n{text}"),
+            };
+            assert!(err.starts_with(field), "{err:?} should name {field}");
+        }
+    }
+
+    /// The cluster in this conf has no monitors, so the image cannot be opened (on a machine
+    /// without librbd, the library is missing: same outcome). The namespace is left out and
+    /// reported; the memory namespace still serves.
+    #[test]
+    fn a_namespace_whose_image_cannot_be_opened_is_skipped_and_reported() {
+        let dir = std::env::temp_dir().join(format!("cfgtest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("ceph.conf");
+        std::fs::write(&conf, "[global]\nlog_file = /dev/null\n").unwrap();
+        let text = RBD
+            .replace(
+                "client_name = \"admin\"",
+                &format!(
+                    "client_name = \"admin\"\nconf = \"{}\"\nuse_ceph_args_env = false",
+                    conf.display()
+                ),
+            )
+            .replace("--rados_osd_op_timeout=30", "--client_mount_timeout=2");
+        let c = parse(&text).unwrap();
+        let (target, skipped) = c.build_target_report().unwrap();
+        let sub = target.subsystem("nqn.2016-06.io.example:demo").unwrap();
+        assert!(sub.namespace(1).is_some(), "the memory namespace serves");
+        assert!(sub.namespace(2).is_none(), "the rbd namespace is left out");
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].field, "subsystem[0].namespace[1]");
+        assert_eq!(skipped[0].device, "rbd/img0");
+        assert_eq!(skipped[0].nsid, 2);
+        assert!(!skipped[0].error.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
