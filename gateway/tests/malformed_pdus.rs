@@ -1,15 +1,15 @@
 //! Bad input on the wire: the gateway answers with C2HTermReq (or closes) for that
 //! connection only, and keeps serving the others.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use nvmeof_gateway::config::Config;
 use nvmeof_gateway::tcp::digest;
 use nvmeof_gateway::tcp::pdu::{
     encode_icreq, DecoderConfig, Fes, IcReq, PduDecoder, PduEncoder, Role,
 };
-use nvmeof_gateway::tcp::server::TcpServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -18,32 +18,8 @@ const SUBNQN: &str = "nqn.2016-06.io.test:malformed";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-000000000001";
 
 async fn start() -> (SocketAddr, watch::Sender<bool>) {
-    let config = Config::from_toml_str(&format!(
-        r#"
-        [[listener]]
-        transport = "tcp"
-        address = "127.0.0.1"
-        port = 4420
-
-        [[subsystem]]
-        nqn = "{SUBNQN}"
-        allow_any_host = true
-
-        [[subsystem.namespace]]
-        nsid = 1
-        backend = "memory"
-        size = "16MiB"
-        "#
-    ))
-    .unwrap();
-    let target = config.build_target().unwrap();
-    let server = TcpServer::bind("127.0.0.1:0".parse().unwrap(), target)
-        .await
-        .unwrap();
-    let addr = server.local_addr().unwrap();
-    let (tx, rx) = watch::channel(false);
-    tokio::spawn(server.serve(rx));
-    (addr, tx)
+    let gw = common::start_gateway(SUBNQN, "16MiB").await;
+    (gw.addr, gw.shutdown)
 }
 
 /// Reads PDUs until `want` of them arrived or the peer closed; returns them as owned
