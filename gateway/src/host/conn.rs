@@ -155,6 +155,13 @@ struct Pending {
     write: Bytes,
     read: Vec<u8>,
     error: Option<HostError>,
+    /// Check on successful completion that all data moved.
+    strict: bool,
+    /// C2HData bytes received and whether LAST_PDU was seen.
+    read_got: usize,
+    read_last: bool,
+    /// Write bytes requested by R2Ts.
+    r2t_got: usize,
     _permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -230,6 +237,7 @@ impl Shared {
         write: Bytes,
         read_len: u32,
         permit: Option<OwnedSemaphorePermit>,
+        strict: bool,
     ) -> Result<(u16, oneshot::Receiver<Result<Response, HostError>>), HostError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(self.closed_error());
@@ -267,6 +275,10 @@ impl Shared {
                 write,
                 read: vec![0; read_len as usize],
                 error: None,
+                strict,
+                read_got: 0,
+                read_last: false,
+                r2t_got: 0,
                 _permit: permit,
             },
         );
@@ -283,9 +295,30 @@ impl Shared {
                 "completion for unknown CID {cid}"
             )));
         };
-        let res = match p.error.take() {
-            Some(e) => Err(e),
-            None => Ok(Response {
+        let short = if p.strict && cqe.is_success() {
+            if p.read_got != p.read.len() || (!p.read.is_empty() && !p.read_last) {
+                Some(format!(
+                    "CID {cid} completed after {} of {} read bytes (LAST_PDU seen: {})",
+                    p.read_got,
+                    p.read.len(),
+                    p.read_last
+                ))
+            } else if p.r2t_got != p.write.len() {
+                Some(format!(
+                    "CID {cid} completed after R2Ts for {} of {} write bytes",
+                    p.r2t_got,
+                    p.write.len()
+                ))
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        let res = match (p.error.take(), short) {
+            (Some(e), _) => Err(e),
+            (None, Some(msg)) => Err(HostError::Protocol(msg)),
+            (None, None) => Ok(Response {
                 cqe,
                 data: std::mem::take(&mut p.read),
             }),
@@ -316,6 +349,8 @@ impl Shared {
                         }));
                     };
                     dst.copy_from_slice(d.data);
+                    p.read_got += d.data.len();
+                    p.read_last |= d.last;
                 }
                 if d.success {
                     self.complete(d.cccid, Completion::success(d.cccid))?;
@@ -324,8 +359,8 @@ impl Shared {
             }
             Pdu::R2T(r) => {
                 let data = {
-                    let pending = lock(&self.pending);
-                    let Some(p) = pending.get(&r.cccid) else {
+                    let mut pending = lock(&self.pending);
+                    let Some(p) = pending.get_mut(&r.cccid) else {
                         return Err(HostError::Protocol(format!(
                             "R2T for unknown CID {}",
                             r.cccid
@@ -338,6 +373,7 @@ impl Shared {
                             offset: pdu::offsets::DATAL,
                         }));
                     }
+                    p.r2t_got += r.r2tl as usize;
                     p.write.slice(start..end)
                 };
                 let max = (self.maxh2cdata as usize).max(4096);
@@ -657,7 +693,9 @@ impl HostConnection {
     pub async fn start(&self, mut sqe: Sqe, xfer: Xfer) -> Result<Inflight, HostError> {
         let permit = self.slot().await?;
         let (in_capsule, r2t, read_len) = self.prepare(&mut sqe, &xfer);
-        let (cid, rx) = self.shared.register(None, r2t, read_len, Some(permit))?;
+        let (cid, rx) = self
+            .shared
+            .register(None, r2t, read_len, Some(permit), true)?;
         sqe.set_cid(cid);
         let chunks = self.capsule(&sqe.0, &in_capsule);
         if let Err(e) = self.shared.send(chunks) {
@@ -688,7 +726,7 @@ impl HostConnection {
         let cid = u16::from_le_bytes([cmd.sqe[2], cmd.sqe[3]]);
         let (cid, rx) =
             self.shared
-                .register(Some(cid), cmd.r2t_data, cmd.read_len, Some(permit))?;
+                .register(Some(cid), cmd.r2t_data, cmd.read_len, Some(permit), false)?;
         let chunks = self.capsule(&cmd.sqe, &cmd.in_capsule);
         if let Err(e) = self.shared.send(chunks) {
             self.shared.unregister(cid);
@@ -721,8 +759,8 @@ impl HostConnection {
         s2.0[1] = (s2.0[1] & !0x3) | cmd::sqe_flags::FUSE_SECOND;
         let (ic1, r1, n1) = self.prepare(&mut s1, &x1);
         let (ic2, r2, n2) = self.prepare(&mut s2, &x2);
-        let (c1, rx1) = self.shared.register(None, r1, n1, Some(p1))?;
-        let (c2, rx2) = match self.shared.register(None, r2, n2, Some(p2)) {
+        let (c1, rx1) = self.shared.register(None, r1, n1, Some(p1), true)?;
+        let (c2, rx2) = match self.shared.register(None, r2, n2, Some(p2), true) {
             Ok(v) => v,
             Err(e) => {
                 self.shared.unregister(c1);

@@ -30,6 +30,8 @@ struct FakeOpts {
     r2t_chunk: u32,
     /// ioccsz reported in Identify Controller.
     ioccsz: u32,
+    /// Bug injection: send only the first half of read data.
+    short_read: bool,
 }
 
 impl Default for FakeOpts {
@@ -41,6 +43,7 @@ impl Default for FakeOpts {
             c2h_success: false,
             r2t_chunk: 1 << 20,
             ioccsz: (64 + 8192) / 16,
+            short_read: false,
         }
     }
 }
@@ -282,6 +285,11 @@ impl Conn {
     }
 
     fn send_read(&self, out: &mut Vec<u8>, cid: u16, d: &[u8]) {
+        let d = if self.opts.short_read {
+            &d[..d.len() / 2]
+        } else {
+            d
+        };
         let chunks: Vec<&[u8]> = d.chunks(self.opts.c2h_chunk).collect();
         for (i, c) in chunks.iter().enumerate() {
             let last = i + 1 == chunks.len();
@@ -783,4 +791,33 @@ async fn background_keep_alive() {
         .await
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test]
+async fn short_read_is_a_protocol_error() {
+    let f = fake(FakeOpts {
+        short_read: true,
+        ..Default::default()
+    })
+    .await;
+    let (_a, cntlid) = admin(&f, opts()).await;
+    let q = io_queue(&f, opts(), cntlid).await;
+    match q.read(1, 0, 8, BS).await {
+        Err(HostError::Protocol(m)) => assert!(m.contains("2048 of 4096"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // A raw command gets the CQE and the partial data instead.
+    let mut sqe = Sqe::rw(cmd::io::READ, 1, 0, 8);
+    sqe.set_cid(77).set_sgl_transport(4096);
+    let r = q
+        .submit_raw(RawCommand {
+            sqe: sqe.0,
+            in_capsule: Default::default(),
+            r2t_data: Default::default(),
+            read_len: 4096,
+        })
+        .await
+        .unwrap();
+    assert!(r.cqe.is_success());
+    assert_eq!(r.data.len(), 4096);
 }
