@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/run.sh - the project's single test command.
 #
-# usage: tests/run.sh [--quick] [--no-fuzz] [-h]
+# usage: tests/run.sh [--quick] [--no-fuzz] [--only LIST] [-h]
 #   --quick     skip the VM end-to-end test (and fuzzing): fmt, clippy, unit tests, build
 #   --no-fuzz   skip the short cargo-fuzz run
 #   --only LIST run only these stages (comma-separated, e.g. --only build,e2e-vm)
@@ -19,7 +19,9 @@
 #             then cargo fuzz run <each target> -- -max_total_time=$FUZZ_SECONDS
 # Final line: "N passed, N failed" over the stages. Exit 0 only if none failed.
 #
-# Env: FUZZ_SECONDS (default 30 per target), E2E_TIMEOUT (default 900), VM_* (see tests/vm/run-in-vm.sh).
+# Env: FUZZ_SECONDS (default 30 per target), E2E_TIMEOUT (default 900 s, the VM run),
+#      STAGE_TIMEOUT (default 1800 s per cargo stage), CARGO_TARGET_DIR, FUZZ_DIR (default gateway),
+#      VM_* (see tests/vm/run-in-vm.sh).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,7 +43,10 @@ done
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 FUZZ_DIR=${FUZZ_DIR:-gateway}  # the crate whose fuzz/ dir holds the cargo-fuzz targets
 E2E_TIMEOUT=${E2E_TIMEOUT:-900}
-GATEWAY_BIN=$ROOT/target/release/nvmeof-gateway
+STAGE_TIMEOUT=${STAGE_TIMEOUT:-1800}  # per cargo stage
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+case $TARGET_DIR in /*) ;; *) TARGET_DIR=$ROOT/$TARGET_DIR ;; esac
+GATEWAY_BIN=$TARGET_DIR/release/nvmeof-gateway
 PASSED=0 FAILED=0 SUMMARY=()
 T_START=$(date +%s)
 
@@ -66,8 +71,14 @@ stage() {
   echo
   echo "==================== [stage $name] $* ===================="
   t0=$(date +%s)
-  "$@"
-  rc=$?
+  if [ "$1" = cargo ]; then  # a hung build/test must not eat CI's whole budget
+    timeout -k 30 "$STAGE_TIMEOUT" "$@"
+    rc=$?
+    [ $rc -eq 124 ] && echo "stage $name: timed out after ${STAGE_TIMEOUT}s"
+  else
+    "$@"
+    rc=$?
+  fi
   if [ $rc -eq 200 ]; then  # the stage decided it cannot run here
     SUMMARY+=("$(printf 'skipped  %-8s %5ss  %s' "$name" "$(elapsed "$t0")" "$SKIP_REASON")")
     echo "---- [stage $name] SKIPPED: $SKIP_REASON"
@@ -108,10 +119,12 @@ deps() {
 # ------------------------------------------------------------------- VM --
 e2e_vm() {
   [ -x "$GATEWAY_BIN" ] || { echo "no gateway binary at $GATEWAY_BIN"; return 1; }
-  mkdir -p target/vm-logs
-  tests/vm/run-in-vm.sh -t "$E2E_TIMEOUT" -w target/vm-logs tests/vm/e2e-tcp.sh "$GATEWAY_BIN"
+  mkdir -p "$TARGET_DIR/vm-logs"
+  echo "+ tests/vm/run-in-vm.sh -t $E2E_TIMEOUT -w $TARGET_DIR/vm-logs tests/vm/e2e-tcp.sh $GATEWAY_BIN"
+  E2E_LOG_DIR=$TARGET_DIR/vm-logs tests/vm/run-in-vm.sh -t "$E2E_TIMEOUT" -w "$TARGET_DIR/vm-logs" \
+    -e E2E_LOG_DIR tests/vm/e2e-tcp.sh "$GATEWAY_BIN"
   local rc=$?
-  echo "(logs: target/vm-logs/e2e-tcp/)"
+  echo "(logs: $TARGET_DIR/vm-logs/e2e-tcp/)"
   return $rc
 }
 
@@ -145,7 +158,7 @@ fuzz_all() {
   targets=$(cd "$FUZZ_DIR" && "${FUZZ_CARGO[@]}" list) || return 1
   [ -n "$targets" ] || { echo "no fuzz targets in gateway/fuzz"; return 1; }
   for t in $targets; do
-    echo "---- fuzz target $t (${FUZZ_SECONDS}s)"
+    echo "---- fuzz target $t: ${FUZZ_CARGO[*]} run $t -- -max_total_time=$FUZZ_SECONDS"
     (cd "$FUZZ_DIR" && timeout -k 10 $((FUZZ_SECONDS + 600)) "${FUZZ_CARGO[@]}" run "$t" -- \
        -max_total_time="$FUZZ_SECONDS" -print_final_stats=1) 2>&1 | tail -n 25
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fuzz target $t FAILED (crash artifacts: $FUZZ_DIR/fuzz/artifacts/$t/)"; rc=1; }
