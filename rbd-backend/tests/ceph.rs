@@ -516,3 +516,109 @@ fn many_concurrent_ops_complete_once_with_their_buffers() {
         assert_eq!(buf.as_slice(), &want[..], "block {}", done.tag);
     }
 }
+
+/// Not a check: 4 KiB random write/read IOPS and latency straight through RbdDevice (the
+/// baseline the gateway is compared with). Run with
+/// `cargo test --release -p rbd-backend --features ceph-tests --test ceph -- --ignored --nocapture bench`
+/// (env BENCH_SECS, default 5; BENCH_QDS, default "1,16"; BENCH_IMAGE: an existing image to
+/// use instead of a fresh 1 GiB one, which is prefilled first so reads hit written objects).
+#[test]
+#[ignore]
+fn bench_4k_random_through_rbd_device() {
+    let secs: f64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5.0);
+    let qds: Vec<usize> = std::env::var("BENCH_QDS")
+        .unwrap_or_else(|_| "1,16".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let mut f = Fixture::new(1);
+    let dev = match std::env::var("BENCH_IMAGE") {
+        Ok(image) => f
+            .pool
+            .open(&ImageSpec {
+                pool: pool_name(),
+                namespace: None,
+                image,
+            })
+            .expect("open BENCH_IMAGE"),
+        Err(_) => {
+            let dev = f.open(1 << 30);
+            let chunk = pattern(4 * MIB as usize, 0x77);
+            for i in 0..256u64 {
+                write(&dev, i * 4 * MIB, &chunk, false);
+            }
+            dev
+        }
+    };
+    let dev = Arc::new(dev);
+    let blocks = dev.size_bytes() / 4096;
+    for write_op in [true, false] {
+        for &qd in &qds {
+            let (tx, rx) = mpsc::channel::<IoDone>();
+            let c: Arc<dyn IoCompletion> = Arc::new(Waiter(Mutex::new(tx)));
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ qd as u64;
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                (rng % blocks) * 4096
+            };
+            let mut started = vec![Instant::now(); qd];
+            let mk = |off: u64, buf: IoBuf| {
+                if write_op {
+                    IoOp::Write {
+                        offset: off,
+                        buf,
+                        fua: false,
+                    }
+                } else {
+                    IoOp::Read { offset: off, buf }
+                }
+            };
+            let t0 = Instant::now();
+            let deadline = t0 + Duration::from_secs_f64(secs);
+            for (i, s) in started.iter_mut().enumerate() {
+                *s = Instant::now();
+                dev.submit(
+                    i as u64,
+                    mk(next(), IoBuf::from_vec(pattern(4096, i as u8))),
+                    &c,
+                );
+            }
+            let mut lat = Vec::new();
+            let mut inflight = qd;
+            while inflight > 0 {
+                let done = rx
+                    .recv_timeout(Duration::from_secs(60))
+                    .expect("completion");
+                done.result.expect("bench op");
+                let i = done.tag as usize;
+                lat.push(started[i].elapsed().as_micros() as u64);
+                if Instant::now() < deadline {
+                    let buf = match done.op {
+                        IoOp::Write { buf, .. } | IoOp::Read { buf, .. } => buf,
+                        _ => IoBuf::zeroed(4096),
+                    };
+                    started[i] = Instant::now();
+                    dev.submit(done.tag, mk(next(), buf), &c);
+                } else {
+                    inflight -= 1;
+                }
+            }
+            let el = t0.elapsed().as_secs_f64();
+            lat.sort_unstable();
+            let p = |x: f64| lat[((lat.len() - 1) as f64 * x) as usize];
+            let mean = lat.iter().sum::<u64>() as f64 / lat.len() as f64;
+            println!(
+                "rbd-device {} qd={qd}: {:.0} IOPS, lat mean {mean:.0} p50 {} p99 {} us",
+                if write_op { "randwrite" } else { "randread" },
+                lat.len() as f64 / el,
+                p(0.5),
+                p(0.99)
+            );
+        }
+    }
+}
