@@ -50,6 +50,10 @@ fn generate() {
         "rbd_aio_flush",
         "rbd_aio_discard",
         "rbd_aio_write_zeroes",
+        "rbd_read",
+        "rbd_write",
+        "rbd_lock_acquire",
+        "rbd_lock_release",
         "rbd_aio_compare_and_write",
         "rbd_update_watch",
         "rbd_update_unwatch",
@@ -63,7 +67,9 @@ fn generate() {
         .layout_tests(false)
         .generate_comments(false)
         .allowlist_var("LIBRBD_VER_.*")
-        .allowlist_var("LIBRADOS_VER_.*");
+        .allowlist_var("LIBRADOS_VER_.*")
+        .allowlist_type("rbd_lock_mode_t")
+        .rustified_enum("rbd_lock_mode_t");
     for f in FUNCTIONS {
         b = b.allowlist_function(f);
     }

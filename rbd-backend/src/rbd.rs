@@ -437,6 +437,8 @@ impl ClusterPool {
             size: AtomicU64::new(size),
             object_size,
             sink: Mutex::new(None),
+            gate: Arc::new(WriteGate::default()),
+            caw_lock: Mutex::new(None),
         });
         let weak = Arc::downgrade(&state);
         state
@@ -523,6 +525,10 @@ struct DeviceState {
     size: AtomicU64,
     object_size: u64,
     sink: Mutex<Option<Arc<dyn DeviceEventSink>>>,
+    gate: Arc<WriteGate>,
+    /// Whether this handle holds the exclusive lock in exclusive mode (taken for the first
+    /// emulated compare-and-write); `Some(false)`: the image has no exclusive-lock feature.
+    caw_lock: Mutex<Option<bool>>,
 }
 
 impl DeviceState {
@@ -644,15 +650,6 @@ impl RbdDevice {
                     )));
                 }
                 range(*offset, write.len() as u64)?;
-                // librbd 16.2 does compare-and-write atomically on the OSD (cmpext + write in
-                // one RADOS transaction) but only within one 512-byte sector: it refuses
-                // (-EINVAL) `offset % 512 + len > 512`. Say so instead of a bare EINVAL.
-                let len = write.len() as u64;
-                if *offset % CAW_SECTOR + len > CAW_SECTOR {
-                    return Err(IoError::Device(format!(
-                        "compare-and-write of {len} bytes at {offset}: librbd 16.2 does it atomically only within one 512-byte sector"
-                    )));
-                }
                 Ok(())
             }
         }
@@ -742,9 +739,259 @@ fn finish(req: Box<AioRequest>, result: Result<(), IoError>) {
         tag,
         op,
         completion,
+        gate,
         ..
     } = *req;
     completion.complete(IoDone { tag, op, result });
+    if let Some(gate) = gate {
+        gate.write_done();
+    }
+}
+
+/// Hands a request to librbd; a request librbd refuses completes with the error.
+fn start(req: Box<AioRequest>) {
+    if let Err((req, e)) = ffi::submit(req) {
+        tracing::warn!(tag = req.tag, "cannot start an rbd request: {e}");
+        finish(req, Err(IoError::Device(e.to_string())));
+    }
+}
+
+// ------------------------------------------------------------------ compare-and-write
+
+/// Whether librbd 16.2 does this compare-and-write itself: `rbd_aio_compare_and_write` is
+/// atomic on the OSD (cmpext + write in one RADOS transaction) but refuses (-EINVAL) any
+/// range with `offset % 512 + len > 512`.
+fn native_compare_and_write(offset: u64, len: u64) -> bool {
+    offset % CAW_SECTOR + len <= CAW_SECTOR
+}
+
+/// Orders writes against emulated compare-and-writes on one device.
+///
+/// A compare-and-write that librbd 16.2 cannot do natively (more than one 512-byte sector,
+/// e.g. one 4 KiB block) is done as read, compare, write, and is atomic because:
+/// - against other clients: the device first takes the image's exclusive lock in exclusive
+///   mode (`rbd_lock_acquire`) and keeps it until the image is closed. librbd then refuses to
+///   hand the lock to another client, whose writes fail (EROFS) instead of interleaving.
+///   (An image without the exclusive-lock feature has no such guard; this is logged once and
+///   the compare-and-write is then atomic only against I/O through this gateway.)
+/// - against this gateway's own I/O: this gate. Writes (write, discard, write zeroes, native
+///   compare-and-write) count themselves in while no emulated compare-and-write runs; an
+///   emulated one starts only when no write is in flight, and writes arriving meanwhile queue
+///   behind it in arrival order. Reads and flushes are not gated.
+///
+/// Nothing here blocks the submitting thread: queued ops are started by whichever completion
+/// opens the gate. The read-compare-write itself runs on an `rbd-caw` thread (one per running
+/// compare-and-write; at most one per device at a time) with synchronous librbd calls.
+#[derive(Default)]
+pub struct WriteGate {
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    writes_in_flight: usize,
+    caw_running: bool,
+    queue: std::collections::VecDeque<Queued>,
+}
+
+enum Queued {
+    Write(Box<AioRequest>),
+    Caw(CawJob),
+}
+
+struct CawJob {
+    state: Arc<DeviceState>,
+    tag: u64,
+    op: IoOp,
+    completion: Arc<dyn IoCompletion>,
+}
+
+impl WriteGate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Returns the request if it may start now; otherwise it is queued.
+    fn admit_write(&self, req: Box<AioRequest>) -> Option<Box<AioRequest>> {
+        let mut g = self.lock();
+        if g.caw_running || !g.queue.is_empty() {
+            g.queue.push_back(Queued::Write(req));
+            return None;
+        }
+        g.writes_in_flight += 1;
+        Some(req)
+    }
+
+    fn admit_caw(&self, job: CawJob) -> Option<CawJob> {
+        let mut g = self.lock();
+        if g.caw_running || g.writes_in_flight > 0 || !g.queue.is_empty() {
+            g.queue.push_back(Queued::Caw(job));
+            return None;
+        }
+        g.caw_running = true;
+        Some(job)
+    }
+
+    fn write_done(&self) {
+        let ready = {
+            let mut g = self.lock();
+            g.writes_in_flight = g.writes_in_flight.saturating_sub(1);
+            Self::pump(&mut g)
+        };
+        Self::run(ready);
+    }
+
+    fn caw_done(&self) {
+        let ready = {
+            let mut g = self.lock();
+            g.caw_running = false;
+            Self::pump(&mut g)
+        };
+        Self::run(ready);
+    }
+
+    /// Takes from the queue what may start now (in order), marking it started.
+    fn pump(g: &mut GateState) -> Vec<Queued> {
+        let mut ready = Vec::new();
+        while let Some(front) = g.queue.front() {
+            match front {
+                Queued::Write(_) if !g.caw_running => {
+                    g.writes_in_flight += 1;
+                }
+                Queued::Caw(_) if !g.caw_running && g.writes_in_flight == 0 => {
+                    g.caw_running = true;
+                }
+                _ => break,
+            }
+            if let Some(q) = g.queue.pop_front() {
+                ready.push(q);
+            }
+        }
+        ready
+    }
+
+    /// Starts what `pump` released, outside the lock (a failed start completes at once and
+    /// may come back here).
+    fn run(ready: Vec<Queued>) {
+        for q in ready {
+            match q {
+                Queued::Write(req) => start(req),
+                Queued::Caw(job) => spawn_caw(job),
+            }
+        }
+    }
+}
+
+fn spawn_caw(job: CawJob) {
+    // The closure owns the job; if the spawn fails it is dropped with the closure, so the
+    // op is completed from a guard instead.
+    struct Guard(Option<CawJob>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            if let Some(job) = self.0.take() {
+                let gate = job.state.gate.clone();
+                job.completion.complete(IoDone {
+                    tag: job.tag,
+                    op: job.op,
+                    result: Err(IoError::Device(
+                        "compare-and-write: could not start its worker thread".into(),
+                    )),
+                });
+                gate.caw_done();
+            }
+        }
+    }
+    let mut guard = Guard(Some(job));
+    let spawned = std::thread::Builder::new()
+        .name("rbd-caw".into())
+        .spawn(move || {
+            if let Some(job) = guard.0.take() {
+                let CawJob {
+                    state,
+                    tag,
+                    mut op,
+                    completion,
+                } = job;
+                let result = emulate_compare_and_write(&state, &mut op);
+                completion.complete(IoDone { tag, op, result });
+                state.gate.caw_done();
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot spawn an rbd-caw thread: {e}");
+    }
+}
+
+/// Read, compare, write, with the gate closed (see [`WriteGate`]). Blocking.
+fn emulate_compare_and_write(state: &DeviceState, op: &mut IoOp) -> Result<(), IoError> {
+    let IoOp::CompareAndWrite {
+        offset,
+        compare,
+        write,
+    } = op
+    else {
+        return Err(IoError::Device("not a compare-and-write".into()));
+    };
+    {
+        let mut lock = state.caw_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if lock.is_none() {
+            match state.image.acquire_exclusive_lock() {
+                Ok(()) => {
+                    tracing::info!(
+                        image = %state.name,
+                        "took the exclusive lock for multi-sector compare-and-write (held until the image closes; other clients' writes get EROFS)"
+                    );
+                    *lock = Some(true);
+                }
+                Err(e) if e.errno() == Some(EINVAL) => {
+                    tracing::warn!(
+                        image = %state.name,
+                        "image has no exclusive-lock feature: multi-sector compare-and-write is atomic only against I/O through this gateway"
+                    );
+                    *lock = Some(false);
+                }
+                Err(e) => {
+                    return Err(IoError::Device(format!(
+                        "compare-and-write: cannot take the exclusive lock: {e}"
+                    )));
+                }
+            }
+        }
+    }
+    let mut current = vec![0u8; compare.len()];
+    let n = state
+        .image
+        .read_blocking(*offset, &mut current)
+        .map_err(|e| IoError::Device(format!("compare-and-write (read): {e}")))?;
+    if n != current.len() {
+        return Err(IoError::Device(format!(
+            "compare-and-write (read): {n} of {} bytes",
+            current.len()
+        )));
+    }
+    if let Some(i) = current
+        .iter()
+        .zip(compare.as_slice())
+        .position(|(a, b)| a != b)
+    {
+        return Err(IoError::Miscompare {
+            offset_in_range: i as u64,
+        });
+    }
+    let n = state
+        .image
+        .write_blocking(*offset, write.as_slice())
+        .map_err(|e| match e.errno() {
+            Some(EROFS) => IoError::ReadOnly,
+            _ => IoError::Device(format!("compare-and-write (write): {e}")),
+        })?;
+    if n != write.len() {
+        return Err(IoError::Device(format!(
+            "compare-and-write (write): {n} of {} bytes",
+            write.len()
+        )));
+    }
+    Ok(())
 }
 
 impl BlockDevice for RbdDevice {
@@ -773,6 +1020,27 @@ impl BlockDevice for RbdDevice {
                 result: Ok(()),
             });
         }
+        if let IoOp::CompareAndWrite { offset, write, .. } = &op {
+            if !native_compare_and_write(*offset, write.len() as u64) {
+                let job = CawJob {
+                    state: self.state.clone(),
+                    tag,
+                    op,
+                    completion: completion.clone(),
+                };
+                if let Some(job) = self.state.gate.admit_caw(job) {
+                    spawn_caw(job);
+                }
+                return;
+            }
+        }
+        let is_write = matches!(
+            op,
+            IoOp::Write { .. }
+                | IoOp::Discard { .. }
+                | IoOp::WriteZeroes { .. }
+                | IoOp::CompareAndWrite { .. }
+        );
         let req = Box::new(AioRequest {
             image: self.state.image.clone(),
             tag,
@@ -781,10 +1049,14 @@ impl BlockDevice for RbdDevice {
             action: AioAction::Op,
             mismatch_off: 0,
             on_done: on_aio_done,
+            gate: is_write.then(|| self.state.gate.clone()),
         });
-        if let Err((req, e)) = ffi::submit(req) {
-            tracing::warn!(image = %self.state.name, "cannot start an rbd request: {e}");
-            finish(req, Err(IoError::Device(e.to_string())));
+        if is_write {
+            if let Some(req) = self.state.gate.admit_write(req) {
+                start(req);
+            }
+        } else {
+            start(req);
         }
     }
 

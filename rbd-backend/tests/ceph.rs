@@ -285,68 +285,103 @@ fn discard_and_write_zeroes_read_back_zero() {
     );
 }
 
-#[test]
-fn compare_and_write_match_mismatch_and_boundary() {
-    let mut f = Fixture::new(1);
-    let dev = f.open(8 * MIB);
-    let old = pattern(512, 1);
-    let new = pattern(512, 2);
-    write(&dev, 65536, &old, false);
-
-    // mismatch: byte 100 differs; nothing changes
-    let mut wrong = old.clone();
-    wrong[100] ^= 0xff;
+fn caw(dev: &RbdDevice, offset: u64, compare: &[u8], write: &[u8]) -> Result<(), IoError> {
     let done = run(
-        &dev,
+        dev,
         IoOp::CompareAndWrite {
-            offset: 65536,
-            compare: IoBuf::from_vec(wrong),
-            write: IoBuf::from_vec(new.clone()),
+            offset,
+            compare: IoBuf::from_vec(compare.to_vec()),
+            write: IoBuf::from_vec(write.to_vec()),
         },
     );
-    assert_eq!(
-        done.result,
-        Err(IoError::Miscompare {
-            offset_in_range: 100
-        })
-    );
-    assert_eq!(read(&dev, 65536, 512), old, "a miscompare writes nothing");
-
-    // match: written
-    let done = run(
-        &dev,
+    match &done.op {
         IoOp::CompareAndWrite {
-            offset: 65536,
-            compare: IoBuf::from_vec(old.clone()),
-            write: IoBuf::from_vec(new.clone()),
-        },
-    );
-    done.result.expect("compare-and-write with matching data");
-    assert_eq!(read(&dev, 65536, 512), new);
-
-    // the buffers come back with the op
-    match done.op {
-        IoOp::CompareAndWrite { compare, write, .. } => {
-            assert_eq!(compare.as_slice(), &old[..]);
-            assert_eq!(write.as_slice(), &new[..]);
+            compare: c,
+            write: w,
+            ..
+        } => {
+            assert_eq!(c.as_slice(), compare, "compare buffer comes back");
+            assert_eq!(w.as_slice(), write, "write buffer comes back");
         }
         other => panic!("got back {other:?}"),
     }
+    done.result
+}
 
-    // across an object boundary: refused with a reason, nothing written
-    let done = run(
-        &dev,
-        IoOp::CompareAndWrite {
-            offset: OBJ - 512,
-            compare: IoBuf::zeroed(1024),
-            write: IoBuf::from_vec(vec![9; 1024]),
-        },
-    );
-    match done.result {
-        Err(IoError::Device(msg)) => assert!(msg.contains("512-byte sector"), "{msg}"),
-        other => panic!("expected a boundary error, got {other:?}"),
+/// 512 bytes in one sector: librbd's own rbd_aio_compare_and_write. 4 KiB, and a range across
+/// an object boundary: the gateway's read-compare-write under the exclusive lock.
+#[test]
+fn compare_and_write_match_and_mismatch() {
+    let mut f = Fixture::new(1);
+    let dev = f.open(8 * MIB);
+    for (len, offset, diff_at) in [
+        (512usize, 65536u64, 100usize),
+        (4096, 131072, 1000),
+        (8192, OBJ - 4096, 5000),
+    ] {
+        let old = pattern(len, 1);
+        let new = pattern(len, 2);
+        write(&dev, offset, &old, false);
+        let mut wrong = old.clone();
+        wrong[diff_at] ^= 0xff;
+        assert_eq!(
+            caw(&dev, offset, &wrong, &new),
+            Err(IoError::Miscompare {
+                offset_in_range: diff_at as u64
+            }),
+            "{len} bytes at {offset}"
+        );
+        assert_eq!(read(&dev, offset, len), old, "a miscompare writes nothing");
+        caw(&dev, offset, &old, &new).expect("compare-and-write with matching data");
+        assert_eq!(
+            read(&dev, offset, len),
+            new,
+            "{len} bytes at {offset} written"
+        );
     }
-    assert_eq!(read(&dev, OBJ - 512, 1024), vec![0; 1024]);
+}
+
+/// Compare-and-write as an atomic increment from several threads at once, mixed with plain
+/// writes to the neighbouring block: no increment may be lost.
+#[test]
+fn compare_and_write_is_atomic_under_concurrency() {
+    let mut f = Fixture::new(1);
+    let dev = Arc::new(f.open(8 * MIB));
+    const BLOCK: u64 = 1 << 20;
+    write(&dev, BLOCK, &[0u8; 4096], false);
+    let per_thread = 15u64;
+    let threads: Vec<_> = (0..3)
+        .map(|t| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                let mut done = 0;
+                let mut attempts = 0;
+                while done < per_thread {
+                    attempts += 1;
+                    assert!(attempts < 10_000, "no progress");
+                    // unrelated writes right next to the counter block
+                    write(&dev, BLOCK + 4096, &pattern(4096, t), false);
+                    let cur = read(&dev, BLOCK, 4096);
+                    let n = u64::from_le_bytes(cur[..8].try_into().unwrap());
+                    let mut next = cur.clone();
+                    next[..8].copy_from_slice(&(n + 1).to_le_bytes());
+                    match caw(&dev, BLOCK, &cur, &next) {
+                        Ok(()) => done += 1,
+                        Err(IoError::Miscompare { .. }) => {}
+                        Err(e) => panic!("compare-and-write: {e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let cur = read(&dev, BLOCK, 4096);
+    assert_eq!(
+        u64::from_le_bytes(cur[..8].try_into().unwrap()),
+        3 * per_thread
+    );
 }
 
 struct Events(Mutex<Vec<DeviceEvent>>);

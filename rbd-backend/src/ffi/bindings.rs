@@ -26,6 +26,12 @@ pub struct rbd_image_info_t {
     pub parent_pool: i64,
     pub parent_name: [::std::os::raw::c_char; 96usize],
 }
+#[repr(u32)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub enum rbd_lock_mode_t {
+    RBD_LOCK_MODE_EXCLUSIVE = 0,
+    RBD_LOCK_MODE_SHARED = 1,
+}
 pub struct CephLib {
     __library: ::libloading::Library,
     pub rados_version: unsafe extern "C" fn(
@@ -109,6 +115,23 @@ pub struct CephLib {
     ) -> ::std::os::raw::c_int,
     pub rbd_get_size:
         unsafe extern "C" fn(image: rbd_image_t, size: *mut u64) -> ::std::os::raw::c_int,
+    pub rbd_lock_acquire: unsafe extern "C" fn(
+        image: rbd_image_t,
+        lock_mode: rbd_lock_mode_t,
+    ) -> ::std::os::raw::c_int,
+    pub rbd_lock_release: unsafe extern "C" fn(image: rbd_image_t) -> ::std::os::raw::c_int,
+    pub rbd_read: unsafe extern "C" fn(
+        image: rbd_image_t,
+        ofs: u64,
+        len: usize,
+        buf: *mut ::std::os::raw::c_char,
+    ) -> isize,
+    pub rbd_write: unsafe extern "C" fn(
+        image: rbd_image_t,
+        ofs: u64,
+        len: usize,
+        buf: *const ::std::os::raw::c_char,
+    ) -> isize,
     pub rbd_aio_write: unsafe extern "C" fn(
         image: rbd_image_t,
         off: u64,
@@ -203,6 +226,10 @@ impl CephLib {
         let rbd_resize = __library.get(b"rbd_resize\0").map(|sym| *sym)?;
         let rbd_stat = __library.get(b"rbd_stat\0").map(|sym| *sym)?;
         let rbd_get_size = __library.get(b"rbd_get_size\0").map(|sym| *sym)?;
+        let rbd_lock_acquire = __library.get(b"rbd_lock_acquire\0").map(|sym| *sym)?;
+        let rbd_lock_release = __library.get(b"rbd_lock_release\0").map(|sym| *sym)?;
+        let rbd_read = __library.get(b"rbd_read\0").map(|sym| *sym)?;
+        let rbd_write = __library.get(b"rbd_write\0").map(|sym| *sym)?;
         let rbd_aio_write = __library.get(b"rbd_aio_write\0").map(|sym| *sym)?;
         let rbd_aio_read = __library.get(b"rbd_aio_read\0").map(|sym| *sym)?;
         let rbd_aio_discard = __library.get(b"rbd_aio_discard\0").map(|sym| *sym)?;
@@ -243,6 +270,10 @@ impl CephLib {
             rbd_resize,
             rbd_stat,
             rbd_get_size,
+            rbd_lock_acquire,
+            rbd_lock_release,
+            rbd_read,
+            rbd_write,
             rbd_aio_write,
             rbd_aio_read,
             rbd_aio_discard,
@@ -394,6 +425,34 @@ impl CephLib {
     }
     pub unsafe fn rbd_get_size(&self, image: rbd_image_t, size: *mut u64) -> ::std::os::raw::c_int {
         (self.rbd_get_size)(image, size)
+    }
+    pub unsafe fn rbd_lock_acquire(
+        &self,
+        image: rbd_image_t,
+        lock_mode: rbd_lock_mode_t,
+    ) -> ::std::os::raw::c_int {
+        (self.rbd_lock_acquire)(image, lock_mode)
+    }
+    pub unsafe fn rbd_lock_release(&self, image: rbd_image_t) -> ::std::os::raw::c_int {
+        (self.rbd_lock_release)(image)
+    }
+    pub unsafe fn rbd_read(
+        &self,
+        image: rbd_image_t,
+        ofs: u64,
+        len: usize,
+        buf: *mut ::std::os::raw::c_char,
+    ) -> isize {
+        (self.rbd_read)(image, ofs, len, buf)
+    }
+    pub unsafe fn rbd_write(
+        &self,
+        image: rbd_image_t,
+        ofs: u64,
+        len: usize,
+        buf: *const ::std::os::raw::c_char,
+    ) -> isize {
+        (self.rbd_write)(image, ofs, len, buf)
     }
     pub unsafe fn rbd_aio_write(
         &self,

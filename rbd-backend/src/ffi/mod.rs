@@ -85,6 +85,13 @@ fn check(call: &'static str, rc: c_int) -> Result<c_int, FfiError> {
     }
 }
 
+fn check_size(call: &'static str, rc: isize) -> Result<usize, FfiError> {
+    usize::try_from(rc).map_err(|_| FfiError::Errno {
+        call,
+        errno: i32::try_from(rc.saturating_neg()).unwrap_or(5),
+    })
+}
+
 fn cstring(call: &'static str, s: &str) -> Result<CString, FfiError> {
     CString::new(s).map_err(|_| FfiError::Nul {
         call,
@@ -427,6 +434,48 @@ impl Image {
         Ok(())
     }
 
+    /// Synchronous `rbd_read` of `buf.len()` bytes (blocking; never on a runtime thread or in
+    /// a callback). Returns the bytes read.
+    pub fn read_blocking(&self, offset: u64, buf: &mut [u8]) -> Result<usize, FfiError> {
+        // SAFETY: open image; buf is valid for buf.len() bytes for the whole call.
+        let rc = unsafe {
+            self.lib.rbd_read(
+                self.handle,
+                offset,
+                buf.len(),
+                buf.as_mut_ptr().cast::<c_char>(),
+            )
+        };
+        check_size("rbd_read", rc)
+    }
+
+    /// Synchronous `rbd_write` (blocking, like [`Image::read_blocking`]).
+    pub fn write_blocking(&self, offset: u64, data: &[u8]) -> Result<usize, FfiError> {
+        // SAFETY: open image; data is valid for data.len() bytes for the whole call.
+        let rc = unsafe {
+            self.lib.rbd_write(
+                self.handle,
+                offset,
+                data.len(),
+                data.as_ptr().cast::<c_char>(),
+            )
+        };
+        check_size("rbd_write", rc)
+    }
+
+    /// `rbd_lock_acquire(RBD_LOCK_MODE_EXCLUSIVE)` (blocking): this handle becomes the
+    /// exclusive-lock owner and refuses to hand the lock over until the image is closed, so
+    /// no other client writes meanwhile (their writes fail with EROFS). `-EINVAL`: the image
+    /// has no exclusive-lock feature.
+    pub fn acquire_exclusive_lock(&self) -> Result<(), FfiError> {
+        // SAFETY: open image.
+        check("rbd_lock_acquire", unsafe {
+            self.lib
+                .rbd_lock_acquire(self.handle, sys::rbd_lock_mode_t::RBD_LOCK_MODE_EXCLUSIVE)
+        })?;
+        Ok(())
+    }
+
     /// Registers `callback` for header updates (`rbd_update_watch`), replacing an earlier
     /// one. It runs on a librbd thread: it must not block or call librbd synchronously.
     pub fn update_watch(&self, callback: Box<dyn Fn() + Send + Sync>) -> Result<(), FfiError> {
@@ -595,6 +644,8 @@ pub struct AioRequest {
     pub mismatch_off: u64,
     /// Called on the librbd callback thread with the request and librbd's return value.
     pub on_done: fn(Box<AioRequest>, i64),
+    /// For writes: the device's write gate, released when the request finishes.
+    pub gate: Option<Arc<crate::rbd::WriteGate>>,
 }
 
 /// Starts `req` on its image. On success `req.on_done` runs later, exactly once, on a librbd
