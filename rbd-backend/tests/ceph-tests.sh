@@ -16,4 +16,5 @@ env_lines=$("$root/scripts/micro-ceph.sh" start --dir "$dir" --store "${MICRO_CE
 eval "$env_lines"
 echo "ceph-tests: cluster in $MICRO_CEPH_DIR (conf $CEPH_CONF)" >&2
 cd "$root"
+export MICRO_CEPH_FAULT_TESTS=${MICRO_CEPH_FAULT_TESTS:-1}
 "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test ceph "$@"

@@ -657,3 +657,108 @@ fn bench_4k_random_through_rbd_device() {
         }
     }
 }
+
+/// Sends `signal` to the micro cluster's OSD (PIDs from `$MICRO_CEPH_DIR/pids`).
+fn signal_osd(signal: &str) {
+    let dir = std::env::var("MICRO_CEPH_DIR")
+        .expect("MICRO_CEPH_DIR (set by scripts/micro-ceph.sh env) names the cluster to stop");
+    let pids = std::fs::read_to_string(format!("{dir}/pids")).expect("read $MICRO_CEPH_DIR/pids");
+    let pid = pids
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let pid = f.next()?;
+            (f.next()? == "osd.0").then(|| pid.to_string())
+        })
+        .expect("osd.0 in pids");
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(&pid)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill -{signal} {pid}");
+}
+
+/// A stopped OSD: I/O waits (librbd retries; no rados_osd_op_timeout is set) and completes
+/// without an error once the OSD runs again. Opt-in (`MICRO_CEPH_FAULT_TESTS=1`, which
+/// tests/ceph-tests.sh sets): it pauses every other test's I/O too.
+#[test]
+fn a_stopped_osd_is_a_pause_not_an_error() {
+    if std::env::var("MICRO_CEPH_FAULT_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set MICRO_CEPH_FAULT_TESTS=1 (stops the cluster's OSD for 4 s)");
+        return;
+    }
+    struct Resume;
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            signal_osd("CONT");
+        }
+    }
+    let mut f = Fixture::new(1);
+    let dev = Arc::new(f.open(16 * MIB));
+    let (tx, rx) = mpsc::channel::<IoDone>();
+    let c: Arc<dyn IoCompletion> = Arc::new(Waiter(Mutex::new(tx)));
+    let qd = 4u64;
+    let mut started = vec![Instant::now(); qd as usize];
+    let mut seq = 0u64;
+    let mut submit = |dev: &RbdDevice, slot: u64, started: &mut Vec<Instant>| {
+        seq += 1;
+        started[slot as usize] = Instant::now();
+        let data = pattern(4096, seq as u8);
+        dev.submit(
+            slot,
+            IoOp::Write {
+                offset: (seq % 4096) * 4096,
+                buf: IoBuf::from_vec(data),
+                fua: false,
+            },
+            &c,
+        );
+    };
+    for slot in 0..qd {
+        submit(&dev, slot, &mut started);
+    }
+    let t0 = Instant::now();
+    let mut resume = None;
+    let mut stopped_at = None;
+    let mut longest = Duration::ZERO;
+    let mut ops = 0u64;
+    let mut inflight = qd;
+    while inflight > 0 {
+        let el = t0.elapsed();
+        if stopped_at.is_none() && el > Duration::from_secs(1) {
+            signal_osd("STOP");
+            resume = Some(Resume);
+            stopped_at = Some(Instant::now());
+        }
+        if let Some(at) = stopped_at {
+            if resume.is_some() && at.elapsed() > Duration::from_secs(4) {
+                resume = None; // SIGCONT
+            }
+        }
+        let done = match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(d) => d,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                assert!(el < Duration::from_secs(90), "I/O did not resume");
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        done.result.expect("no error while the OSD is stopped");
+        ops += 1;
+        longest = longest.max(started[done.tag as usize].elapsed());
+        if el < Duration::from_secs(7) {
+            submit(&dev, done.tag, &mut started);
+        } else {
+            inflight -= 1;
+        }
+    }
+    drop(resume);
+    eprintln!("{ops} writes, longest {longest:?}");
+    assert!(
+        longest >= Duration::from_secs(3),
+        "the pause was seen ({longest:?})"
+    );
+    assert!(ops > 100, "I/O before and after the pause");
+}
