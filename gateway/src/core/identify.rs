@@ -7,6 +7,7 @@ use super::controller::{Controller, MAX_OUTSTANDING_AERS};
 use super::fabrics::NVME_VERSION;
 use super::queue::{MAX_QUEUE_ENTRIES, MDTS_SHIFT};
 use super::subsystem::Namespace;
+use super::wire::{put_u16, put_u32, put_u64};
 use crate::spec::{aer, ctrl as c, nidt, ns as n, CSI_NVM};
 
 /// Composite temperature thresholds (Kelvin): WCTEMP and CCTEMP must be non-zero.
@@ -46,18 +47,6 @@ pub fn fill(what: &IdentifyData, ctrl: &Controller, buf: &mut [u8]) {
         IdentifyData::Descriptors(ns) => descriptors(ns, buf),
         IdentifyData::Zeroes => {}
     }
-}
-
-fn put_u16(buf: &mut [u8], at: usize, v: u16) {
-    buf[at..at + 2].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_u32(buf: &mut [u8], at: usize, v: u32) {
-    buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_u64(buf: &mut [u8], at: usize, v: u64) {
-    buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
 
 /// ASCII field padded with spaces (SN, MN, FR).

@@ -4,6 +4,7 @@ use super::admin::supported_log_pages;
 use super::command::Status;
 use super::controller::Controller;
 use super::target::{ListenerInfo, TransportType};
+use super::wire::{put_str, put_u16, put_u32, put_u64};
 use crate::spec::{admin_opcode, disc, effects, io_opcode, log, sc, NQN_FIELD_LEN};
 
 const ERROR_LOG_ENTRY_LEN: usize = 64;
@@ -32,23 +33,6 @@ pub fn build(ctrl: &Controller, lid: u8, lsp: u8, retain_event: bool) -> Result<
         log::DISC => discovery_log(ctrl),
         _ => return Err(Status::error(sc::INVALID_LOG_PAGE)),
     })
-}
-
-fn put_u16(buf: &mut [u8], at: usize, v: u16) {
-    buf[at..at + 2].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_u32(buf: &mut [u8], at: usize, v: u32) {
-    buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_u64(buf: &mut [u8], at: usize, v: u64) {
-    buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_str(buf: &mut [u8], at: usize, len: usize, s: &str) {
-    let n = s.len().min(len);
-    buf[at..at + n].copy_from_slice(&s.as_bytes()[..n]);
 }
 
 fn supported(discovery: bool) -> Vec<u8> {

@@ -11,6 +11,7 @@ pub mod log_page;
 pub mod queue;
 pub mod subsystem;
 pub mod target;
+mod wire;
 
 pub use command::{Command, Completion, Status};
 pub use controller::{Controller, QueueNotifier, TeardownReason};
