@@ -183,7 +183,12 @@ pub struct ClusterPool {
     shards: Vec<Arc<Shard>>,
     /// Serialises only the choice of shard (a few loads), never I/O or connects.
     assign: Mutex<()>,
+    /// The last failed connect, to fail fast for a while (see `CONNECT_RETRY_AFTER`).
+    last_failure: Mutex<Option<(Instant, RbdError)>>,
 }
+
+/// How long a failed connect is reported again without trying.
+const CONNECT_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for ClusterPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -211,6 +216,7 @@ impl ClusterPool {
                 .collect(),
             settings,
             assign: Mutex::new(()),
+            last_failure: Mutex::new(None),
         })
     }
 
@@ -258,8 +264,31 @@ impl ClusterPool {
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
+        // A connect that just failed (dead cluster, bad key) fails the next opens at once
+        // instead of each waiting client_mount_timeout again; retried after a pause.
+        {
+            let failed = self.last_failure.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((at, err)) = failed.as_ref() {
+                if at.elapsed() < CONNECT_RETRY_AFTER {
+                    return Err(err.clone());
+                }
+            }
+        }
         let started = Instant::now();
-        let rados = self.connect()?;
+        let rados = match self.connect() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(
+                    shard = shard.index,
+                    ms = started.elapsed().as_millis() as u64,
+                    "{e}"
+                );
+                *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((Instant::now(), e.clone()));
+                return Err(e);
+            }
+        };
+        *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = None;
         tracing::info!(
             shard = shard.index,
             client = %self.settings.entity_name(),
@@ -1062,5 +1091,59 @@ impl BlockDevice for RbdDevice {
 
     fn set_event_sink(&self, sink: Arc<dyn DeviceEventSink>) {
         *self.state.sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Needs no cluster: nothing listens on the monitor address. (Without librbd on the
+    /// machine every open fails at once with the library error, which is fine too.)
+    #[test]
+    fn an_unreachable_cluster_fails_the_next_opens_fast() {
+        let dir = std::env::temp_dir().join(format!("rbd-unreachable-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("ceph.conf");
+        std::fs::write(
+            &conf,
+            "[global]\nmon_host = 127.0.0.1:9\nauth_client_required = none\nlog_file = /dev/null\n",
+        )
+        .unwrap();
+        let pool = ClusterPool::new(CephSettings {
+            conf: Some(conf),
+            use_ceph_args_env: false,
+            args: vec!["--client_mount_timeout=2".into()],
+            max_connections: 2,
+            ..CephSettings::default()
+        });
+        let spec = ImageSpec {
+            pool: "rbd".into(),
+            namespace: None,
+            image: "img".into(),
+        };
+        let t = Instant::now();
+        let first = pool.open(&spec).expect_err("nothing listens there");
+        let first_took = t.elapsed();
+        assert!(
+            matches!(first, RbdError::Connect { .. } | RbdError::Library(_)),
+            "{first:?}"
+        );
+        let t = Instant::now();
+        for _ in 0..3 {
+            let again = pool.open(&spec).expect_err("still unreachable");
+            assert_eq!(again.to_string(), first.to_string());
+        }
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "later opens fail fast (first took {first_took:?}, the next three {:?})",
+            t.elapsed()
+        );
+        assert_eq!(
+            pool.images_per_connection(),
+            vec![0, 0],
+            "failed opens hold no slot"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
