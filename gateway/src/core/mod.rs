@@ -15,7 +15,7 @@ mod wire;
 
 pub use command::{Command, Completion, Status};
 pub use controller::{Controller, QueueNotifier, TeardownReason};
-pub use queue::{Action, Queue, Response};
+pub use queue::{Action, BufferSource, Queue, RecycledBuffers, Response};
 pub use subsystem::{HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec};
 pub use target::{ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType};
 

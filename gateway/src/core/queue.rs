@@ -58,6 +58,44 @@ impl std::fmt::Debug for Action {
     }
 }
 
+/// Where a queue's data buffers come from and go back to.
+pub trait BufferSource: Send {
+    /// A buffer of exactly `len` bytes (contents unspecified).
+    fn take(&mut self, len: usize) -> IoBuf;
+    /// A buffer the queue no longer needs.
+    fn give_back(&mut self, buf: IoBuf);
+}
+
+/// The default source: a per-queue free list, so a warm queue does not allocate.
+#[derive(Default)]
+pub struct RecycledBuffers {
+    free: Vec<IoBuf>,
+}
+
+impl RecycledBuffers {
+    /// Enough for a full queue of in-flight commands; more are dropped.
+    const KEEP: usize = 256;
+}
+
+impl BufferSource for RecycledBuffers {
+    fn take(&mut self, len: usize) -> IoBuf {
+        // Prefer a buffer that is already large enough, so resizing does not reallocate.
+        let fit = self.free.iter().rposition(|b| b.capacity() >= len);
+        let mut buf = match fit {
+            Some(i) => self.free.swap_remove(i),
+            None => self.free.pop().unwrap_or_default(),
+        };
+        buf.resize(len);
+        buf
+    }
+
+    fn give_back(&mut self, buf: IoBuf) {
+        if self.free.len() < Self::KEEP {
+            self.free.push(buf);
+        }
+    }
+}
+
 /// What a command waiting for its device needs at completion.
 #[derive(Debug)]
 pub(crate) enum InFlight {
@@ -97,7 +135,7 @@ pub struct Queue {
     sq_head: u16,
     pub(crate) inflight: HashMap<u16, InFlight>,
     parked_fused_first: Option<(Command, Option<IoBuf>)>,
-    free_buffers: Vec<IoBuf>,
+    buffers: Box<dyn BufferSource>,
     pub(crate) notifier: Weak<dyn QueueNotifier>,
 }
 
@@ -127,7 +165,7 @@ impl Queue {
             sq_head: 0,
             inflight: HashMap::new(),
             parked_fused_first: None,
-            free_buffers: Vec::new(),
+            buffers: Box::new(RecycledBuffers::default()),
             notifier,
         }
     }
@@ -149,19 +187,20 @@ impl Queue {
         self.inflight.len()
     }
 
-    /// A buffer of exactly `len` bytes from the queue's free list.
-    pub fn take_buffer(&mut self, len: usize) -> IoBuf {
-        let mut buf = self.free_buffers.pop().unwrap_or_default();
-        buf.resize(len);
-        buf
+    /// Replaces where the queue's data buffers come from (an RDMA transport hands out
+    /// pre-registered memory).
+    pub fn set_buffer_source(&mut self, source: Box<dyn BufferSource>) {
+        self.buffers = source;
     }
 
-    /// Returns a buffer to the free list once the transport has sent it.
+    /// A buffer of exactly `len` bytes for data the queue sends or receives.
+    pub fn take_buffer(&mut self, len: usize) -> IoBuf {
+        self.buffers.take(len)
+    }
+
+    /// Returns a buffer once the transport is done with it.
     pub fn recycle(&mut self, buf: IoBuf) {
-        // Keep enough for a full queue of in-flight commands; drop the rest.
-        if self.free_buffers.len() < 256 {
-            self.free_buffers.push(buf);
-        }
+        self.buffers.give_back(buf);
     }
 
     /// Checks a command's data length before the transport fetches its data, so an
