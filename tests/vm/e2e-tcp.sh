@@ -14,7 +14,9 @@
 # write), (d) mkfs.ext4 + 16 MiB sha256 round trip across a remount,
 # (e) disconnect, SIGTERM (exit 0), restart, reconnect, read,
 # (f) unknown host NQN refused, (g) unknown subsystem NQN refused (gateway
-# alive after each), final SIGTERM.
+# alive after each), (h) final SIGTERM. Extra steps x1-x4: admin commands
+# (id-ctrl/id-ns fields, logs, features), idling past KATO, data intact across
+# a reconnect to the same process, header+data digests.
 # Last line: "N passed, N failed". Exit 0 only if nothing failed.
 #
 # Env: E2E_LOG_DIR (default: ./target/vm-logs if writable, else /tmp/e2e-logs),
@@ -226,9 +228,9 @@ discover() {
   echo "$out" | grep -q "traddr: *$ADDR\$" || { say "traddr $ADDR not in the discovery log"; return 1; }
 }
 DEV=""
-connect() {
+connect() { # [extra nvme-connect options]
   local out rc
-  out=$(timeout -k 5 90 nvme connect "${COPTS[@]}" -n $NQN --hostnqn=$HOSTNQN --hostid=$HOSTID 2>&1)
+  out=$(timeout -k 5 90 nvme connect "${COPTS[@]}" -n $NQN --hostnqn=$HOSTNQN --hostid=$HOSTID "$@" 2>&1)
   rc=$?
   [ -n "$out" ] && echo "$out" | sed 's/^/    /'
   [ $rc -eq 0 ] || { say "nvme connect failed (rc=$rc)"; return 1; }
@@ -270,6 +272,77 @@ fs_check() {
   timeout -k 5 60 umount $m || { say "final umount failed"; return 1; }
   say "sha256 written=$want read-back=$got"
   [ "$want" = "$got" ] || { say "sha256 MISMATCH"; return 1; }
+  FS_SHA=$want
+}
+FS_SHA=""
+persist_check() { # reconnect (same gateway process): the ext4 file from step d is intact
+  [ -n "$FS_SHA" ] || { say "step d did not complete: nothing to compare"; return 1; }
+  connect || return 1
+  local m=/mnt/e2e got
+  timeout -k 5 60 mount -o ro "$DEV" $m || { say "mount after reconnect failed"; return 1; }
+  got=$(timeout -k 5 120 sha256sum < $m/blob | cut -d' ' -f1)
+  timeout -k 5 60 umount $m
+  say "sha256 before disconnect=$FS_SHA after reconnect=$got"
+  disconnect_nqn $NQN > /dev/null || return 1
+  [ "$got" = "$FS_SHA" ] || { say "sha256 MISMATCH after reconnect"; return 1; }
+}
+jvars() { # json-file prefix keys...: prints shell assignments PREFIX_key=value (one python3 exec: ~1 s under TCG)
+  python3 - "$@" <<'PY'
+import json, shlex, sys
+d = json.load(open(sys.argv[1]))
+for k in sys.argv[3:]:
+    v = d.get(k)
+    print(f"{sys.argv[2]}_{k}={shlex.quote('' if v is None else str(v).strip())}")
+PY
+}
+admin_check() { # Identify/log/feature commands the Linux host and tools use
+  local ctrl c rc=0 f=$WORK/id-ctrl.json n=$WORK/id-ns.json sysc
+  ctrl=$(connected_ctrls $NQN | head -1)
+  [ -n "$ctrl" ] || { say "no controller"; return 1; }
+  timeout -k 5 30 nvme id-ctrl /dev/$ctrl -o json > $f 2> $WORK/err || { say "nvme id-ctrl failed: $(cat $WORK/err)"; return 1; }
+  local ic_vid ic_mn ic_sn ic_fr ic_cntlid ic_mdts ic_nn ic_kas ic_ioccsz ic_iorcsz ic_sgls ic_oncs ic_vwc ic_cmic ic_subnqn ic_maxcmd
+  eval "$(jvars $f ic vid mn sn fr cntlid mdts nn kas ioccsz iorcsz sgls oncs vwc cmic subnqn maxcmd)" ||
+    { say "cannot parse id-ctrl JSON"; return 1; }
+  sysc=$(cat /sys/class/nvme/$ctrl/cntlid)
+  say "id-ctrl: vid=$ic_vid mn='$ic_mn' sn='$ic_sn' fr='$ic_fr' cntlid=$ic_cntlid mdts=$ic_mdts nn=$ic_nn kas=$ic_kas maxcmd=$ic_maxcmd ioccsz=$ic_ioccsz iorcsz=$ic_iorcsz sgls=$ic_sgls oncs=$ic_oncs vwc=$ic_vwc cmic=$ic_cmic"
+  [ "$ic_subnqn" = "$NQN" ] || { say "id-ctrl subnqn '$ic_subnqn' != $NQN"; rc=1; }
+  [ "$ic_cntlid" = "$((sysc))" ] || { say "id-ctrl cntlid $ic_cntlid != connect's cntlid $((sysc))"; rc=1; }
+  [ "${ic_nn:-0}" -ge 1 ] 2>/dev/null || { say "id-ctrl nn < 1"; rc=1; }
+  [ "${ic_kas:-0}" -ge 1 ] 2>/dev/null || { say "id-ctrl kas is 0 (Linux needs KAS != 0)"; rc=1; }
+  [ "${ic_ioccsz:-0}" -ge 4 ] && [ "${ic_iorcsz:-0}" -ge 1 ] 2>/dev/null || { say "id-ctrl ioccsz < 4 or iorcsz < 1"; rc=1; }
+  timeout -k 5 30 nvme id-ns "$DEV" -o json > $n 2> $WORK/err || { say "nvme id-ns failed: $(cat $WORK/err)"; return 1; }
+  local in_nsze in_ncap in_nuse in_flbas in_nlbaf
+  eval "$(jvars $n in nsze ncap nuse flbas nlbaf)" || { say "cannot parse id-ns JSON"; return 1; }
+  say "id-ns: nsze=$in_nsze ncap=$in_ncap nuse=$in_nuse flbas=$in_flbas nlbaf=$in_nlbaf"
+  [ "$in_nsze" = $((NS_BYTES / NS_BS)) ] || { say "id-ns nsze $in_nsze != $((NS_BYTES / NS_BS))"; rc=1; }
+  for c in "smart-log /dev/$ctrl" "error-log /dev/$ctrl" "fw-log /dev/$ctrl" "get-feature /dev/$ctrl -f 7" \
+           "get-feature /dev/$ctrl -f 0xb" "ns-descs $DEV" "list-ns /dev/$ctrl" "list-subsys -o json"; do
+    local t0; t0=$(now)
+    # shellcheck disable=SC2086
+    if timeout -k 5 30 nvme $c > $WORK/out 2>&1; then say "nvme $c: ok ($(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}')s)"
+    else say "nvme $c: FAILED: $(head -c 300 $WORK/out | tr '\n' ' ')"; rc=1; fi
+  done
+  return $rc
+}
+keepalive_check() { # idle longer than KATO: controller stays live, nothing torn down
+  local ctrl st torn0 torn1
+  ctrl=$(connected_ctrls $NQN | head -1)
+  [ -n "$ctrl" ] || { say "no controller"; return 1; }
+  torn0=$(grep -c 'torn down' "$GWLOG" 2>/dev/null)
+  say "idle for 15 s (the kernel's default KATO is 5 s, keep-alives every 2.5 s)"
+  sleep 15
+  st=$(cat /sys/class/nvme/$ctrl/state)
+  torn1=$(grep -c 'torn down' "$GWLOG" 2>/dev/null)
+  say "controller $ctrl state after idle: $st; gateway 'torn down' log lines: $torn0 -> $torn1"
+  [ "$st" = live ] || { say "controller not live after idling"; return 1; }
+  [ "${torn1:-0}" = "${torn0:-0}" ] || { say "the gateway tore a controller down while idle (keep-alive?)"; return 1; }
+  timeout -k 5 60 dd if="$DEV" of=/dev/null bs=64k count=16 iflag=direct 2>/dev/null || { say "read after idle failed"; return 1; }
+}
+digest_check() { # header + data digests (CRC32C) negotiated and used
+  connect --hdr-digest --data-digest || return 1
+  fio_run digest-4k --rw=randwrite --bs=4k --size=8M --iodepth=16 || { disconnect_nqn $NQN > /dev/null; return 1; }
+  fio_run digest-128k --rw=write --bs=128k --size=8M --iodepth=4 || { disconnect_nqn $NQN > /dev/null; return 1; }
+  disconnect_nqn $NQN > /dev/null
 }
 read_check() { # after the restart: namespace readable + a small write/verify
   local rc
@@ -323,16 +396,32 @@ echo "e2e-tcp: mode=$MODE guest $(uname -r), $(nproc) vCPU, nvme-cli $(nvme vers
 step setup.modprobe "load the NVMe/TCP initiator" \
   eval 'modprobe -a nvme-core nvme-tcp && { [ $MODE = gateway ] || { modprobe -a nvmet nvmet-tcp && modprobe null_blk nr_devices=0; }; }'
 
+ALL=(a.discover b.connect x1.admin-commands c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256
+  x2.keepalive-idle e1.disconnect x3.reconnect-persist e2.sigterm e3.restart e4.reconnect
+  e5.read-after-restart x4.digests f.reject-unknown-host g.reject-unknown-subsys h.shutdown)
+skip_from() { # first-step reason: every step from first-step on in ALL is "not run"
+  local on=0 s
+  for s in "${ALL[@]}"; do [ "$s" = "$1" ] && on=1; [ $on = 1 ] && skip "$s" "$2"; done
+}
+skip_list() { local r=$1 s; shift; for s in "$@"; do skip "$s" "$r"; done; }
+
 if step gateway.start "start the target on $ADDR:$PORT" start_gateway first; then
   step a.discover "nvme discover lists $NQN" discover
 
   if step b.connect "nvme connect as allowed host, /dev/nvmeXnY has 256 MiB / 512 B blocks" connect; then
+    step x1.admin-commands "id-ctrl/id-ns fields, smart/error/fw logs, features, ns-descs" admin_check
     step c1.fio-randwrite-4k "fio 4K randwrite $FIO_SIZE iodepth 16 + crc32c verify" fio_randwrite
     step c2.fio-seqwrite-128k "fio 128K sequential write $FIO_SIZE + crc32c verify" fio_seqwrite
     step d.ext4-sha256 "mkfs.ext4, 16 MiB file, remount after drop_caches, sha256 matches" fs_check
-    step e1.disconnect "nvme disconnect" disconnect_nqn $NQN
+    step x2.keepalive-idle "idle 15 s > KATO: controller stays live" keepalive_check
+    if step e1.disconnect "nvme disconnect" disconnect_nqn $NQN; then
+      step x3.reconnect-persist "reconnect (same process): the ext4 file's sha256 is unchanged" persist_check
+    else
+      skip x3.reconnect-persist "disconnect failed"
+    fi
   else
-    for s in c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256 e1.disconnect; do skip $s "connect failed"; done
+    skip_list "connect failed" x1.admin-commands c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256 \
+      x2.keepalive-idle e1.disconnect x3.reconnect-persist
     disconnect_nqn $NQN > /dev/null 2>&1
   fi
 
@@ -346,19 +435,17 @@ if step gateway.start "start the target on $ADDR:$PORT" start_gateway first; the
     else
       skip e5.read-after-restart "reconnect failed"; disconnect_nqn $NQN > /dev/null 2>&1
     fi
+    step x4.digests "connect with header+data digests (CRC32C), fio verify 4K and 128K" digest_check
     step f.reject-unknown-host "connect with a host NQN not in hosts[] is refused, gateway alive" \
       expect_refused bad-host $NQN $BADHOSTNQN $BADHOSTID 184 "Connect Invalid Host"
     step g.reject-unknown-subsys "connect to an unknown subsystem NQN is refused, gateway alive" \
       expect_refused bad-subsys $UNKNOWN_NQN $HOSTNQN $HOSTID 182 "Connect Invalid Parameters"
     step h.shutdown "final SIGTERM: exit status 0" stop_gateway
   else
-    for s in e4.reconnect e5.read-after-restart f.reject-unknown-host g.reject-unknown-subsys h.shutdown; do skip $s "restart failed"; done
+    skip_from e4.reconnect "restart failed"
   fi
 else
-  for s in a.discover b.connect c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256 e1.disconnect \
-    e2.sigterm e3.restart e4.reconnect e5.read-after-restart f.reject-unknown-host g.reject-unknown-subsys h.shutdown; do
-    skip $s "gateway did not start"
-  done
+  skip_from a.discover "gateway did not start"
 fi
 
 cleanup; trap - EXIT
