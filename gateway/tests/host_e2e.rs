@@ -2,13 +2,13 @@
 //! loopback TCP: connect, bring-up, identify, discovery, and the NVM I/O
 //! commands, with and without digests.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use nvmeof_gateway::config::Config;
 use nvmeof_gateway::host::cmd::{self, DISCOVERY_NQN};
 use nvmeof_gateway::host::{HostConnection, HostError, HostOptions, Sqe, Xfer};
-use nvmeof_gateway::tcp::server::TcpServer;
 use tokio::sync::watch;
 
 const SUBNQN: &str = "nqn.2016-06.io.test:host-e2e";
@@ -16,32 +16,8 @@ const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0
 const SIZE: u64 = 16 << 20;
 
 async fn start() -> (SocketAddr, watch::Sender<bool>) {
-    let config = Config::from_toml_str(&format!(
-        r#"
-        [[listener]]
-        transport = "tcp"
-        address = "127.0.0.1"
-        port = 4420
-
-        [[subsystem]]
-        nqn = "{SUBNQN}"
-        allow_any_host = true
-
-        [[subsystem.namespace]]
-        nsid = 1
-        backend = "memory"
-        size = "16MiB"
-        "#
-    ))
-    .unwrap();
-    let target = config.build_target().unwrap();
-    let server = TcpServer::bind("127.0.0.1:0".parse().unwrap(), target)
-        .await
-        .unwrap();
-    let addr = server.local_addr().unwrap();
-    let (tx, rx) = watch::channel(false);
-    tokio::spawn(server.serve(rx));
-    (addr, tx)
+    let gw = common::start_gateway(SUBNQN, "16MiB").await;
+    (gw.addr, gw.shutdown)
 }
 
 fn opts(hdgst: bool, ddgst: bool) -> HostOptions {
