@@ -762,3 +762,131 @@ fn a_stopped_osd_is_a_pause_not_an_error() {
     );
     assert!(ops > 100, "I/O before and after the pause");
 }
+
+fn rss_kib_and_threads() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("Threads:"))
+}
+
+/// Not a check: memory and threads per idle cluster connection and per open image, and 4 KiB
+/// random-read IOPS (total QD 16, spread over the images) for 1..32 images. Run with
+/// `cargo test --release -p rbd-backend --features ceph-tests --test ceph -- --ignored --nocapture --test-threads=1 measure`
+#[test]
+#[ignore]
+fn measure_memory_and_image_scaling() {
+    let conns: usize = std::env::var("BENCH_CONNECTIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let secs: f64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
+    // idle connections
+    let (rss0, th0) = rss_kib_and_threads();
+    let pools: Vec<_> = (0..4)
+        .map(|_| {
+            let p = ClusterPool::new(settings(1));
+            p.conf_get("rbd_cache").expect("connect");
+            p
+        })
+        .collect();
+    let (rss1, th1) = rss_kib_and_threads();
+    println!(
+        "idle connection: {} KiB RSS, {} threads each (4 connections)",
+        (rss1 - rss0) / 4,
+        (th1 - th0) / 4
+    );
+    drop(pools);
+    // images
+    let mut f = Fixture::new(conns);
+    let specs: Vec<ImageSpec> = (0..32).map(|_| f.image(8 * MIB)).collect();
+    f.pool.conf_get("rbd_cache").expect("connect");
+    let (rss2, th2) = rss_kib_and_threads();
+    let devs: Vec<Arc<RbdDevice>> = specs
+        .iter()
+        .map(|s| Arc::new(f.pool.open(s).expect("open")))
+        .collect();
+    let (rss3, th3) = rss_kib_and_threads();
+    println!(
+        "open image: {} KiB RSS, {:.1} threads each (32 images on {} connections; before I/O)",
+        (rss3 - rss2) / 32,
+        (th3 - th2) as f64 / 32.0,
+        f.pool.connected()
+    );
+    // fill every object: reads of never-written objects are answered from the object map
+    // without an OSD round trip
+    let fill = pattern(4 * MIB as usize, 1);
+    for d in &devs {
+        write(d, 0, &fill, false);
+        write(d, 4 * MIB, &fill, false);
+    }
+    let (rss4, th4) = rss_kib_and_threads();
+    println!(
+        "after first I/O: {} KiB RSS, {:.1} threads per image",
+        (rss4 - rss2) / 32,
+        (th4 - th2) as f64 / 32.0
+    );
+    for n in [1usize, 4, 16, 32] {
+        let (tx, rx) = mpsc::channel::<IoDone>();
+        let c: Arc<dyn IoCompletion> = Arc::new(Waiter(Mutex::new(tx)));
+        let qd = 16usize;
+        let mut rng = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_secs_f64(secs);
+        for slot in 0..qd {
+            let d = &devs[slot % n];
+            let off = (next() % (8 * MIB / 4096)) * 4096;
+            d.submit(
+                slot as u64,
+                IoOp::Read {
+                    offset: off,
+                    buf: IoBuf::zeroed(4096),
+                },
+                &c,
+            );
+        }
+        let mut ops = 0u64;
+        let mut inflight = qd;
+        while inflight > 0 {
+            let done = rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("completion");
+            done.result.expect("read");
+            ops += 1;
+            if Instant::now() < deadline {
+                let slot = done.tag as usize;
+                let buf = match done.op {
+                    IoOp::Read { buf, .. } => buf,
+                    _ => IoBuf::zeroed(4096),
+                };
+                let off = (next() % (8 * MIB / 4096)) * 4096;
+                devs[(slot + ops as usize) % n].submit(
+                    done.tag,
+                    IoOp::Read { offset: off, buf },
+                    &c,
+                );
+            } else {
+                inflight -= 1;
+            }
+        }
+        println!(
+            "{n:>2} images, QD16 total, {conns} connections: {:.0} IOPS (4 KiB random read)",
+            ops as f64 / t0.elapsed().as_secs_f64()
+        );
+    }
+}
