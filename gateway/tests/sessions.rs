@@ -183,3 +183,107 @@ async fn shutdown_closes_connections_and_stops_the_listener() {
         "listener closed"
     );
 }
+
+/// A device that completes every op 300 ms later, on its own thread, as a slow cluster would.
+struct SlowDevice {
+    inner: rbd_backend::MemoryDevice,
+}
+
+impl rbd_backend::BlockDevice for SlowDevice {
+    fn name(&self) -> &str {
+        "slow"
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    fn submit(
+        &self,
+        tag: u64,
+        op: rbd_backend::IoOp,
+        completion: &Arc<dyn rbd_backend::IoCompletion>,
+    ) {
+        struct Later(std::sync::Mutex<Option<rbd_backend::IoDone>>);
+        impl rbd_backend::IoCompletion for Later {
+            fn complete(&self, done: rbd_backend::IoDone) {
+                *self.0.lock().unwrap() = Some(done);
+            }
+        }
+        let later = Arc::new(Later(std::sync::Mutex::new(None)));
+        let sink: Arc<dyn rbd_backend::IoCompletion> = later.clone();
+        self.inner.submit(tag, op, &sink);
+        let completion = completion.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            if let Some(done) = later.0.lock().unwrap().take() {
+                completion.complete(done);
+            }
+        });
+    }
+
+    fn set_event_sink(&self, sink: Arc<dyn rbd_backend::DeviceEventSink>) {
+        self.inner.set_event_sink(sink);
+    }
+}
+
+#[tokio::test]
+async fn shutdown_lets_commands_at_the_device_finish_first() {
+    use nvmeof_gateway::core::{
+        HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec, Target, TargetIdentity,
+    };
+    let target = Arc::new(Target::new(TargetIdentity::default()));
+    let sub = Arc::new(Subsystem::new(
+        SubsystemKind::Nvm,
+        SubsystemSpec {
+            nqn: SUBNQN.into(),
+            serial: "slow".into(),
+            model: "slow".into(),
+            access: HostAccess::AnyHost,
+            cntlid_min: 1,
+            cntlid_max: 100,
+        },
+    ));
+    sub.add_namespace(Arc::new(Namespace {
+        nsid: 1,
+        device: Arc::new(SlowDevice {
+            inner: rbd_backend::MemoryDevice::new("slow", 1 << 20),
+        }),
+        lba_shift: 9,
+        nguid: [3; 16],
+        uuid: [4; 16],
+        ana_group: 1,
+        read_only: false,
+    }));
+    target.add_subsystem(sub);
+    let server =
+        nvmeof_gateway::tcp::server::TcpServer::bind("127.0.0.1:0".parse().unwrap(), target)
+            .await
+            .unwrap();
+    let addr = server.local_addr().unwrap();
+    let (shutdown, rx) = tokio::sync::watch::channel(false);
+    let serving = tokio::spawn(server.serve(rx));
+
+    let o = opts("drain");
+    let (_admin, cntlid) = admin(addr, &o, 0).await;
+    let io = io_queue(addr, &o, cntlid, 1).await;
+    let write = io
+        .start(
+            Sqe::rw(cmd::io::WRITE, 1, 0, 8),
+            Xfer::Write(vec![0x77; 4096].into()),
+        )
+        .await
+        .expect("submit");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    shutdown.send(true).expect("signal shutdown");
+    let done = write
+        .wait()
+        .await
+        .expect("the write completes before the queue closes");
+    assert!(done.cqe.is_success());
+    assert!(io.wait_closed(Duration::from_secs(5)).await);
+    tokio::time::timeout(Duration::from_secs(5), serving)
+        .await
+        .expect("server stops")
+        .expect("server task");
+}

@@ -173,7 +173,10 @@ impl Connection {
             }
             let flow = tokio::select! {
                 biased;
-                _ = shutdown.changed() => Flow::Close,
+                _ = shutdown.changed() => {
+                    self.drain().await;
+                    Flow::Close
+                }
                 _ = self.signals.notify.notified() => self.on_signals(),
                 _ = tick(&mut self.keep_alive) => self.on_keep_alive_tick(),
                 read = read_some(&mut self.stream, &mut self.rx) => match read {
@@ -206,6 +209,30 @@ impl Connection {
         let _ = self.stream.shutdown().await;
         self.queue.close();
         tracing::debug!("connection closed");
+    }
+
+    /// Planned shutdown: stop taking commands, let the ones already at a device finish and
+    /// send their completions, so the host sees no I/O error, only a closed queue.
+    async fn drain(&mut self) {
+        const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + DRAIN_LIMIT;
+        while self.queue.in_flight() > 0 {
+            let _ = self.drain_completions();
+            if self.queue.in_flight() == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, self.signals.notify.notified())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    in_flight = self.queue.in_flight(),
+                    "closing with commands still at the device"
+                );
+                break;
+            }
+        }
+        let _ = self.drain_completions();
     }
 
     fn compact_rx(&mut self) {
@@ -321,7 +348,11 @@ impl Connection {
             let sgl = cmd.sgl();
             if sgl.is_in_capsule() {
                 return match in_capsule {
-                    Some(buf) if buf.len() >= len && sgl.address == 0 => {
+                    Some(buf)
+                        if buf.len() >= len
+                            && buf.len() <= IN_CAPSULE_DATA_SIZE as usize
+                            && sgl.address == 0 =>
+                    {
                         let mut buf = buf;
                         buf.resize(len);
                         self.execute(cmd, Some(buf))
