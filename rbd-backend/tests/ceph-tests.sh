@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Runs the rbd-backend tests that need a real Ceph cluster (tests/ceph.rs): starts a throwaway
-# micro cluster in its own directory (packages are apt-installed when missing and root),
-# runs the tests, stops the cluster whatever happened. Exit code = cargo's.
+# Runs the tests that need a real Ceph cluster: starts a throwaway micro cluster in its own
+# directory (Ceph packages are apt-installed when missing and root), runs
+#   - rbd-backend/tests/ceph.rs   (RbdDevice against the cluster; feature ceph-tests)
+#   - gateway/tests/rbd_e2e.rs    (gateway + Rust NVMe/TCP host, checked with rbd export;
+#                                  #[ignore]d in plain cargo test, run here with --ignored)
+# and stops the cluster whatever happened. Exit code: non-zero if any test failed.
 #
-#   bash rbd-backend/tests/ceph-tests.sh [extra cargo test args, e.g. -- --nocapture]
+#   bash rbd-backend/tests/ceph-tests.sh [test binary args, e.g. --nocapture or a name filter]
 #
 # Env: MICRO_CEPH_STORE (memstore|bluestore, default memstore), CARGO (default cargo).
 set -euo pipefail
@@ -17,4 +20,7 @@ eval "$env_lines"
 echo "ceph-tests: cluster in $MICRO_CEPH_DIR (conf $CEPH_CONF)" >&2
 cd "$root"
 export MICRO_CEPH_FAULT_TESTS=${MICRO_CEPH_FAULT_TESTS:-1}
-"${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test ceph "$@"
+rc=0
+"${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test ceph -- "$@" || rc=1
+"${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@" || rc=1
+exit $rc

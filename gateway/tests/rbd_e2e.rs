@@ -1,0 +1,304 @@
+//! The gateway serving RBD images of a real Ceph cluster, driven over NVMe/TCP by the Rust
+//! host (`nvmeof_gateway::host`); what it wrote is read back with `rbd export`.
+//!
+//! Needs a cluster, so every test is `#[ignore]`d in a plain `cargo test`; run them with
+//! `bash rbd-backend/tests/ceph-tests.sh` (starts a micro cluster), or by hand:
+//!
+//! ```sh
+//! eval "$(scripts/micro-ceph.sh start)"
+//! cargo test -p nvmeof-gateway --test rbd_e2e -- --ignored
+//! ```
+//! Run that way, a test that finds no cluster fails with a message.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use nvmeof_gateway::config::Config;
+use nvmeof_gateway::host::{HostConnection, HostOptions};
+use nvmeof_gateway::tcp::server::TcpServer;
+use tokio::sync::watch;
+
+const SUBNQN: &str = "nqn.2016-06.io.test:rbd-e2e";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000e4";
+const MIB: u64 = 1 << 20;
+
+fn ceph_conf() -> String {
+    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
+    assert!(
+        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
+        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
+         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
+    );
+    conf
+}
+
+fn pool() -> String {
+    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
+}
+
+/// Runs the `rbd` CLI; panics with its stderr on failure.
+fn rbd(args: &[&str]) -> Vec<u8> {
+    let out = Command::new("rbd")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run rbd {args:?}: {e} (apt-get install ceph-common)"));
+    assert!(
+        out.status.success(),
+        "rbd {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// A fresh image, removed when dropped.
+struct Image(String);
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+impl Image {
+    fn create(size_mib: u64) -> Image {
+        ceph_conf();
+        let name = format!(
+            "gw-e2e-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        );
+        let spec = format!("{}/{name}", pool());
+        rbd(&["create", "--size", &format!("{size_mib}M"), &spec]);
+        Image(name)
+    }
+
+    fn spec(&self) -> String {
+        format!("{}/{}", pool(), self.0)
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = Command::new("rbd")
+            .args(["rm", "--no-progress", &self.spec()])
+            .output();
+    }
+}
+
+struct Gateway {
+    addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// A gateway with namespace 1 on `image` and namespace 2 on an image that does not exist.
+async fn start(image: &str, block_size: u32) -> Gateway {
+    let config = Config::from_toml_str(&format!(
+        r#"
+        [[listener]]
+        transport = "tcp"
+        address = "127.0.0.1"
+        port = 4420
+
+        [[subsystem]]
+        nqn = "{SUBNQN}"
+        allow_any_host = true
+
+        [[subsystem.namespace]]
+        nsid = 1
+        backend = "rbd"
+        pool = "{pool}"
+        image = "{image}"
+        block_size = {block_size}
+
+        [[subsystem.namespace]]
+        nsid = 2
+        backend = "rbd"
+        pool = "{pool}"
+        image = "no-such-image"
+
+        [ceph]
+        conf = "{conf}"
+        "#,
+        pool = pool(),
+        conf = ceph_conf(),
+    ))
+    .expect("valid configuration");
+    // Opening images blocks: do it off the runtime's threads.
+    let (target, skipped) = tokio::task::spawn_blocking(move || config.build_target_report())
+        .await
+        .expect("join")
+        .expect("target");
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(skipped[0].field, "subsystem[0].namespace[1]");
+    assert!(skipped[0].error.contains("no-such-image"), "{skipped:?}");
+    let server = TcpServer::bind("127.0.0.1:0".parse().expect("address"), target)
+        .await
+        .expect("bind");
+    let addr = server.local_addr().expect("local address");
+    let (shutdown, rx) = watch::channel(false);
+    let server = tokio::spawn(server.serve(rx));
+    Gateway {
+        addr,
+        shutdown,
+        server,
+    }
+}
+
+impl Gateway {
+    async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.server.await;
+        // closing images happens on background threads: wait so that `rbd export` sees an
+        // image without our exclusive lock
+        tokio::task::spawn_blocking(|| rbd_backend::rbd::wait_for_closes(Duration::from_secs(30)))
+            .await
+            .expect("join");
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2] ^ seed)
+        .collect()
+}
+
+async fn connect(addr: SocketAddr) -> (HostConnection, HostConnection) {
+    let mut o = HostOptions::new(HOSTNQN);
+    o.timeout = Duration::from_secs(60);
+    let admin = HostConnection::connect(addr, o.clone())
+        .await
+        .expect("connect");
+    let cntlid = admin.connect_admin(SUBNQN, 60_000).await.expect("admin");
+    admin.enable_controller().await.expect("enable");
+    let ctrl = admin.identify_controller().await.expect("identify");
+    let q = HostConnection::connect(addr, o).await.expect("connect io");
+    q.set_in_capsule_data_max(ctrl.in_capsule_data_max());
+    q.connect_io(SUBNQN, cntlid, 1, 63).await.expect("io queue");
+    (admin, q)
+}
+
+async fn io_and_export(block_size: u32) {
+    let image = Image::create(64);
+    let gw = start(&image.0, block_size).await;
+    let (admin, q) = connect(gw.addr).await;
+    assert_eq!(
+        admin.active_namespaces(0).await.expect("ns list"),
+        vec![1],
+        "the namespace on a missing image is not served, the other one is"
+    );
+    let ns = admin.identify_namespace(1).await.expect("identify ns");
+    assert_eq!(ns.block_size(), block_size);
+    assert_eq!(ns.nsze() * u64::from(block_size), 64 * MIB);
+    let bs = u64::from(block_size);
+
+    // what the image should hold afterwards
+    let mut expect = vec![0u8; (8 * MIB) as usize];
+    let big = pattern((2 * MIB) as usize, 1);
+    let at = 4 * MIB - MIB; // across the first object boundary
+    const CHUNK: u64 = 128 * 1024; // within any MDTS
+    for (i, piece) in big.chunks(CHUNK as usize).enumerate() {
+        q.write(1, (at + i as u64 * CHUNK) / bs, piece.to_vec(), block_size)
+            .await
+            .expect("write");
+    }
+    expect[at as usize..(at + 2 * MIB) as usize].copy_from_slice(&big);
+    let small = pattern(8192, 2);
+    q.write(1, 0, small.clone(), block_size)
+        .await
+        .expect("write");
+    expect[..8192].copy_from_slice(&small);
+    // write zeroes and deallocate inside written data
+    q.write_zeroes(1, (at + 65536) / bs, (8192 / bs) as u32)
+        .await
+        .expect("write zeroes");
+    expect[(at + 65536) as usize..(at + 65536 + 8192) as usize].fill(0);
+    q.dsm_deallocate(1, &[((at + 131072) / bs, (4096 / bs) as u32)])
+        .await
+        .expect("deallocate");
+    expect[(at + 131072) as usize..(at + 131072 + 4096) as usize].fill(0);
+    let back = q
+        .read(1, (at + 65536) / bs, (131072 / bs) as u32, block_size)
+        .await
+        .expect("read");
+    assert_eq!(
+        back,
+        expect[(at + 65536) as usize..(at + 65536 + 131072) as usize],
+        "zeroed and deallocated blocks read back zero through the gateway"
+    );
+    // fused compare-and-write of one block (512: librbd's own; 4096: emulated)
+    let old = expect[..block_size as usize].to_vec();
+    let new = pattern(block_size as usize, 3);
+    assert!(q
+        .compare_and_write(1, 0, old.clone(), new.clone(), block_size)
+        .await
+        .expect("compare-and-write"));
+    assert!(!q
+        .compare_and_write(1, 0, old, pattern(block_size as usize, 4), block_size)
+        .await
+        .expect("compare-and-write (miscompare)"));
+    expect[..block_size as usize].copy_from_slice(&new);
+    q.flush(1).await.expect("flush");
+    drop(q);
+    drop(admin);
+    gw.stop().await;
+
+    let exported = rbd(&["export", "--no-progress", &image.spec(), "-"]);
+    assert_eq!(exported.len() as u64, 64 * MIB);
+    let first_diff = exported[..expect.len()]
+        .iter()
+        .zip(&expect)
+        .position(|(a, b)| a != b);
+    assert_eq!(first_diff, None, "rbd export differs from what was written");
+    assert!(
+        exported[expect.len()..].iter().all(|&b| b == 0),
+        "the rest of the image is untouched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Ceph: bash rbd-backend/tests/ceph-tests.sh"]
+async fn rbd_namespace_512_data_matches_rbd_export() {
+    io_and_export(512).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Ceph: bash rbd-backend/tests/ceph-tests.sh"]
+async fn rbd_namespace_4k_data_matches_rbd_export() {
+    io_and_export(4096).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Ceph: bash rbd-backend/tests/ceph-tests.sh"]
+async fn rbd_resize_is_seen_by_a_connected_host() {
+    let image = Image::create(32);
+    let gw = start(&image.0, 512).await;
+    let (admin, q) = connect(gw.addr).await;
+    assert_eq!(
+        admin.identify_namespace(1).await.expect("identify").nsze() * 512,
+        32 * MIB
+    );
+    let spec = image.spec();
+    tokio::task::spawn_blocking(move || rbd(&["resize", "--size", "48M", &spec]))
+        .await
+        .expect("join");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let nsze = admin.identify_namespace(1).await.expect("identify").nsze();
+        if nsze * 512 == 48 * MIB {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the host still sees {nsze} blocks 20 s after rbd resize"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // the new space is usable without reconnecting
+    let data = pattern(4096, 9);
+    q.write(1, 40 * MIB / 512, data.clone(), 512)
+        .await
+        .expect("write past the old end");
+    assert_eq!(q.read(1, 40 * MIB / 512, 8, 512).await.expect("read"), data);
+    drop(q);
+    drop(admin);
+    gw.stop().await;
+}
