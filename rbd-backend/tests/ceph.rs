@@ -339,6 +339,35 @@ fn compare_and_write_match_and_mismatch() {
             "{len} bytes at {offset} written"
         );
     }
+    // the device now holds the exclusive lock in exclusive mode: another client's write is
+    // refused rather than interleaved with a later compare-and-write
+    let other_pool = ClusterPool::new(settings(1));
+    let spec = ImageSpec {
+        pool: pool_name(),
+        namespace: None,
+        image: f.images[0].clone(),
+    };
+    let other = other_pool.open(&spec).expect("second client opens");
+    let t = Instant::now();
+    let done = run(
+        &other,
+        IoOp::Write {
+            offset: 0,
+            buf: IoBuf::zeroed(4096),
+            fua: false,
+        },
+    );
+    eprintln!(
+        "second client's write: {:?} after {:?}",
+        done.result,
+        t.elapsed()
+    );
+    assert_eq!(done.result, Err(IoError::ReadOnly));
+    assert_eq!(
+        read(&other, 65536, 512),
+        pattern(512, 2),
+        "reads still work"
+    );
 }
 
 /// Compare-and-write as an atomic increment from several threads at once, mixed with plain
@@ -399,6 +428,9 @@ fn resize_from_another_client_is_reported() {
     let events = Arc::new(Events(Mutex::new(Vec::new())));
     dev.set_event_sink(events.clone());
     let name = f.images[0].clone();
+    // a multi-sector compare-and-write first: the device then holds the exclusive lock in
+    // exclusive mode; a resize from elsewhere must still work (librbd forwards it to the owner)
+    caw(&dev, 0, &[0u8; 4096], &[1u8; 4096]).expect("compare-and-write");
     f.admin.resize_image(&name, 24 * MIB).expect("resize");
     let deadline = Instant::now() + Duration::from_secs(20);
     while events.0.lock().unwrap().is_empty() && Instant::now() < deadline {
