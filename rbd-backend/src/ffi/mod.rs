@@ -562,8 +562,6 @@ static CLOSER: Closer = Closer {
     done: Condvar::new(),
 };
 
-struct SendImage(Image);
-
 impl Drop for Image {
     fn drop(&mut self) {
         if self.handle.is_null() {
@@ -581,14 +579,13 @@ impl Drop for Image {
             ),
             ioctx: self.ioctx.take(),
         };
-        let job = SendImage(moved);
         *CLOSER.pending.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         let spawned = std::thread::Builder::new()
             .name("rbd-close".into())
             .spawn(move || {
-                let mut job = job;
-                job.0.close_blocking();
-                drop(job);
+                let mut image = moved;
+                image.close_blocking();
+                drop(image);
                 let mut n = CLOSER.pending.lock().unwrap_or_else(|e| e.into_inner());
                 *n = n.saturating_sub(1);
                 CLOSER.done.notify_all();
@@ -683,57 +680,77 @@ pub fn submit(req: Box<AioRequest>) -> Result<(), (Box<AioRequest>, FfiError)> {
             },
         ));
     }
-    // SAFETY: until the callback runs, this thread is the only user of *raw; buffers are heap
-    // allocations owned by the request, so the pointers stay valid until the callback.
-    let (call, rc): (&'static str, i64) = unsafe {
-        let r = &mut *raw;
+    // Everything librbd needs, taken from the request before the call: once the rbd_aio_*
+    // call is made the callback may run (and free the request) on another thread, so no
+    // reference into *raw is alive across it. The buffers are heap allocations owned by the
+    // request, so these pointers stay valid until the callback.
+    enum Call {
+        Flush,
+        Read(u64, usize, *mut c_char),
+        Write(u64, usize, *const c_char),
+        Zeroes(u64, usize),
+        CompareAndWrite(u64, usize, *const c_char, *const c_char, *mut u64),
+        TooLong,
+    }
+    let call = {
+        // SAFETY: raw is valid and not yet shared with librbd.
+        let r = unsafe { &mut *raw };
+        let mismatch: *mut u64 = &mut r.mismatch_off;
         if r.action == AioAction::Flush {
-            ("rbd_aio_flush", i64::from(lib.rbd_aio_flush(image, c)))
+            Call::Flush
         } else {
             match &mut r.op {
-                IoOp::Read { offset, buf } => {
-                    let len = buf.len();
-                    let ptr = buf.as_mut_slice().as_mut_ptr().cast::<c_char>();
-                    (
-                        "rbd_aio_read",
-                        i64::from(lib.rbd_aio_read(image, *offset, len, ptr, c)),
-                    )
-                }
+                IoOp::Read { offset, buf } => Call::Read(
+                    *offset,
+                    buf.len(),
+                    buf.as_mut_slice().as_mut_ptr().cast::<c_char>(),
+                ),
                 IoOp::Write { offset, buf, .. } => {
-                    let ptr = buf.as_slice().as_ptr().cast::<c_char>();
-                    (
-                        "rbd_aio_write",
-                        i64::from(lib.rbd_aio_write(image, *offset, buf.len(), ptr, c)),
-                    )
+                    Call::Write(*offset, buf.len(), buf.as_slice().as_ptr().cast::<c_char>())
                 }
-                IoOp::Flush => ("rbd_aio_flush", i64::from(lib.rbd_aio_flush(image, c))),
+                IoOp::Flush => Call::Flush,
                 IoOp::Discard { offset, len } | IoOp::WriteZeroes { offset, len } => {
-                    // usize == u64 on the 64-bit targets Ceph supports; refuse otherwise.
                     match usize::try_from(*len) {
-                        Ok(len) => (
-                            "rbd_aio_write_zeroes",
-                            i64::from(lib.rbd_aio_write_zeroes(image, *offset, len, c, 0, 0)),
-                        ),
-                        Err(_) => ("rbd_aio_write_zeroes", -22),
+                        Ok(len) => Call::Zeroes(*offset, len),
+                        Err(_) => Call::TooLong,
                     }
                 }
                 IoOp::CompareAndWrite {
                     offset,
                     compare,
                     write,
-                } => {
-                    let len = write.len().min(compare.len());
-                    let cmp = compare.as_slice().as_ptr().cast::<c_char>();
-                    let data = write.as_slice().as_ptr().cast::<c_char>();
-                    let mismatch: *mut u64 = &mut r.mismatch_off;
-                    (
-                        "rbd_aio_compare_and_write",
-                        lib.rbd_aio_compare_and_write(
-                            image, *offset, len, cmp, data, c, mismatch, 0,
-                        ) as i64,
-                    )
-                }
+                } => Call::CompareAndWrite(
+                    *offset,
+                    write.len().min(compare.len()),
+                    compare.as_slice().as_ptr().cast::<c_char>(),
+                    write.as_slice().as_ptr().cast::<c_char>(),
+                    mismatch,
+                ),
             }
+        }
+    };
+    // SAFETY: c is a fresh completion, image an open handle kept open by the request's
+    // Arc<Image>, and the pointers are valid as described above.
+    let (call, rc): (&'static str, i64) = unsafe {
+        match call {
+            Call::Flush => ("rbd_aio_flush", i64::from(lib.rbd_aio_flush(image, c))),
+            Call::Read(off, len, ptr) => (
+                "rbd_aio_read",
+                i64::from(lib.rbd_aio_read(image, off, len, ptr, c)),
+            ),
+            Call::Write(off, len, ptr) => (
+                "rbd_aio_write",
+                i64::from(lib.rbd_aio_write(image, off, len, ptr, c)),
+            ),
+            Call::Zeroes(off, len) => (
+                "rbd_aio_write_zeroes",
+                i64::from(lib.rbd_aio_write_zeroes(image, off, len, c, 0, 0)),
+            ),
+            Call::CompareAndWrite(off, len, cmp, data, mismatch) => (
+                "rbd_aio_compare_and_write",
+                lib.rbd_aio_compare_and_write(image, off, len, cmp, data, c, mismatch, 0) as i64,
+            ),
+            Call::TooLong => ("rbd_aio_write_zeroes", -22),
         }
     };
     if rc < 0 {
