@@ -26,7 +26,10 @@ impl std::fmt::Debug for Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SglDescriptor {
     pub address: u64,
+    /// Bytes described: 32 bits, except 24 bits for a keyed data block (RDMA).
     pub length: u32,
+    /// The remote key of a keyed data block (bytes 11..15 of the descriptor), else 0.
+    pub key: u32,
     /// Upper nibble of the identifier byte (`NVME_*_DESC`).
     pub desc_type: u8,
     /// Lower nibble of the identifier byte (`NVME_SGL_FMT_*`).
@@ -94,10 +97,20 @@ impl Command {
 
     pub fn sgl(&self) -> SglDescriptor {
         let id = self.raw[39];
+        let desc_type = id >> 4;
+        let (length, key) = if desc_type == sgl::KEYED_DATA_DESC {
+            (
+                u32::from_le_bytes([self.raw[32], self.raw[33], self.raw[34], 0]),
+                self.u32_at(35),
+            )
+        } else {
+            (self.u32_at(32), 0)
+        };
         SglDescriptor {
             address: u64::from_le_bytes(self.raw[24..32].try_into().unwrap_or([0; 8])),
-            length: self.u32_at(32),
-            desc_type: id >> 4,
+            length,
+            key,
+            desc_type,
             subtype: id & 0xf,
         }
     }
