@@ -412,10 +412,13 @@ impl Config {
         let mut seen_addrs = BTreeSet::new();
         for (i, l) in self.listeners.iter().enumerate() {
             let field = format!("listener[{i}]");
-            if l.transport != "tcp" {
+            if l.transport != "tcp" && l.transport != "rdma" {
                 return Err(invalid(
                     format!("{field}.transport"),
-                    format!("{:?} is not supported (supported: \"tcp\")", l.transport),
+                    format!(
+                        "{:?} is not supported (supported: \"tcp\", \"rdma\")",
+                        l.transport
+                    ),
                 ));
             }
             if l.address.parse::<IpAddr>().is_err() {
@@ -427,7 +430,8 @@ impl Config {
             if l.port == 0 {
                 return Err(invalid(format!("{field}.port"), "must not be 0"));
             }
-            if !seen_addrs.insert((l.address.clone(), l.port)) {
+            // TCP and rdma_cm have separate port spaces: one port may serve both.
+            if !seen_addrs.insert((l.transport.clone(), l.address.clone(), l.port)) {
                 return Err(invalid(
                     field,
                     format!("{}:{} is listed twice", l.address, l.port),
@@ -586,9 +590,20 @@ impl Config {
         )
     }
 
+    /// NVMe/TCP listener addresses.
     pub fn listen_addrs(&self) -> Vec<SocketAddr> {
+        self.transport_addrs("tcp")
+    }
+
+    /// NVMe/RDMA listener addresses (the RDMA device's IP address and an rdma_cm port).
+    pub fn rdma_listen_addrs(&self) -> Vec<SocketAddr> {
+        self.transport_addrs("rdma")
+    }
+
+    fn transport_addrs(&self, transport: &str) -> Vec<SocketAddr> {
         self.listeners
             .iter()
+            .filter(|l| l.transport == transport)
             .filter_map(|l| Some(SocketAddr::new(l.address.parse().ok()?, l.port)))
             .collect()
     }
@@ -760,7 +775,11 @@ impl Config {
         }
         for (i, l) in self.listeners.iter().enumerate() {
             target.add_listener(ListenerInfo {
-                transport: TransportType::Tcp,
+                transport: if l.transport == "rdma" {
+                    TransportType::Rdma
+                } else {
+                    TransportType::Tcp
+                },
                 address: l.address.clone(),
                 port: l.port,
                 port_id: i as u16 + 1,
@@ -832,6 +851,23 @@ mod tests {
         assert_ne!(ns1.nguid, ns1.uuid);
         assert_eq!(ns1.lba_shift, 9);
         assert_eq!(ns1.device.size_bytes(), 1 << 30);
+    }
+
+    #[test]
+    fn one_subsystem_is_served_over_tcp_and_rdma_on_the_same_port() {
+        let both = GOOD.replace(
+            "[[subsystem]]",
+            "[[listener]]\n        transport = \"rdma\"\n        address = \"127.0.0.1\"\n        port = 4420\n\n        [[subsystem]]",
+        );
+        let c = parse(&both).unwrap();
+        assert_eq!(c.listen_addrs(), vec!["127.0.0.1:4420".parse().unwrap()]);
+        assert_eq!(c.rdma_listen_addrs(), vec!["127.0.0.1:4420".parse().unwrap()]);
+        let t = c.build_target().unwrap();
+        let transports: Vec<_> = t.listeners().iter().map(|l| l.transport).collect();
+        assert_eq!(transports, vec![TransportType::Tcp, TransportType::Rdma]);
+        let twice = both.replace("\"tcp\"", "\"rdma\"");
+        let e = parse(&twice).unwrap_err().to_string();
+        assert!(e.contains("listener[1]"), "{e}");
     }
 
     #[test]
