@@ -861,7 +861,10 @@ mod tests {
         );
         let c = parse(&both).unwrap();
         assert_eq!(c.listen_addrs(), vec!["127.0.0.1:4420".parse().unwrap()]);
-        assert_eq!(c.rdma_listen_addrs(), vec!["127.0.0.1:4420".parse().unwrap()]);
+        assert_eq!(
+            c.rdma_listen_addrs(),
+            vec!["127.0.0.1:4420".parse().unwrap()]
+        );
         let t = c.build_target().unwrap();
         let transports: Vec<_> = t.listeners().iter().map(|l| l.transport).collect();
         assert_eq!(transports, vec![TransportType::Tcp, TransportType::Rdma]);
