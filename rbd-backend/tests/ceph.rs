@@ -922,3 +922,66 @@ fn measure_memory_and_image_scaling() {
         );
     }
 }
+
+/// An image in a RADOS namespace of the pool (`rbd namespace create`): found only there.
+#[test]
+fn images_in_a_rados_namespace() {
+    let f = Fixture::new(1);
+    let ns = format!("ns{}", std::process::id());
+    let out = std::process::Command::new("rbd")
+        .args([
+            "namespace",
+            "create",
+            "--pool",
+            &pool_name(),
+            "--namespace",
+            &ns,
+        ])
+        .output()
+        .expect("run rbd (apt-get install ceph-common)");
+    assert!(
+        out.status.success(),
+        "rbd namespace create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let admin = f
+        .pool
+        .admin(&pool_name(), Some(&ns))
+        .expect("namespace context");
+    admin
+        .create_image("in-ns", 4 * MIB)
+        .expect("create in namespace");
+    let spec = ImageSpec {
+        pool: pool_name(),
+        namespace: Some(ns.clone()),
+        image: "in-ns".into(),
+    };
+    assert_eq!(spec.to_string(), format!("{}/{ns}/in-ns", pool_name()));
+    {
+        let dev = f.pool.open(&spec).expect("open in namespace");
+        assert_eq!(dev.name(), spec.to_string());
+        let data = pattern(4096, 5);
+        write(&dev, 0, &data, false);
+        assert_eq!(read(&dev, 0, 4096), data);
+    }
+    let outside = ImageSpec {
+        namespace: None,
+        ..spec.clone()
+    };
+    assert!(matches!(
+        f.pool.open(&outside),
+        Err(RbdError::ImageNotFound { .. })
+    ));
+    rbd_backend::rbd::wait_for_closes(Duration::from_secs(30));
+    admin.remove_image("in-ns").expect("remove");
+    let _ = std::process::Command::new("rbd")
+        .args([
+            "namespace",
+            "remove",
+            "--pool",
+            &pool_name(),
+            "--namespace",
+            &ns,
+        ])
+        .output();
+}
