@@ -985,3 +985,53 @@ fn images_in_a_rados_namespace() {
         ])
         .output();
 }
+
+/// Dropping a device with I/O in flight: every op still completes (the requests keep the
+/// image open), then the image is closed in the background.
+#[test]
+fn dropping_a_device_with_io_in_flight_is_safe() {
+    let mut f = Fixture::new(1);
+    for round in 0..5u8 {
+        let dev = f.open(8 * MIB);
+        let (tx, rx) = mpsc::channel::<IoDone>();
+        let c: Arc<dyn IoCompletion> = Arc::new(Waiter(Mutex::new(tx)));
+        for i in 0..64u64 {
+            let op = match i % 4 {
+                0 => IoOp::Read {
+                    offset: i * 4096,
+                    buf: IoBuf::zeroed(4096),
+                },
+                1 => IoOp::Write {
+                    offset: i * 4096,
+                    buf: IoBuf::from_vec(pattern(4096, round)),
+                    fua: true,
+                },
+                2 => IoOp::WriteZeroes {
+                    offset: i * 4096,
+                    len: 4096,
+                },
+                _ => IoOp::CompareAndWrite {
+                    offset: i * 4096,
+                    compare: IoBuf::zeroed(4096),
+                    write: IoBuf::from_vec(pattern(4096, round)),
+                },
+            };
+            dev.submit(i, op, &c);
+        }
+        drop(dev);
+        drop(c);
+        let mut n = 0;
+        while let Ok(done) = rx.recv_timeout(Duration::from_secs(60)) {
+            match (done.tag % 4, done.result) {
+                (3, Err(IoError::Miscompare { .. })) | (_, Ok(())) => {}
+                (_, Err(e)) => panic!("op {}: {e}", done.tag),
+            }
+            n += 1;
+        }
+        assert_eq!(n, 64, "every op completes once");
+        assert!(
+            rbd_backend::rbd::wait_for_closes(Duration::from_secs(30)),
+            "image closed"
+        );
+    }
+}
