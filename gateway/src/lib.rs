@@ -4,5 +4,6 @@ pub mod config;
 pub mod core;
 pub mod events;
 pub mod host;
+pub mod rdma;
 pub mod spec;
 pub mod tcp;

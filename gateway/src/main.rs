@@ -1,10 +1,11 @@
-//! `nvmeof-gateway`: serves the subsystems of a configuration file over NVMe/TCP.
+//! `nvmeof-gateway`: serves the subsystems of a configuration file over NVMe/TCP and NVMe/RDMA.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 use nvmeof_gateway::config::Config;
+use nvmeof_gateway::rdma::server::RdmaServer;
 use nvmeof_gateway::tcp::server::TcpServer;
 use tokio::sync::watch;
 
@@ -71,6 +72,11 @@ async fn serve(config: Config) -> Result<(), String> {
         let server = TcpServer::bind(addr, target.clone())
             .await
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        servers.spawn(server.serve(shutdown_rx.clone()));
+    }
+    for addr in config.rdma_listen_addrs() {
+        let server = RdmaServer::bind(addr, target.clone())
+            .map_err(|e| format!("cannot listen on rdma {addr}: {e}"))?;
         servers.spawn(server.serve(shutdown_rx.clone()));
     }
     for s in target.subsystems() {

@@ -132,6 +132,59 @@ fn set_nonblocking(fd: c_int) -> Result<(), Error> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Reactor registration of the channels' descriptors
+// ---------------------------------------------------------------------------------------------
+
+/// A channel's descriptor, kept open by the `Arc` of its channel for as long as this lives.
+pub struct ChannelFd {
+    fd: c_int,
+    _owner: ChannelOwner,
+}
+
+/// Held only to keep the channel (and so the descriptor) alive.
+#[allow(dead_code)]
+enum ChannelOwner {
+    Completion(Arc<CompletionChannel>),
+    Event(Arc<EventChannel>),
+}
+
+impl std::os::fd::AsRawFd for ChannelFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd
+    }
+}
+
+fn register(fd: ChannelFd) -> std::io::Result<tokio::io::unix::AsyncFd<ChannelFd>> {
+    // SAFETY: the descriptor belongs to the channel that `ChannelFd` holds an `Arc` of, so it
+    // stays open and names the same channel for the AsyncFd's whole life; `as_raw_fd` always
+    // returns it.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into_parts().1)
+}
+
+impl CompletionChannel {
+    /// Registers the channel with the current tokio reactor (readable when a completion event
+    /// is pending).
+    pub fn async_fd(self: &Arc<Self>) -> std::io::Result<tokio::io::unix::AsyncFd<ChannelFd>> {
+        register(ChannelFd {
+            fd: self.fd(),
+            _owner: ChannelOwner::Completion(self.clone()),
+        })
+    }
+}
+
+impl EventChannel {
+    /// Registers the channel with the current tokio reactor (readable when a CM event is
+    /// pending).
+    pub fn async_fd(self: &Arc<Self>) -> std::io::Result<tokio::io::unix::AsyncFd<ChannelFd>> {
+        register(ChannelFd {
+            fd: self.fd(),
+            _owner: ChannelOwner::Event(self.clone()),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Device context, protection domain, memory region
 // ---------------------------------------------------------------------------------------------
 

@@ -1,0 +1,753 @@
+//! One NVMe/RDMA queue pair (one NVMe queue) on a tokio task.
+//!
+//! Everything protocol-shaped happens in [`crate::core::Queue`]; this file moves capsules and
+//! data. Receives are posted before the connection is accepted, one per host submission queue
+//! entry, each `64 + IN_CAPSULE_DATA_SIZE` bytes; a receive is re-posted as soon as its
+//! command (and in-capsule data) has been copied out.
+//!
+//! Data buffers are registered memory from the device's [`BufferPool`]: a keyed SGL command
+//! first gets a buffer of its length (waiting if the pool is exhausted), then a write's data is
+//! RDMA READ into it and handed to the core, and a read's buffer is stashed for the core, which
+//! takes it for the device op, so the device's data lands in the registered buffer the RDMA
+//! WRITE sends from (no copy). The response goes as an unsignaled RDMA WRITE chained with a
+//! signaled SEND of the CQE (inline), with Invalidate when the host's SGL asked for it; the
+//! buffer returns to the pool with the SEND's completion.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rbd_backend::{IoBuf, IoCompletion, IoDone};
+use rdma_transport::{
+    BufferPool, CmEventKind, CmId, CompletionChannel, CompletionQueue, Lent, Remote, WcOpcode,
+    WorkCompletion,
+};
+use tokio::sync::{mpsc, watch, Notify};
+
+use super::{rdma_caps, stats, Device, IN_CAPSULE_DATA_SIZE};
+use crate::core::command::SQE_LEN;
+use crate::core::{
+    Action, BufferSource, Command, Completion, Queue, QueueNotifier, Status, Target, TeardownReason,
+};
+use crate::spec::{sc, sgl};
+
+/// Completions handled per wake-up before yielding to other tasks.
+const POLL_BUDGET: usize = 256;
+/// How long a closing connection waits for its device I/O before abandoning the buffers.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Transient Transport Error: the host retries the command (NVMe Base, generic status 22h).
+const TRANSIENT_TRANSPORT_ERROR: u16 = 0x22;
+
+const TAG_SHIFT: u32 = 56;
+const TAG_RECV: u64 = 1;
+const TAG_READ: u64 = 2;
+const TAG_SEND: u64 = 3;
+
+fn tag(kind: u64, value: u64) -> u64 {
+    (kind << TAG_SHIFT) | value
+}
+
+/// Device completions and controller wake-ups for one queue pair.
+#[derive(Default)]
+struct Signals {
+    completed: Mutex<Vec<IoDone>>,
+    notify: Notify,
+}
+
+impl IoCompletion for Signals {
+    fn complete(&self, done: IoDone) {
+        self.completed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(done);
+        self.notify.notify_one();
+    }
+}
+
+impl QueueNotifier for Signals {
+    fn wake(&self) {
+        self.notify.notify_one();
+    }
+}
+
+/// The core's buffers: registered memory from the pool. A buffer reserved for the command
+/// about to run (`stash`) is handed out first, so a read's device data lands in it.
+struct PoolSource {
+    pool: Arc<BufferPool>,
+    stash: Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+impl BufferSource for PoolSource {
+    fn take(&mut self, len: usize) -> IoBuf {
+        let stashed = self.stash.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut v) = stashed {
+            if v.capacity() >= len {
+                v.resize(len, 0);
+                return IoBuf::from_vec(v);
+            }
+            let _ = self.pool.give_back(v);
+        }
+        match self.pool.take(len) {
+            Some((v, _)) => IoBuf::from_vec(v),
+            None => {
+                stats().unregistered_buffers.fetch_add(1, Ordering::Relaxed);
+                IoBuf::zeroed(len)
+            }
+        }
+    }
+
+    fn give_back(&mut self, buf: IoBuf) {
+        // Plain memory (not the pool's) is simply freed.
+        let _ = self.pool.give_back(buf.into_vec());
+    }
+}
+
+/// Where a command's data is on the host, from its keyed SGL.
+#[derive(Debug, Clone, Copy)]
+struct HostData {
+    remote: Remote,
+    len: usize,
+    invalidate: bool,
+    host_to_controller: bool,
+}
+
+enum Flow {
+    Continue,
+    Close,
+}
+
+pub struct RdmaConnection {
+    id: CmId,
+    peer: String,
+    cq: Arc<CompletionQueue>,
+    channel: Arc<CompletionChannel>,
+    device: Arc<Device>,
+    queue: Queue,
+    signals: Arc<Signals>,
+    completion_sink: Arc<dyn IoCompletion>,
+    events: mpsc::UnboundedReceiver<CmEventKind>,
+    stash: Arc<Mutex<Option<Vec<u8>>>>,
+    recv_len: usize,
+    /// Keyed SGL commands waiting for a registered buffer, in arrival order.
+    backlog: VecDeque<Command>,
+    /// Commands whose data is being RDMA READ.
+    reading: HashMap<u16, Command>,
+    host_data: HashMap<u16, HostData>,
+    wcs: Vec<WorkCompletion>,
+    actions: Vec<Action>,
+    keep_alive: Option<tokio::time::Interval>,
+    /// More completions may be waiting (the budget ran out).
+    more: bool,
+    disconnected: bool,
+}
+
+impl RdmaConnection {
+    /// Wraps a queue pair whose CQ is armed, and posts `recv_count` receives.
+    pub fn new(
+        mut id: CmId,
+        cq: Arc<CompletionQueue>,
+        channel: Arc<CompletionChannel>,
+        device: Arc<Device>,
+        target: Arc<Target>,
+        recv_count: u32,
+        events: mpsc::UnboundedReceiver<CmEventKind>,
+    ) -> Result<Self, String> {
+        let peer = id
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let signals = Arc::new(Signals::default());
+        let notifier: Weak<dyn QueueNotifier> = {
+            let strong: Arc<dyn QueueNotifier> = signals.clone();
+            Arc::downgrade(&strong)
+        };
+        let completion_sink: Arc<dyn IoCompletion> = signals.clone();
+        let stash = Arc::new(Mutex::new(None));
+        let mut queue = Queue::new(target, rdma_caps(), notifier);
+        queue.set_buffer_source(Box::new(PoolSource {
+            pool: device.pool.clone(),
+            stash: stash.clone(),
+        }));
+        let recv_len = SQE_LEN + IN_CAPSULE_DATA_SIZE as usize;
+        let pool = device.pool.clone();
+        let qp = id.qp().ok_or("no queue pair")?;
+        for i in 0..recv_count {
+            let Some((buf, lkey)) = pool.take(recv_len) else {
+                return Err("no registered memory for the receive buffers".into());
+            };
+            if let Err((e, buf)) = qp.post_recv(tag(TAG_RECV, u64::from(i)), Lent { buf, lkey }) {
+                let _ = pool.give_back(buf);
+                return Err(format!("post_recv: {e}"));
+            }
+        }
+        Ok(Self {
+            id,
+            peer,
+            cq,
+            channel,
+            device,
+            queue,
+            signals,
+            completion_sink,
+            events,
+            stash,
+            recv_len,
+            backlog: VecDeque::new(),
+            reading: HashMap::new(),
+            host_data: HashMap::new(),
+            wcs: Vec::with_capacity(64),
+            actions: Vec::new(),
+            keep_alive: None,
+            more: false,
+            disconnected: false,
+        })
+    }
+
+    /// Accepts the connection (receives are posted).
+    pub fn accept(
+        &mut self,
+        reply: &[u8],
+        responder_resources: u8,
+        initiator_depth: u8,
+    ) -> Result<(), String> {
+        self.id
+            .accept(reply, responder_resources, initiator_depth)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Serves the queue pair until the host disconnects, a fatal error, or `shutdown`.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let span = tracing::info_span!("nvme-rdma", peer = %self.peer, cntlid = tracing::field::Empty, qid = tracing::field::Empty);
+        let _enter = span.enter();
+        let fd = match self.channel.async_fd() {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot register the completion channel");
+                self.close().await;
+                return;
+            }
+        };
+        tracing::debug!("queue pair accepted");
+        let mut span_recorded = false;
+        let returned = self.device.buffers_returned.clone();
+        loop {
+            let waiting = !self.backlog.is_empty();
+            let flow = tokio::select! {
+                biased;
+                _ = shutdown.changed() => Flow::Close,
+                ev = self.events.recv() => match ev {
+                    Some(CmEventKind::Established) | Some(CmEventKind::Other(_)) => Flow::Continue,
+                    Some(kind) => {
+                        tracing::debug!(?kind, "connection event: closing");
+                        self.disconnected = true;
+                        Flow::Close
+                    }
+                    None => Flow::Close,
+                },
+                _ = self.signals.notify.notified() => self.on_signals(),
+                _ = tick(&mut self.keep_alive) => self.on_keep_alive_tick(),
+                ready = fd.readable() => match ready {
+                    Ok(mut guard) => {
+                        guard.clear_ready();
+                        self.on_cq_event()
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "completion channel failed");
+                        Flow::Close
+                    }
+                },
+                _ = std::future::ready(()), if self.more => {
+                    tokio::task::yield_now().await;
+                    self.poll_cq()
+                }
+                _ = returned.notified(), if waiting => self.run_backlog(),
+                _ = tokio::time::sleep(Duration::from_millis(5)), if waiting => self.run_backlog(),
+            };
+            if !span_recorded {
+                if let Some(b) = self.queue.binding() {
+                    span.record("cntlid", b.controller.cntlid);
+                    span.record("qid", b.qid);
+                    span_recorded = true;
+                }
+            }
+            if let Flow::Close = flow {
+                break;
+            }
+        }
+        drop(fd);
+        self.close().await;
+    }
+
+    /// Takes the channel's events, re-arms the CQ and polls (completions that arrive between
+    /// the poll and the re-arm are caught by polling after arming).
+    fn on_cq_event(&mut self) -> Flow {
+        if let Err(e) = self.cq.take_events() {
+            tracing::warn!(error = %e, "completion channel");
+            return Flow::Close;
+        }
+        if let Err(e) = self.cq.arm() {
+            tracing::warn!(error = %e, "cannot arm the completion queue");
+            return Flow::Close;
+        }
+        self.poll_cq()
+    }
+
+    fn poll_cq(&mut self) -> Flow {
+        self.more = false;
+        let mut done = 0;
+        while done < POLL_BUDGET {
+            let mut wcs = std::mem::take(&mut self.wcs);
+            wcs.clear();
+            let n = match self.cq.poll(&mut wcs, 64) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "poll_cq failed");
+                    return Flow::Close;
+                }
+            };
+            let mut flow = Flow::Continue;
+            for wc in wcs.drain(..) {
+                if let Flow::Close = self.on_completion(wc) {
+                    flow = Flow::Close;
+                }
+            }
+            self.wcs = wcs;
+            if let Flow::Close = flow {
+                return Flow::Close;
+            }
+            done += n;
+            if n < 64 {
+                return self.drain_completions();
+            }
+        }
+        self.more = true;
+        self.drain_completions()
+    }
+
+    fn on_completion(&mut self, wc: WorkCompletion) -> Flow {
+        let Some(qp) = self.id.qp() else {
+            return Flow::Close;
+        };
+        let Some((tag, buf)) = qp.reap(&wc) else {
+            // The unsignaled RDMA WRITE of a response only completes with an error.
+            if !wc.is_ok() {
+                self.wc_error(&wc);
+            }
+            return Flow::Close;
+        };
+        if !wc.is_ok() {
+            if let Some(b) = buf {
+                let _ = self.device.pool.give_back(b);
+            }
+            self.wc_error(&wc);
+            return Flow::Close;
+        }
+        let value = tag & ((1 << TAG_SHIFT) - 1);
+        match (tag >> TAG_SHIFT, wc.opcode, buf) {
+            (TAG_RECV, WcOpcode::Recv, Some(buf)) => self.on_recv(value, buf, wc.byte_len as usize),
+            (TAG_READ, WcOpcode::RdmaRead, Some(buf)) => {
+                let cid = value as u16;
+                match self.reading.remove(&cid) {
+                    Some(cmd) => self.execute(cmd, Some(IoBuf::from_vec(buf))),
+                    None => {
+                        let _ = self.device.pool.give_back(buf);
+                        Flow::Continue
+                    }
+                }
+            }
+            (TAG_SEND, WcOpcode::Send, buf) => {
+                if let Some(b) = buf {
+                    self.queue.recycle(IoBuf::from_vec(b));
+                }
+                Flow::Continue
+            }
+            (_, opcode, buf) => {
+                tracing::warn!(tag, ?opcode, "unexpected work completion");
+                if let Some(b) = buf {
+                    let _ = self.device.pool.give_back(b);
+                }
+                Flow::Close
+            }
+        }
+    }
+
+    fn wc_error(&mut self, wc: &WorkCompletion) {
+        if wc.is_flush() {
+            tracing::debug!("work request flushed: the queue pair is down");
+        } else {
+            stats().wc_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(status = %wc.status_str(), opcode = ?wc.opcode, "work completion error: closing");
+        }
+    }
+
+    /// A command capsule arrived in receive buffer `slot`.
+    fn on_recv(&mut self, slot: u64, buf: Vec<u8>, len: usize) -> Flow {
+        let flow = if len < SQE_LEN || len > buf.len() {
+            tracing::warn!(len, "capsule shorter than a command: closing");
+            Flow::Close
+        } else {
+            let mut sqe = [0u8; SQE_LEN];
+            sqe.copy_from_slice(&buf[..SQE_LEN]);
+            self.on_capsule(Command::from_bytes(&sqe), &buf[SQE_LEN..len])
+        };
+        // Re-post the receive now that the capsule is copied out.
+        let lkey = self.device.pool.lkey(&buf);
+        let mut buf = buf;
+        buf.resize(self.recv_len, 0);
+        match (self.id.qp(), lkey) {
+            (Some(qp), Some(lkey)) => {
+                if let Err((e, b)) = qp.post_recv(tag(TAG_RECV, slot), Lent { buf, lkey }) {
+                    tracing::warn!(error = %e, "cannot re-post a receive");
+                    let _ = self.device.pool.give_back(b);
+                    return Flow::Close;
+                }
+            }
+            _ => {
+                let _ = self.device.pool.give_back(buf);
+                return Flow::Close;
+            }
+        }
+        flow
+    }
+
+    fn on_capsule(&mut self, cmd: Command, in_capsule: &[u8]) -> Flow {
+        stats().commands.fetch_add(1, Ordering::Relaxed);
+        if let Err(completion) = self.queue.check_data_len(&cmd) {
+            return self.send_response(completion, None);
+        }
+        let len = cmd.data_len() as usize;
+        if len == 0 {
+            return self.execute(cmd, None);
+        }
+        let d = cmd.sgl();
+        if cmd.is_host_to_controller() && d.is_in_capsule() {
+            let off = usize::try_from(d.address).unwrap_or(usize::MAX);
+            if off
+                .checked_add(len)
+                .is_none_or(|end| end > in_capsule.len())
+            {
+                return self.respond_error(cmd.cid(), Status::error(sc::SGL_INVALID_OFFSET));
+            }
+            let mut buf = self.queue.take_buffer(len);
+            buf.as_mut_slice()
+                .copy_from_slice(&in_capsule[off..off + len]);
+            return self.execute(cmd, Some(buf));
+        }
+        if d.desc_type != sgl::KEYED_DATA_DESC
+            || (d.subtype != sgl::FMT_ADDRESS && d.subtype != sgl::FMT_INVALIDATE)
+        {
+            return self.respond_error(cmd.cid(), Status::error(sc::SGL_INVALID_TYPE));
+        }
+        if self.host_data.contains_key(&cmd.cid()) || self.reading.contains_key(&cmd.cid()) {
+            return self.respond_error(cmd.cid(), Status::error(sc::CMDID_CONFLICT));
+        }
+        self.host_data.insert(
+            cmd.cid(),
+            HostData {
+                remote: Remote {
+                    addr: d.address,
+                    rkey: d.key,
+                },
+                len,
+                invalidate: d.subtype == sgl::FMT_INVALIDATE,
+                host_to_controller: cmd.is_host_to_controller(),
+            },
+        );
+        self.backlog.push_back(cmd);
+        self.run_backlog()
+    }
+
+    /// Starts the keyed SGL commands for which a registered buffer is available, in order.
+    fn run_backlog(&mut self) -> Flow {
+        while let Some(cmd) = self.backlog.front() {
+            let cid = cmd.cid();
+            let Some(hd) = self.host_data.get(&cid).copied() else {
+                self.backlog.pop_front();
+                continue;
+            };
+            let Some((buf, lkey)) = self.device.pool.take(hd.len) else {
+                stats().buffer_waits.fetch_add(1, Ordering::Relaxed);
+                return Flow::Continue;
+            };
+            let Some(cmd) = self.backlog.pop_front() else {
+                break;
+            };
+            if hd.host_to_controller {
+                let Some(qp) = self.id.qp() else {
+                    let _ = self.device.pool.give_back(buf);
+                    return Flow::Close;
+                };
+                match qp.post_read(tag(TAG_READ, u64::from(cid)), Lent { buf, lkey }, hd.remote) {
+                    Ok(()) => {
+                        stats().rdma_reads.fetch_add(1, Ordering::Relaxed);
+                        self.reading.insert(cid, cmd);
+                    }
+                    Err((e, buf)) => {
+                        tracing::warn!(error = %e, "cannot post an RDMA READ");
+                        let _ = self.device.pool.give_back(buf);
+                        return Flow::Close;
+                    }
+                }
+            } else {
+                *self.stash.lock().unwrap_or_else(|e| e.into_inner()) = Some(buf);
+                let flow = self.execute(cmd, None);
+                let left = self.stash.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(buf) = left {
+                    let _ = self.device.pool.give_back(buf);
+                }
+                if let Flow::Close = flow {
+                    return Flow::Close;
+                }
+            }
+        }
+        Flow::Continue
+    }
+
+    fn execute(&mut self, cmd: Command, data: Option<IoBuf>) -> Flow {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.queue.execute(cmd, data, &mut actions);
+        let flow = self.run_actions(&mut actions);
+        self.actions = actions;
+        if self.keep_alive.is_none() {
+            self.arm_keep_alive();
+        }
+        flow
+    }
+
+    fn run_actions(&mut self, actions: &mut Vec<Action>) -> Flow {
+        let mut flow = Flow::Continue;
+        for action in actions.drain(..) {
+            match action {
+                Action::Respond(resp) => {
+                    if let Flow::Close = self.send_response(resp.completion, resp.data) {
+                        flow = Flow::Close;
+                    }
+                }
+                Action::Submit { device, tag, op } => device.submit(tag, op, &self.completion_sink),
+                Action::Close => flow = Flow::Close,
+            }
+        }
+        flow
+    }
+
+    fn respond_error(&mut self, cid: u16, status: Status) -> Flow {
+        let completion = Completion {
+            sq_id: self.queue.qid().unwrap_or(0),
+            ..Completion::new(cid, status)
+        };
+        self.host_data.remove(&cid);
+        self.send_response(completion, None)
+    }
+
+    /// Sends the data (RDMA WRITE) if any, then the completion (SEND, with Invalidate when
+    /// the host asked for it).
+    fn send_response(&mut self, completion: Completion, data: Option<IoBuf>) -> Flow {
+        let hd = self.host_data.remove(&completion.cid);
+        let invalidate = hd.filter(|h| h.invalidate).map(|h| h.remote.rkey);
+        let mut completion = completion;
+        let mut payload = None;
+        match (data, hd) {
+            (Some(buf), Some(h)) if !buf.is_empty() && !h.host_to_controller => {
+                let mut v = buf.into_vec();
+                v.truncate(h.len);
+                let lkey = match self.device.pool.lkey(&v) {
+                    Some(k) => Some(k),
+                    None => {
+                        // Not registered memory: copy into a registered buffer.
+                        match self.device.pool.take(v.len()) {
+                            Some((mut reg, k)) => {
+                                reg.copy_from_slice(&v);
+                                stats()
+                                    .payload_copies
+                                    .fetch_add(v.len() as u64, Ordering::Relaxed);
+                                self.queue.recycle(IoBuf::from_vec(v));
+                                v = reg;
+                                Some(k)
+                            }
+                            None => None,
+                        }
+                    }
+                };
+                match lkey {
+                    Some(lkey) => {
+                        stats().rdma_writes.fetch_add(1, Ordering::Relaxed);
+                        payload = Some((Lent { buf: v, lkey }, h.remote));
+                    }
+                    None => {
+                        self.queue.recycle(IoBuf::from_vec(v));
+                        completion.status = Status::retryable(TRANSIENT_TRANSPORT_ERROR);
+                    }
+                }
+            }
+            (Some(buf), _) => self.queue.recycle(buf),
+            (None, _) => {}
+        }
+        if invalidate.is_some() {
+            stats().send_with_invalidate.fetch_add(1, Ordering::Relaxed);
+        }
+        let cqe = completion.to_bytes();
+        let Some(qp) = self.id.qp() else {
+            return Flow::Close;
+        };
+        match qp.post_write_send(
+            tag(TAG_SEND, u64::from(completion.cid)),
+            payload,
+            &cqe,
+            invalidate,
+        ) {
+            Ok(()) => Flow::Continue,
+            Err((e, buf)) => {
+                tracing::warn!(error = %e, "cannot post a response: closing");
+                if let Some(b) = buf {
+                    self.queue.recycle(IoBuf::from_vec(b));
+                }
+                Flow::Close
+            }
+        }
+    }
+
+    fn drain_completions(&mut self) -> Flow {
+        let mut flow = Flow::Continue;
+        loop {
+            let done: Vec<IoDone> = std::mem::take(
+                &mut *self
+                    .signals
+                    .completed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            if done.is_empty() {
+                break;
+            }
+            let mut actions = std::mem::take(&mut self.actions);
+            for d in done {
+                self.queue.complete_io(d, &mut actions);
+            }
+            if let Flow::Close = self.run_actions(&mut actions) {
+                flow = Flow::Close;
+            }
+            self.actions = actions;
+        }
+        flow
+    }
+
+    fn on_signals(&mut self) -> Flow {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.queue.poll_events(&mut actions);
+        let mut flow = self.run_actions(&mut actions);
+        self.actions = actions;
+        if let Flow::Close = self.drain_completions() {
+            flow = Flow::Close;
+        }
+        flow
+    }
+
+    fn arm_keep_alive(&mut self) {
+        let Some(binding) = self.queue.binding() else {
+            return;
+        };
+        if binding.qid != 0 {
+            return;
+        }
+        let kato = binding.controller.kato_ms();
+        if kato == 0 {
+            return;
+        }
+        let period = Duration::from_millis(u64::from(kato));
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.keep_alive = Some(interval);
+    }
+
+    fn on_keep_alive_tick(&mut self) -> Flow {
+        let Some(ctrl) = self.queue.controller().cloned() else {
+            return Flow::Continue;
+        };
+        if !ctrl.take_keep_alive() {
+            tracing::warn!(
+                cntlid = ctrl.cntlid,
+                kato_ms = ctrl.kato_ms(),
+                "keep alive timeout"
+            );
+            ctrl.teardown(TeardownReason::KeepAliveExpired);
+            return Flow::Close;
+        }
+        Flow::Continue
+    }
+
+    /// Releases everything: the controller association, the device I/O still running (its
+    /// buffers come back through the completions), the queue pair (its posted buffers come
+    /// back once it is destroyed), the pool buffers.
+    async fn close(&mut self) {
+        self.queue.close();
+        if !self.disconnected {
+            let _ = self.id.disconnect();
+        }
+        // Wait for the device to finish what it started: its buffers belong to the pool.
+        let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+        while self.queue.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            let done: Vec<IoDone> = std::mem::take(
+                &mut *self
+                    .signals
+                    .completed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            if done.is_empty() {
+                let _ = tokio::time::timeout(
+                    Duration::from_millis(100),
+                    self.signals.notify.notified(),
+                )
+                .await;
+                continue;
+            }
+            let mut actions = Vec::new();
+            for d in done {
+                self.queue.complete_io(d, &mut actions);
+            }
+            for a in actions {
+                if let Action::Respond(resp) = a {
+                    self.host_data.remove(&resp.completion.cid);
+                    if let Some(buf) = resp.data {
+                        self.queue.recycle(buf);
+                    }
+                }
+            }
+        }
+        if self.queue.in_flight() > 0 {
+            stats()
+                .abandoned_buffers
+                .fetch_add(self.queue.in_flight() as u64, Ordering::Relaxed);
+            tracing::warn!(
+                in_flight = self.queue.in_flight(),
+                "device I/O still running after the connection closed: its buffers are abandoned"
+            );
+        }
+        // The adapter stops touching posted buffers once the QP is destroyed.
+        for (_, buf) in self.id.destroy_qp() {
+            let _ = self.device.pool.give_back(buf);
+        }
+        if let Some(buf) = self.stash.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = self.device.pool.give_back(buf);
+        }
+        self.backlog.clear();
+        self.reading.clear();
+        self.host_data.clear();
+        stats().live_qps.fetch_sub(1, Ordering::Relaxed);
+        tracing::info!(
+            rdma = %stats().summary(),
+            pool = %super::pool_summary(&self.device.pool),
+            "queue pair closed"
+        );
+    }
+}
+
+async fn tick(keep_alive: &mut Option<tokio::time::Interval>) {
+    match keep_alive {
+        Some(interval) => {
+            interval.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
