@@ -182,6 +182,9 @@ impl CephSection {
 pub struct SkippedNamespace {
     /// `subsystem[0].namespace[1]`
     pub field: String,
+    /// Indexes into `subsystems` and its `namespaces`.
+    pub subsystem_index: usize,
+    pub namespace_index: usize,
     pub nqn: String,
     pub nsid: u32,
     /// `pool/image`
@@ -378,6 +381,36 @@ fn validate_ceph(ceph: &CephSection) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// Adds a namespace with its device to `subsystem` and routes the device's events to it.
+fn attach_namespace(
+    subsystem: &Arc<Subsystem>,
+    s: &SubsystemConfig,
+    ns: &NamespaceConfig,
+    device: Arc<dyn BlockDevice>,
+) {
+    let (nguid, mut uuid) = derived_ids(&format!("{}/{}", s.nqn, ns.nsid));
+    if let Some(u) = ns
+        .uuid
+        .as_deref()
+        .and_then(|u| uuid::Uuid::parse_str(u).ok())
+    {
+        uuid = *u.as_bytes();
+    }
+    let namespace = Arc::new(Namespace {
+        nsid: ns.nsid,
+        device: device.clone(),
+        lba_shift: ns.block_size.trailing_zeros() as u8,
+        nguid,
+        uuid,
+        ana_group: ns.ana_group,
+        read_only: ns.read_only,
+    });
+    device.set_event_sink(Arc::new(crate::events::NamespaceEvents::new(
+        subsystem, ns.nsid,
+    )));
+    subsystem.add_namespace(namespace);
 }
 
 impl Config {
@@ -666,6 +699,84 @@ impl Config {
         opened
     }
 
+    /// Keeps trying, every `interval` on a background thread, to open the RBD namespaces that
+    /// [`Config::build_target_report`] skipped (image created later, cluster back). Each one
+    /// that opens is added to its subsystem and connected hosts are told (Namespace Attribute
+    /// Changed + Changed Namespace List, so Linux rescans and shows it). The thread ends when
+    /// all are served or the target is dropped. `None`: nothing to retry.
+    pub fn spawn_namespace_retry(
+        &self,
+        target: &Arc<Target>,
+        skipped: &[SkippedNamespace],
+        interval: std::time::Duration,
+    ) -> Option<std::thread::JoinHandle<()>> {
+        let mut pending: Vec<(usize, usize, String)> = skipped
+            .iter()
+            .filter(|k| {
+                self.subsystems
+                    .get(k.subsystem_index)
+                    .and_then(|s| s.namespaces.get(k.namespace_index))
+                    .is_some_and(|ns| ns.backend == "rbd")
+            })
+            .map(|k| (k.subsystem_index, k.namespace_index, k.field.clone()))
+            .collect();
+        if pending.is_empty() {
+            return None;
+        }
+        let config = self.clone();
+        let target = Arc::downgrade(target);
+        let spawned = std::thread::Builder::new()
+            .name("ns-retry".into())
+            .spawn(move || {
+                let pool = ClusterPool::new(config.ceph.clone().unwrap_or_default().settings());
+                while !pending.is_empty() {
+                    std::thread::sleep(interval);
+                    let Some(target) = target.upgrade() else {
+                        return;
+                    };
+                    pending.retain(|(i, j, field)| {
+                        let (Some(s), Some(ns)) = (
+                            config.subsystems.get(*i),
+                            config.subsystems.get(*i).and_then(|s| s.namespaces.get(*j)),
+                        ) else {
+                            return false;
+                        };
+                        let Ok(spec) = rbd_spec(field, ns) else {
+                            return false;
+                        };
+                        match pool.open(&spec) {
+                            Ok(device) => {
+                                let Some(subsystem) = target.subsystem(&s.nqn) else {
+                                    return false;
+                                };
+                                attach_namespace(&subsystem, s, ns, Arc::new(device));
+                                subsystem.notify_namespace_changed(ns.nsid);
+                                tracing::info!(
+                                    field = %field,
+                                    nqn = %s.nqn,
+                                    nsid = ns.nsid,
+                                    image = %spec,
+                                    "namespace now served"
+                                );
+                                false
+                            }
+                            Err(e) => {
+                                tracing::debug!(field = %field, image = %spec, "still not served: {e}");
+                                true
+                            }
+                        }
+                    });
+                }
+            });
+        match spawned {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                tracing::error!("cannot start the namespace retry thread: {e}");
+                None
+            }
+        }
+    }
+
     /// [`Config::build_target`], also returning the namespaces left out.
     pub fn build_target_report(&self) -> Result<(Arc<Target>, Vec<SkippedNamespace>), ConfigError> {
         self.validate()?;
@@ -728,6 +839,8 @@ impl Config {
                             );
                             skipped.push(SkippedNamespace {
                                 field: nfield,
+                                subsystem_index: i,
+                                namespace_index: j,
                                 nqn: s.nqn.clone(),
                                 nsid: ns.nsid,
                                 device: image,
@@ -749,27 +862,7 @@ impl Config {
                         ))
                     }
                 };
-                let (nguid, mut uuid) = derived_ids(&format!("{}/{}", s.nqn, ns.nsid));
-                if let Some(u) = ns
-                    .uuid
-                    .as_deref()
-                    .and_then(|u| uuid::Uuid::parse_str(u).ok())
-                {
-                    uuid = *u.as_bytes();
-                }
-                let namespace = Arc::new(Namespace {
-                    nsid: ns.nsid,
-                    device: device.clone(),
-                    lba_shift: ns.block_size.trailing_zeros() as u8,
-                    nguid,
-                    uuid,
-                    ana_group: ns.ana_group,
-                    read_only: ns.read_only,
-                });
-                device.set_event_sink(Arc::new(crate::events::NamespaceEvents::new(
-                    &subsystem, ns.nsid,
-                )));
-                subsystem.add_namespace(namespace);
+                attach_namespace(&subsystem, s, ns, device);
             }
             target.add_subsystem(subsystem);
         }

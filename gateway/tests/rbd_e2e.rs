@@ -87,10 +87,17 @@ struct Gateway {
     addr: SocketAddr,
     shutdown: watch::Sender<bool>,
     server: tokio::task::JoinHandle<()>,
+    config: Config,
+    target: std::sync::Arc<nvmeof_gateway::core::Target>,
+    skipped: Vec<nvmeof_gateway::config::SkippedNamespace>,
 }
 
 /// A gateway with namespace 1 on `image` and namespace 2 on an image that does not exist.
 async fn start(image: &str, block_size: u32) -> Gateway {
+    start_with_missing(image, block_size, "no-such-image").await
+}
+
+async fn start_with_missing(image: &str, block_size: u32, missing: &str) -> Gateway {
     let config = Config::from_toml_str(&format!(
         r#"
         [[listener]]
@@ -113,7 +120,7 @@ async fn start(image: &str, block_size: u32) -> Gateway {
         nsid = 2
         backend = "rbd"
         pool = "{pool}"
-        image = "no-such-image"
+        image = "{missing}"
 
         [ceph]
         conf = "{conf}"
@@ -123,14 +130,17 @@ async fn start(image: &str, block_size: u32) -> Gateway {
     ))
     .expect("valid configuration");
     // Opening images blocks: do it off the runtime's threads.
-    let (target, skipped) = tokio::task::spawn_blocking(move || config.build_target_report())
-        .await
-        .expect("join")
-        .expect("target");
+    let (config, built) = tokio::task::spawn_blocking(move || {
+        let built = config.build_target_report();
+        (config, built)
+    })
+    .await
+    .expect("join");
+    let (target, skipped) = built.expect("target");
     assert_eq!(skipped.len(), 1, "{skipped:?}");
     assert_eq!(skipped[0].field, "subsystem[0].namespace[1]");
-    assert!(skipped[0].error.contains("no-such-image"), "{skipped:?}");
-    let server = TcpServer::bind("127.0.0.1:0".parse().expect("address"), target)
+    assert!(skipped[0].error.contains(missing), "{skipped:?}");
+    let server = TcpServer::bind("127.0.0.1:0".parse().expect("address"), target.clone())
         .await
         .expect("bind");
     let addr = server.local_addr().expect("local address");
@@ -140,6 +150,9 @@ async fn start(image: &str, block_size: u32) -> Gateway {
         addr,
         shutdown,
         server,
+        config,
+        target,
+        skipped,
     }
 }
 
@@ -298,6 +311,46 @@ async fn rbd_resize_is_seen_by_a_connected_host() {
         .await
         .expect("write past the old end");
     assert_eq!(q.read(1, 40 * MIB / 512, 8, 512).await.expect("read"), data);
+    drop(q);
+    drop(admin);
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Ceph: bash rbd-backend/tests/ceph-tests.sh"]
+async fn a_skipped_namespace_is_served_once_its_image_exists() {
+    let image = Image::create(16);
+    let late = Image(format!("gw-late-{}", std::process::id()));
+    let gw = start_with_missing(&image.0, 512, &late.0).await;
+    let retry = gw
+        .config
+        .spawn_namespace_retry(&gw.target, &gw.skipped, Duration::from_millis(200))
+        .expect("a retry thread for the skipped namespace");
+    let (admin, q) = connect(gw.addr).await;
+    assert_eq!(admin.active_namespaces(0).await.expect("ns list"), vec![1]);
+    let spec = late.spec();
+    tokio::task::spawn_blocking(move || rbd(&["create", "--size", "8M", &spec]))
+        .await
+        .expect("join");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while admin.active_namespaces(0).await.expect("ns list") != vec![1, 2] {
+        assert!(
+            Instant::now() < deadline,
+            "namespace 2 not served 20 s after its image was created"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        admin.identify_namespace(2).await.expect("identify").nsze() * 512,
+        8 * MIB
+    );
+    let data = pattern(4096, 11);
+    q.write(2, 8, data.clone(), 512).await.expect("write ns 2");
+    assert_eq!(q.read(2, 8, 8, 512).await.expect("read ns 2"), data);
+    tokio::task::spawn_blocking(move || retry.join())
+        .await
+        .expect("join")
+        .expect("the retry thread ends once all are served");
     drop(q);
     drop(admin);
     gw.stop().await;
