@@ -57,7 +57,7 @@ else LOGDIR=/tmp/e2e-logs; fi
 LOGDIR=$LOGDIR/e2e-tcp
 mkdir -p "$LOGDIR" 2>/dev/null && rm -f "$LOGDIR"/* 2>/dev/null
 # connect options: fail fast instead of retrying for 10 min if the target breaks
-COPTS=(-t tcp -a $ADDR -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1)
+COPTS=(-t tcp -a "$ADDR" -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1)
 
 now() { local u _; read -r u _ < /proc/uptime; echo "$u"; }
 T_ALL=$(now)
@@ -161,8 +161,7 @@ start_gateway() { # [label]
     GWPID=$!
     say "gateway pid $GWPID"
   fi
-  local i
-  for i in $(seq 150); do  # up to ~15 s
+  for _ in $(seq 150); do  # up to ~15 s
     port_listening && { say "listening on $ADDR:$PORT"; return 0; }
     gw_alive || { say "gateway exited during startup: $(wait "$GWPID"; echo "exit status $?")"; GWPID=""; return 1; }
     sleep 0.1
