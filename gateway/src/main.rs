@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use nvmeof_gateway::config::Config;
@@ -63,9 +64,14 @@ fn main() -> ExitCode {
 }
 
 async fn serve(config: Config) -> Result<(), String> {
-    let target = config
-        .build_target()
+    // Opening RBD images talks to the cluster and may take seconds: keep it off the runtime.
+    let to_build = config.clone();
+    let (target, skipped) = tokio::task::spawn_blocking(move || to_build.build_target_report())
+        .await
+        .map_err(|e| format!("building the target failed: {e}"))?
         .map_err(|e| format!("invalid configuration: {e}"))?;
+    // Namespaces whose image could not be opened are retried and announced when they open.
+    let _retry = config.spawn_namespace_retry(&target, &skipped, Duration::from_secs(10));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     for addr in config.listen_addrs() {
@@ -90,6 +96,16 @@ async fn serve(config: Config) -> Result<(), String> {
     tracing::info!("shutting down: closing connections");
     let _ = shutdown_tx.send(true);
     while servers.join_next().await.is_some() {}
+    // Close every image before exiting, so no exclusive lock is left for the next writer
+    // to wait out.
+    drop(target);
+    let closed =
+        tokio::task::spawn_blocking(|| rbd_backend::rbd::wait_for_closes(Duration::from_secs(10)))
+            .await
+            .unwrap_or(false);
+    if !closed {
+        tracing::warn!("some RBD images did not close within 10 s");
+    }
     tracing::info!("stopped");
     Ok(())
 }
