@@ -53,6 +53,9 @@ fn generate() {
         "rdma_create_qp",
         "rdma_destroy_qp",
         "rdma_event_str",
+        "rdma_resolve_addr",
+        "rdma_resolve_route",
+        "rdma_connect",
     ];
     const TYPES: &[&str] = &[
         "ibv_send_wr",

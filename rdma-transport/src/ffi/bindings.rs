@@ -1359,12 +1359,26 @@ pub struct RdmaLib {
     pub rdma_destroy_id: unsafe extern "C" fn(id: *mut rdma_cm_id) -> ::std::os::raw::c_int,
     pub rdma_bind_addr:
         unsafe extern "C" fn(id: *mut rdma_cm_id, addr: *mut sockaddr) -> ::std::os::raw::c_int,
+    pub rdma_resolve_addr: unsafe extern "C" fn(
+        id: *mut rdma_cm_id,
+        src_addr: *mut sockaddr,
+        dst_addr: *mut sockaddr,
+        timeout_ms: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int,
+    pub rdma_resolve_route: unsafe extern "C" fn(
+        id: *mut rdma_cm_id,
+        timeout_ms: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int,
     pub rdma_create_qp: unsafe extern "C" fn(
         id: *mut rdma_cm_id,
         pd: *mut ibv_pd,
         qp_init_attr: *mut ibv_qp_init_attr,
     ) -> ::std::os::raw::c_int,
     pub rdma_destroy_qp: unsafe extern "C" fn(id: *mut rdma_cm_id),
+    pub rdma_connect: unsafe extern "C" fn(
+        id: *mut rdma_cm_id,
+        conn_param: *mut rdma_conn_param,
+    ) -> ::std::os::raw::c_int,
     pub rdma_listen: unsafe extern "C" fn(
         id: *mut rdma_cm_id,
         backlog: ::std::os::raw::c_int,
@@ -1427,8 +1441,11 @@ impl RdmaLib {
         let rdma_create_id = __library.get(b"rdma_create_id\0").map(|sym| *sym)?;
         let rdma_destroy_id = __library.get(b"rdma_destroy_id\0").map(|sym| *sym)?;
         let rdma_bind_addr = __library.get(b"rdma_bind_addr\0").map(|sym| *sym)?;
+        let rdma_resolve_addr = __library.get(b"rdma_resolve_addr\0").map(|sym| *sym)?;
+        let rdma_resolve_route = __library.get(b"rdma_resolve_route\0").map(|sym| *sym)?;
         let rdma_create_qp = __library.get(b"rdma_create_qp\0").map(|sym| *sym)?;
         let rdma_destroy_qp = __library.get(b"rdma_destroy_qp\0").map(|sym| *sym)?;
+        let rdma_connect = __library.get(b"rdma_connect\0").map(|sym| *sym)?;
         let rdma_listen = __library.get(b"rdma_listen\0").map(|sym| *sym)?;
         let rdma_accept = __library.get(b"rdma_accept\0").map(|sym| *sym)?;
         let rdma_reject = __library.get(b"rdma_reject\0").map(|sym| *sym)?;
@@ -1457,8 +1474,11 @@ impl RdmaLib {
             rdma_create_id,
             rdma_destroy_id,
             rdma_bind_addr,
+            rdma_resolve_addr,
+            rdma_resolve_route,
             rdma_create_qp,
             rdma_destroy_qp,
+            rdma_connect,
             rdma_listen,
             rdma_accept,
             rdma_reject,
@@ -1567,6 +1587,22 @@ impl RdmaLib {
     ) -> ::std::os::raw::c_int {
         (self.rdma_bind_addr)(id, addr)
     }
+    pub unsafe fn rdma_resolve_addr(
+        &self,
+        id: *mut rdma_cm_id,
+        src_addr: *mut sockaddr,
+        dst_addr: *mut sockaddr,
+        timeout_ms: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int {
+        (self.rdma_resolve_addr)(id, src_addr, dst_addr, timeout_ms)
+    }
+    pub unsafe fn rdma_resolve_route(
+        &self,
+        id: *mut rdma_cm_id,
+        timeout_ms: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int {
+        (self.rdma_resolve_route)(id, timeout_ms)
+    }
     pub unsafe fn rdma_create_qp(
         &self,
         id: *mut rdma_cm_id,
@@ -1577,6 +1613,13 @@ impl RdmaLib {
     }
     pub unsafe fn rdma_destroy_qp(&self, id: *mut rdma_cm_id) {
         (self.rdma_destroy_qp)(id)
+    }
+    pub unsafe fn rdma_connect(
+        &self,
+        id: *mut rdma_cm_id,
+        conn_param: *mut rdma_conn_param,
+    ) -> ::std::os::raw::c_int {
+        (self.rdma_connect)(id, conn_param)
     }
     pub unsafe fn rdma_listen(
         &self,

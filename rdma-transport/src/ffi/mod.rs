@@ -580,6 +580,9 @@ unsafe impl Sync for EventChannel {}
 /// What an `rdma_cm` event was about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmEventKind {
+    AddrResolved,
+    RouteResolved,
+    ConnectResponse,
     ConnectRequest,
     Established,
     Disconnected,
@@ -654,6 +657,9 @@ impl EventChannel {
         let out = unsafe {
             let e = &*ev;
             let kind = match e.event {
+                sys::RDMA_CM_EVENT_ADDR_RESOLVED => CmEventKind::AddrResolved,
+                sys::RDMA_CM_EVENT_ROUTE_RESOLVED => CmEventKind::RouteResolved,
+                sys::RDMA_CM_EVENT_CONNECT_RESPONSE => CmEventKind::ConnectResponse,
                 sys::RDMA_CM_EVENT_CONNECT_REQUEST => CmEventKind::ConnectRequest,
                 sys::RDMA_CM_EVENT_ESTABLISHED => CmEventKind::Established,
                 sys::RDMA_CM_EVENT_DISCONNECTED => CmEventKind::Disconnected,
@@ -667,7 +673,13 @@ impl EventChannel {
                 o => CmEventKind::Other(o),
             };
             let mut params = ConnParams::default();
-            if kind == CmEventKind::ConnectRequest {
+            if matches!(
+                kind,
+                CmEventKind::ConnectRequest
+                    | CmEventKind::Rejected
+                    | CmEventKind::Established
+                    | CmEventKind::ConnectResponse
+            ) {
                 let conn = e.param.conn;
                 if !conn.private_data.is_null() && conn.private_data_len > 0 {
                     params.private_data = std::slice::from_raw_parts(
@@ -695,6 +707,34 @@ impl EventChannel {
         // SAFETY: acknowledge the event we took, once.
         unsafe { lib.rdma_ack_cm_event(ev) };
         Ok(Some(out))
+    }
+}
+
+impl EventChannel {
+    /// Waits up to `timeout_ms` for the next event (blocking; for tools and tests).
+    pub fn wait_event(self: &Arc<Self>, timeout_ms: i32) -> Result<Option<CmEvent>, Error> {
+        if let Some(ev) = self.next_event()? {
+            return Ok(Some(ev));
+        }
+        let mut pfd = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if rc < 0 {
+            return Err(errno_err("poll"));
+        }
+        self.next_event()
+    }
+
+    fn expect(self: &Arc<Self>, want: CmEventKind, timeout_ms: i32) -> Result<(), Error> {
+        match self.wait_event(timeout_ms)? {
+            Some(ev) if ev.kind == want => Ok(()),
+            Some(_) => Err(Error::Invalid("unexpected rdma_cm event")),
+            None => Err(Error::Invalid("timed out waiting for an rdma_cm event")),
+        }
     }
 }
 
@@ -799,6 +839,65 @@ impl CmId {
         // SAFETY: valid, bound ID.
         check_rc("rdma_listen", unsafe { lib.rdma_listen(me.id, backlog) })?;
         Ok(me)
+    }
+
+    /// An active-side ID with its address and route resolved to `dst` (blocking; for tools
+    /// and tests: the gateway only listens).
+    pub fn resolve(
+        channel: &Arc<EventChannel>,
+        dst: SocketAddr,
+        timeout_ms: i32,
+    ) -> Result<Self, Error> {
+        let lib = lib()?;
+        let mut id: *mut sys::rdma_cm_id = null_mut();
+        // SAFETY: valid channel, out-parameter.
+        check_rc("rdma_create_id", unsafe {
+            lib.rdma_create_id(channel.ch, &mut id, null_mut(), sys::RDMA_PS_TCP)
+        })?;
+        let me = Self {
+            id,
+            _channel: channel.clone(),
+            qp: None,
+        };
+        let (mut ss, _len) = sockaddr_from(dst);
+        // SAFETY: valid ID; the sockaddr lives across the call.
+        check_rc("rdma_resolve_addr", unsafe {
+            lib.rdma_resolve_addr(
+                me.id,
+                null_mut(),
+                (&mut ss as *mut libc::sockaddr_storage).cast(),
+                timeout_ms,
+            )
+        })?;
+        channel.expect(CmEventKind::AddrResolved, timeout_ms + 1000)?;
+        // SAFETY: valid ID with a resolved address.
+        check_rc("rdma_resolve_route", unsafe {
+            lib.rdma_resolve_route(me.id, timeout_ms)
+        })?;
+        channel.expect(CmEventKind::RouteResolved, timeout_ms + 1000)?;
+        Ok(me)
+    }
+
+    /// Sends a connect request with `private_data` (the answer arrives as an event).
+    pub fn connect(
+        &mut self,
+        private_data: &[u8],
+        responder_resources: u8,
+        initiator_depth: u8,
+    ) -> Result<(), Error> {
+        let lib = lib()?;
+        let len = u8::try_from(private_data.len()).map_err(|_| Error::Invalid("private data"))?;
+        // SAFETY: all-zero is a valid rdma_conn_param.
+        let mut p: sys::rdma_conn_param = unsafe { std::mem::zeroed() };
+        p.private_data = private_data.as_ptr().cast();
+        p.private_data_len = len;
+        p.responder_resources = responder_resources;
+        p.initiator_depth = initiator_depth;
+        p.flow_control = 1;
+        p.retry_count = 7;
+        p.rnr_retry_count = 7;
+        // SAFETY: valid, route-resolved ID; the private data lives across the call.
+        check_rc("rdma_connect", unsafe { lib.rdma_connect(self.id, &mut p) })
     }
 
     pub fn as_ref(&self) -> CmIdRef {

@@ -1,0 +1,459 @@
+#!/bin/bash
+# e2e-rdma.sh - end-to-end test of OUR NVMe/RDMA gateway against the real Linux
+# nvme-rdma initiator over Soft-RoCE (rdma_rxe). Runs INSIDE the test VM, with
+# the gateway inside the guest too (RDMA cannot cross QEMU's user network):
+#
+#   tests/vm/run-in-vm.sh -t 900 -w target/vm-logs tests/vm/e2e-rdma.sh target/release/nvmeof-gateway
+#
+# usage: e2e-rdma.sh <path-to-nvmeof-gateway> [path-to-rdma-cm-probe]
+#   The probe (cargo build --release -p rdma-transport --example cm_probe) sends
+#   hand-made connect requests for the bad-input steps; without it they are
+#   reported as not run.
+#
+# Steps (each timed, PASS/FAIL): modprobe + `rdma link add rxe0 type rxe netdev
+# eth0`, start the gateway with an in-memory namespace on 10.0.2.15:4420 rdma
+# (and 127.0.0.1:4420 tcp: one subsystem, two transports), (a) nvme discover -t
+# rdma, (b) nvme connect -t rdma, (x1) Identify fields for RDMA (SGLS keyed,
+# IOCCSZ), (c) fio crc32c verify: 4K randwrite and 128K sequential write, two
+# jobs on two queues, (d) mkfs.ext4 + 16 MiB sha256 round trip across a
+# remount, (e) disconnect: every QP closed and every pool buffer returned
+# (gateway counters), reconnect (same process), data intact, (p) gateway CPU
+# per I/O over RDMA vs TCP (fio 4K randread, same guest), registrations per
+# I/O, (r) bad connect requests rejected with the NVMe/RDMA status codes,
+# (v) the host vanishing mid-I/O (controller deleted under fio): resources
+# released, gateway still serving, (h) SIGTERM exits 0.
+# Last line: "N passed, N failed". Exit 0 only if nothing failed.
+#
+# Env: E2E_LOG_DIR (default: ./target/vm-logs if writable, else /tmp/e2e-logs),
+#      E2E_FIO_SIZE (default 32M), E2E_PORT (default 4420), E2E_PERF_SECONDS
+#      (default 10), RUST_LOG (default info).
+set -u
+export LC_ALL=C
+
+GW=${1:-}
+PROBE=${2:-}
+if [ -z "$GW" ]; then echo "usage: e2e-rdma.sh <nvmeof-gateway binary> [cm_probe]"; echo "0 passed, 1 failed"; exit 2; fi
+case $GW in /*) ;; *) GW=$PWD/$GW ;; esac
+if [ ! -x "$GW" ]; then echo "FAIL: gateway binary not found or not executable: $GW"; echo "0 passed, 1 failed"; exit 2; fi
+if [ -n "$PROBE" ]; then case $PROBE in /*) ;; *) PROBE=$PWD/$PROBE ;; esac; fi
+
+ADDR=10.0.2.15
+TCPADDR=127.0.0.1
+PORT=${E2E_PORT:-4420}
+NQN=nqn.2016-06.io.ceph-nvmeof-rs:e2e
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555
+HOSTID=11111111-2222-3333-4444-555555555555
+NS_BYTES=$((256 * 1024 * 1024))
+NS_BS=512
+FIO_SIZE=${E2E_FIO_SIZE:-32M}
+PERF_SECONDS=${E2E_PERF_SECONDS:-10}
+export RUST_LOG=${RUST_LOG:-info}
+export NO_COLOR=1
+
+WORK=/tmp/e2e-rdma
+mkdir -p $WORK
+CONF=$WORK/gateway.toml
+GWLOG=$WORK/gateway.log
+if [ -n "${E2E_LOG_DIR:-}" ]; then LOGDIR=$E2E_LOG_DIR
+elif [ -d target/vm-logs ] && [ -w target/vm-logs ] && touch target/vm-logs/.w 2>/dev/null; then LOGDIR=$PWD/target/vm-logs
+else LOGDIR=/tmp/e2e-logs; fi
+LOGDIR=$LOGDIR/e2e-rdma
+mkdir -p "$LOGDIR" 2>/dev/null && rm -f "$LOGDIR"/* 2>/dev/null
+COPTS=(-t rdma -a $ADDR -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1)
+
+now() { local u _; read -r u _ < /proc/uptime; echo "$u"; }
+T_ALL=$(now)
+PASS=0 FAIL=0 RESULTS=()
+GWPID=""
+
+gwlog_tail() {
+  [ -s "$GWLOG" ] || return 0
+  echo "    --- gateway log (last ${1} lines of $GWLOG) ---"
+  tail -n "$1" "$GWLOG" | sed 's/\x1b\[[0-9;]*m//g; s/^/    | /'
+}
+step() {
+  local name=$1 desc=$2; shift 2
+  local t0 rc dt
+  echo "=== [$name] $desc"
+  t0=$(now)
+  "$@"
+  rc=$?
+  dt=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}')
+  if [ $rc -eq 0 ]; then
+    echo "PASS [$name] (${dt}s)"
+    PASS=$((PASS + 1)); RESULTS+=("$(printf 'PASS  %-28s %8ss' "$name" "$dt")")
+  else
+    echo "FAIL [$name] rc=$rc (${dt}s): $desc"
+    FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  %-28s %8ss  rc=%s' "$name" "$dt" "$rc")")
+    gwlog_tail 15
+    dmesg | grep -iE 'nvme|rdma|rxe' | tail -n 8 | sed 's/^/    dmesg: /'
+  fi
+  return $rc
+}
+skip() {
+  echo "FAIL [$1] not run: $2"
+  FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  %-28s %8s   not run: %s' "$1" - "$2")")
+}
+say() { echo "    $*"; }
+
+# ------------------------------------------------------------------- rxe --
+rxe_setup() {
+  modprobe -a nvme-core nvme-rdma nvme-tcp rdma_rxe || return 1
+  local nd=eth0
+  if ! ip link show eth0 > /dev/null 2>&1; then
+    ip link add dummy0 type dummy && ip addr add $ADDR/24 dev dummy0 && ip link set dummy0 up || return 1
+    nd=dummy0
+  fi
+  rdma link add rxe0 type rxe netdev $nd || return 1
+  rdma link show | sed 's/^/    /'
+  ibv_devices 2>&1 | sed 's/^/    /'
+  for _ in $(seq 50); do rdma link show rxe0/1 2>/dev/null | grep -q ACTIVE && return 0; sleep 0.1; done
+  say "rxe0 port not ACTIVE"
+  return 1
+}
+
+# ---------------------------------------------------------------- target --
+write_config() {
+  cat > "$CONF" <<EOF
+[[listener]]
+transport = "rdma"
+address = "$ADDR"
+port = $PORT
+
+[[listener]]
+transport = "tcp"
+address = "$TCPADDR"
+port = $PORT
+
+[[subsystem]]
+nqn = "$NQN"
+allow_any_host = false
+hosts = ["$HOSTNQN"]
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "memory"
+size = "256MiB"
+block_size = $NS_BS
+EOF
+  cp "$CONF" "$LOGDIR/" 2>/dev/null
+}
+gw_alive() { [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; }
+start_gateway() {
+  write_config
+  say "$GW --config $CONF  (RUST_LOG=$RUST_LOG, log $GWLOG)"
+  echo "----- gateway start ${1:-} at guest uptime $(now) -----" >> "$GWLOG"
+  "$GW" --config "$CONF" >> "$GWLOG" 2>&1 < /dev/null &
+  GWPID=$!
+  say "gateway pid $GWPID"
+  for _ in $(seq 150); do
+    if [ "$(grep -c 'NVMe/RDMA listener ready' "$GWLOG")" -ge "${2:-1}" ]; then
+      grep 'RDMA device ready' "$GWLOG" | tail -n 1 | sed 's/^/    /'
+      say "listening on rdma $ADDR:$PORT"; return 0
+    fi
+    gw_alive || { say "gateway exited during startup: $(wait "$GWPID"; echo "exit status $?")"; GWPID=""; return 1; }
+    sleep 0.1
+  done
+  say "no 'NVMe/RDMA listener ready' after 15 s"
+  return 1
+}
+stop_gateway() {
+  [ -n "$GWPID" ] || { say "gateway not running"; return 1; }
+  if ! kill -0 "$GWPID" 2>/dev/null; then
+    wait "$GWPID"; say "gateway had already exited (status $?) before SIGTERM"; GWPID=""; return 1
+  fi
+  kill -TERM "$GWPID"
+  for _ in $(seq 100); do kill -0 "$GWPID" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$GWPID" 2>/dev/null; then
+    say "gateway still running 10 s after SIGTERM: sending SIGKILL"
+    kill -KILL "$GWPID"; wait "$GWPID" 2>/dev/null; GWPID=""; return 1
+  fi
+  wait "$GWPID"; local rc=$?
+  GWPID=""
+  say "gateway exited with status $rc"
+  [ $rc -eq 0 ]
+}
+# Counters logged by the gateway when a queue pair closes (last line).
+last_counters() { grep 'queue pair closed' "$GWLOG" | tail -n 1 | sed 's/\x1b\[[0-9;]*m//g'; }
+counter() { # name [line]: value of name=N in the last counters line
+  local line=${2:-$(last_counters)}
+  echo "$line" | sed -n "s/.* $1=\([0-9]*\).*/\1/p" | head -n 1
+}
+released_check() { # after every controller is gone: no QP alive, no pool buffer on loan
+  local line q l
+  for _ in $(seq 100); do
+    line=$(last_counters)
+    q=$(counter live_qps "$line"); l=$(counter on_loan "$line")
+    [ "$q" = 0 ] && [ "$l" = 0 ] && break
+    sleep 0.1
+  done
+  say "counters: $(echo "$line" | sed 's/.*queue pair closed//')"
+  [ "$q" = 0 ] || { say "live_qps=$q after the host disconnected"; return 1; }
+  [ "$l" = 0 ] || { say "on_loan=$l pool buffers not returned"; return 1; }
+}
+
+# ------------------------------------------------------------- initiator --
+ns_dev_once() {
+  local s n b
+  for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+    [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
+    for n in "$s"/nvme*n* "$s"/nvme*/nvme*n*; do
+      b=${n##*/}
+      case $b in *c*n*) continue ;; esac
+      [ -b "/dev/$b" ] && { echo "/dev/$b"; return 0; }
+    done
+  done
+  return 1
+}
+ns_dev() { for _ in $(seq 150); do ns_dev_once && return 0; sleep 0.1; done; return 1; }
+connected_ctrls() {
+  local c
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] && echo "${c##*/}"
+  done
+}
+disconnect_nqn() {
+  timeout -k 5 60 nvme disconnect -n "$1" 2>&1 | sed 's/^/    /'
+  for _ in $(seq 150); do [ -z "$(connected_ctrls "$1")" ] && return 0; sleep 0.1; done
+  say "controllers of $1 still present: $(connected_ctrls "$1" | tr '\n' ' ')"
+  return 1
+}
+discover() {
+  local out rc
+  out=$(timeout -k 5 60 nvme discover -t rdma -a $ADDR -s "$PORT" --hostnqn=$HOSTNQN --hostid=$HOSTID 2>&1)
+  rc=$?
+  echo "$out" | sed 's/^/    /'
+  [ $rc -eq 0 ] || { say "nvme discover failed (rc=$rc)"; return 1; }
+  echo "$out" | grep -q "subnqn: *$NQN\$" || { say "subsystem $NQN not in the discovery log"; return 1; }
+  echo "$out" | grep -q "trtype: *rdma" || { say "no trtype rdma entry"; return 1; }
+  echo "$out" | grep -q "trtype: *tcp" || { say "no trtype tcp entry (same subsystem over TCP)"; return 1; }
+  echo "$out" | grep -q "traddr: *$ADDR\$" || { say "traddr $ADDR not in the discovery log"; return 1; }
+}
+DEV=""
+connect() { # [transport options...]
+  local out rc opts=("${COPTS[@]}")
+  [ $# -gt 0 ] && opts=("$@")
+  out=$(timeout -k 5 90 nvme connect "${opts[@]}" -n $NQN --hostnqn=$HOSTNQN --hostid=$HOSTID 2>&1)
+  rc=$?
+  [ -n "$out" ] && echo "$out" | sed 's/^/    /'
+  [ $rc -eq 0 ] || { say "nvme connect failed (rc=$rc)"; return 1; }
+  DEV=$(ns_dev) || { say "connected, but no /dev/nvmeXnY for $NQN appeared within 15 s"; DEV=""; return 1; }
+  local b=${DEV#/dev/} sz ctrl
+  sz=$(( $(cat /sys/block/$b/size) * 512 ))
+  ctrl=$(connected_ctrls $NQN | head -1)
+  say "namespace $DEV: $sz bytes; controller $ctrl transport $(cat /sys/class/nvme/$ctrl/transport) address '$(cat /sys/class/nvme/$ctrl/address)'; $(ls -d /sys/class/nvme/$ctrl/nvme*n*/mq/* 2>/dev/null | wc -l) blk-mq hw queues"
+  [ "$sz" -eq $NS_BYTES ] || { say "size $sz != expected $NS_BYTES"; return 1; }
+}
+identify_check() {
+  local ctrl f=$WORK/id-ctrl.json
+  ctrl=$(connected_ctrls $NQN | head -1)
+  timeout -k 5 30 nvme id-ctrl /dev/$ctrl -o json > $f 2> $WORK/err || { say "nvme id-ctrl failed: $(cat $WORK/err)"; return 1; }
+  local vals
+  vals=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["sgls"], d["ioccsz"], d["iorcsz"], d["icdoff"], d["msdbd"], d["mdts"])' $f) || return 1
+  read -r sgls ioccsz iorcsz icdoff msdbd mdts <<< "$vals"
+  say "id-ctrl: sgls=$(printf '%#x' "$sgls") ioccsz=$ioccsz iorcsz=$iorcsz icdoff=$icdoff msdbd=$msdbd mdts=$mdts"
+  [ $((sgls & 4)) -ne 0 ] || { say "SGLS keyed bit (2) not set"; return 1; }
+  [ "$ioccsz" -eq 516 ] || { say "IOCCSZ $ioccsz != 516 (8 KiB in-capsule data)"; return 1; }
+  [ "$msdbd" -ge 1 ] || { say "MSDBD 0"; return 1; }
+}
+fio_run() { # label fio-args...
+  local label=$1; shift
+  local out=$WORK/fio-$label.log
+  (cd /tmp && timeout -k 10 300 fio --name="$label" --filename="$DEV" --direct=1 --ioengine=libaio \
+     --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 --group_reporting "$@") > "$out" 2>&1
+  local rc=$?
+  cp "$out" "$LOGDIR/" 2>/dev/null
+  grep -E 'IOPS|err=|verify|error|fio:' "$out" | sed 's/^/    /'
+  [ $rc -eq 0 ] || { say "fio failed (rc=$rc); full output in $out"; tail -n 5 "$out" | sed 's/^/    | /'; return 1; }
+  grep -qE 'err= *[1-9]' "$out" && { say "fio reported errors"; return 1; }
+  return 0
+}
+HALF=$(( $(numfmt --from=iec "$FIO_SIZE") / 2 ))
+# two jobs (the guest has 2 vCPUs: one nvme-rdma I/O queue each), disjoint halves
+fio_randwrite() { fio_run randwrite-4k --rw=randwrite --bs=4k --size=$HALF --offset_increment=$HALF --numjobs=2 --iodepth=16; }
+fio_seqwrite() { fio_run seqwrite-128k --rw=write --bs=128k --size=$HALF --offset_increment=$HALF --numjobs=2 --iodepth=8; }
+FS_SHA=""
+fs_check() {
+  local m=/mnt/e2e blob=$WORK/blob want got
+  mkdir -p $m
+  head -c 16M /dev/urandom > $blob || return 1
+  want=$(sha256sum < $blob | cut -d' ' -f1)
+  timeout -k 5 120 mkfs.ext4 -q -F -E lazy_itable_init=1,lazy_journal_init=1 "$DEV" || { say "mkfs.ext4 failed"; return 1; }
+  timeout -k 5 60 mount "$DEV" $m || { say "mount failed"; return 1; }
+  timeout -k 5 120 cp $blob $m/blob && timeout -k 5 120 sync || { say "write/sync failed"; umount $m; return 1; }
+  timeout -k 5 60 umount $m || { say "umount failed"; return 1; }
+  echo 3 > /proc/sys/vm/drop_caches
+  timeout -k 5 60 mount "$DEV" $m || { say "second mount failed"; return 1; }
+  got=$(timeout -k 5 120 sha256sum < $m/blob | cut -d' ' -f1)
+  timeout -k 5 60 umount $m || { say "final umount failed"; return 1; }
+  say "sha256 written=$want read-back=$got"
+  [ "$want" = "$got" ] || { say "sha256 MISMATCH"; return 1; }
+  FS_SHA=$want
+}
+persist_check() {
+  [ -n "$FS_SHA" ] || { say "step d did not complete: nothing to compare"; return 1; }
+  connect || return 1
+  local m=/mnt/e2e got
+  timeout -k 5 60 mount -o ro "$DEV" $m || { say "mount after reconnect failed"; return 1; }
+  got=$(timeout -k 5 120 sha256sum < $m/blob | cut -d' ' -f1)
+  timeout -k 5 60 umount $m
+  say "sha256 before disconnect=$FS_SHA after reconnect=$got"
+  [ "$got" = "$FS_SHA" ] || { say "sha256 MISMATCH after reconnect"; return 1; }
+}
+
+# ------------------------------------------------------------------ perf --
+gw_cpu_ticks() { awk '{print $14, $15}' /proc/$GWPID/stat; }  # utime stime
+PERF_RDMA="" PERF_TCP=""
+perf_run() { # label -> prints "iops cpu_us_per_io user_us_per_io sys_us_per_io"
+  local label=$1 out=$WORK/perf-$1.json c0 c1 ios hz
+  hz=$(getconf CLK_TCK)
+  c0=$(gw_cpu_ticks)
+  (cd /tmp && timeout -k 10 120 fio --name="$label" --filename="$DEV" --direct=1 --ioengine=libaio \
+     --rw=randread --bs=4k --iodepth=16 --numjobs=1 --time_based --runtime="$PERF_SECONDS" \
+     --output-format=json) > "$out" 2> $WORK/perf-err || { say "fio failed: $(cat $WORK/perf-err)"; return 1; }
+  c1=$(gw_cpu_ticks)
+  cp "$out" "$LOGDIR/" 2>/dev/null
+  ios=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]["read"]; print(j["total_ios"], round(j["iops"]))' "$out") || return 1
+  read -r total iops <<< "$ios"
+  [ "$total" -gt 0 ] || { say "no I/O completed"; return 1; }
+  read -r u0 s0 <<< "$c0"; read -r u1 s1 <<< "$c1"
+  awk -v t="$total" -v i="$iops" -v u=$((u1 - u0)) -v s=$((s1 - s0)) -v hz="$hz" \
+    'BEGIN{printf "%d %.1f %.1f %.1f\n", i, (u + s) * 1e6 / hz / t, u * 1e6 / hz / t, s * 1e6 / hz / t}'
+}
+perf_say() { # label "iops total user sys"
+  local i t u s; read -r i t u s <<< "$2"
+  say "$1 4K randread QD16: $i IOPS; gateway CPU per I/O: $t us (user $u us, system $s us: system time includes Soft-RoCE's packet work done in the gateway's post/poll calls)"
+}
+perf_rdma() {
+  local r reg0 reg1 line0 line1 ios
+  line0=$(last_counters)
+  connect || return 1
+  r=$(perf_run rdma) || { disconnect_nqn $NQN > /dev/null; return 1; }
+  PERF_RDMA=$r
+  disconnect_nqn $NQN > /dev/null || return 1
+  sleep 1
+  line1=$(last_counters)
+  reg0=$(counter registrations "$line0"); reg1=$(counter registrations "$line1")
+  ios=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["jobs"][0]["read"]["total_ios"])' $WORK/perf-rdma.json)
+  perf_say RDMA "$r"
+  say "registrations during the run: $((reg1 - reg0)) for $ios reads; payload copies: $(counter payload_copies "$line1") bytes; unregistered buffers: $(counter unregistered_buffers "$line1")"
+  [ $((reg1 - reg0)) -eq 0 ] || { say "registrations in steady state"; return 1; }
+  [ "$(counter payload_copies "$line1")" = 0 ] || { say "payload copied"; return 1; }
+}
+perf_tcp() {
+  local r
+  connect -t tcp -a $TCPADDR -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1 || return 1
+  r=$(perf_run tcp) || { disconnect_nqn $NQN > /dev/null; return 1; }
+  PERF_TCP=$r
+  disconnect_nqn $NQN > /dev/null || return 1
+  perf_say "TCP " "$r"
+  [ -n "$PERF_RDMA" ] && say "ratio gateway CPU/IO rdma/tcp: $(echo "$PERF_RDMA $r" | awk '{printf "total %.2f, user %.2f, system %.2f", $2/$6, $3/$7, $4/$8}')"
+  return 0
+}
+
+# ------------------------------------------------------------- bad input --
+probe() { # expect-status hex-private-data: a connect request the gateway must reject with status
+  local want=$1 pd=$2 out
+  out=$(timeout -k 5 30 "$PROBE" $ADDR "$PORT" "$pd" 2>&1)
+  say "probe $pd -> $out"
+  case $out in "rejected status=$want"*) return 0 ;; esac
+  say "expected 'rejected status=$want'"
+  return 1
+}
+bad_connect_requests() {
+  [ -n "$PROBE" ] && [ -x "$PROBE" ] || { say "no cm_probe binary given"; return 1; }
+  local rc=0 r0 r1
+  r0=$(grep -c 'connect request rejected' "$GWLOG")
+  # recfmt qid hrqsize hsqsize cntlid (little endian), 32 bytes in all
+  # (the IB CM pads REQ private data to 56 bytes: a short request reads as zero sizes)
+  probe 4 "0000" || rc=1                                                   # hsqsize 0: INVALID_HSQSIZE
+  probe 2 "0100000020001f00ffff$(printf '0%.0s' $(seq 44))" || rc=1         # recfmt 1: INVALID_RECFMT
+  probe 4 "0000000020002000ffff$(printf '0%.0s' $(seq 44))" || rc=1         # admin hsqsize 32: INVALID_HSQSIZE
+  probe 4 "0000010080000004ffff$(printf '0%.0s' $(seq 44))" || rc=1         # hsqsize 1024 > MQES
+  probe 5 "000001000000ff00ffff$(printf '0%.0s' $(seq 44))" || rc=1         # hrqsize 0: INVALID_HRQSIZE
+  r1=$(grep -c 'connect request rejected' "$GWLOG")
+  say "gateway logged $((r1 - r0)) rejections"
+  gw_alive || { say "gateway died"; return 1; }
+  discover > /dev/null || { say "discovery no longer works"; return 1; }
+  return $rc
+}
+vanish_check() { # the host goes away mid-I/O: resources released, gateway keeps serving
+  connect || return 1
+  local ctrl
+  ctrl=$(connected_ctrls $NQN | head -1)
+  (cd /tmp && timeout -k 5 60 fio --name=vanish --filename="$DEV" --direct=1 --ioengine=libaio \
+     --rw=randrw --bs=64k --iodepth=32 --time_based --runtime=30 > $WORK/fio-vanish.log 2>&1) &
+  local fpid=$!
+  sleep 3
+  say "deleting controller $ctrl under load"
+  echo 1 > /sys/class/nvme/$ctrl/delete_controller
+  wait $fpid
+  for _ in $(seq 150); do [ -z "$(connected_ctrls "$NQN")" ] && break; sleep 0.1; done
+  sleep 1
+  released_check || return 1
+  gw_alive || { say "gateway died"; return 1; }
+  connect || { say "cannot connect again"; return 1; }
+  fio_run after-vanish --rw=randwrite --bs=4k --size=4M --iodepth=8 || return 1
+  disconnect_nqn $NQN > /dev/null
+  released_check
+}
+
+cleanup() {
+  for c in $(connected_ctrls $NQN); do echo 1 > /sys/class/nvme/$c/delete_controller 2>/dev/null; done
+  if [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; then kill -KILL "$GWPID" 2>/dev/null; fi
+  [ -s "$GWLOG" ] && cp "$GWLOG" "$LOGDIR/" 2>/dev/null
+  dmesg > "$LOGDIR/dmesg.log" 2>/dev/null
+}
+trap cleanup EXIT
+
+# ------------------------------------------------------------------ main --
+echo "e2e-rdma: guest $(uname -r), $(nproc) vCPU, nvme-cli $(nvme version 2>/dev/null | head -1 | awk '{print $3}'), logs in $LOGDIR"
+echo "e2e-rdma: gateway $GW${PROBE:+, probe $PROBE}"
+ALL=(a.discover b.connect x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256
+  e1.disconnect e2.released e3.reconnect-persist p1.perf-rdma p2.perf-tcp r.bad-connect-requests
+  v.host-vanishes h.shutdown)
+skip_from() { local on=0 s; for s in "${ALL[@]}"; do [ "$s" = "$1" ] && on=1; [ $on = 1 ] && skip "$s" "$2"; done; }
+
+if ! step setup.rxe "modprobe nvme-rdma rdma_rxe, rdma link add rxe0 type rxe netdev eth0" rxe_setup; then
+  skip gateway.start "no rxe device"; skip_from a.discover "no rxe device"
+elif step gateway.start "start the gateway: rdma $ADDR:$PORT + tcp $TCPADDR:$PORT" start_gateway first; then
+  step a.discover "nvme discover -t rdma lists $NQN (rdma and tcp entries)" discover
+  if step b.connect "nvme connect -t rdma, /dev/nvmeXnY has 256 MiB" connect; then
+    step x1.identify-rdma "Identify: SGLS keyed, IOCCSZ 516, MSDBD" identify_check
+    step c1.fio-randwrite-4k "fio 4K randwrite 2 jobs x $HALF iodepth 16 + crc32c verify" fio_randwrite
+    step c2.fio-seqwrite-128k "fio 128K sequential write 2 jobs x $HALF + crc32c verify" fio_seqwrite
+    step d.ext4-sha256 "mkfs.ext4, 16 MiB file, remount after drop_caches, sha256 matches" fs_check
+    if step e1.disconnect "nvme disconnect" disconnect_nqn $NQN; then
+      step e2.released "every queue pair closed, every pool buffer returned" released_check
+      step e3.reconnect-persist "reconnect (same process): the ext4 file's sha256 is unchanged" persist_check
+      disconnect_nqn $NQN > /dev/null
+    else
+      skip e2.released "disconnect failed"; skip e3.reconnect-persist "disconnect failed"
+    fi
+  else
+    for s in x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256 e1.disconnect e2.released e3.reconnect-persist; do
+      skip $s "connect failed"
+    done
+    disconnect_nqn $NQN > /dev/null 2>&1
+  fi
+  step p1.perf-rdma "fio 4K randread QD16 ${PERF_SECONDS}s over RDMA: gateway CPU/IO, registrations/IO = 0" perf_rdma
+  step p2.perf-tcp "same over TCP $TCPADDR (same subsystem, same guest)" perf_tcp
+  step r.bad-connect-requests "bad private data / queue sizes rejected with NVMe/RDMA codes, gateway alive" bad_connect_requests
+  step v.host-vanishes "controller deleted under fio: QPs and buffers released, gateway serves again" vanish_check
+  step h.shutdown "SIGTERM: exit status 0" stop_gateway
+else
+  skip_from a.discover "gateway did not start"
+fi
+
+cleanup; trap - EXIT
+echo
+echo "================ e2e-rdma summary (guest $(uname -r), TCG, Soft-RoCE) ================"
+printf '%s\n' "${RESULTS[@]}"
+[ -n "$PERF_RDMA" ] && echo "perf (4K randread QD16; IOPS, gateway CPU us/IO total user system): rdma $PERF_RDMA; tcp $PERF_TCP"
+echo "total $(awk -v a="$T_ALL" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}')s; logs: $LOGDIR"
+if [ $FAIL -gt 0 ] && [ -s "$GWLOG" ]; then
+  echo "---- gateway log tail ($LOGDIR/gateway.log) ----"
+  tail -n 40 "$GWLOG" | sed 's/\x1b\[[0-9;]*m//g'
+fi
+echo "$PASS passed, $FAIL failed"
+[ $FAIL -eq 0 ]
