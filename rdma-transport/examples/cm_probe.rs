@@ -9,6 +9,8 @@
 //!                                          has a key the host never registered: the target's
 //!                                          RDMA READ fails; prints "disconnected" when the
 //!                                          target drops the queue pair
+//! cm_probe ADDR PORT --no-ird           a valid admin request offering no responder resources
+//!                                          (the target could never RDMA READ): "rejected status=7"
 //! cm_probe ADDR PORT --beyond-mdts         admin queue, then a command with a 2 MiB keyed SGL
 //!                                          (MDTS is 1 MiB): prints "status=0xNNNN" of the CQE
 //! ```
@@ -89,15 +91,22 @@ fn run() -> Result<String, String> {
         Box::new(VerbsRegistrar { pd: pd.clone() }),
     )
     .map_err(|e| e.to_string())?;
-    let io = args[3].starts_with("--");
-    let private = if io { admin_request() } else { hex(&args[3])? };
+    let no_ird = args[3] == "--no-ird";
+    let io = args[3].starts_with("--") && !no_ird;
+    let private = if args[3].starts_with("--") {
+        admin_request()
+    } else {
+        hex(&args[3])?
+    };
     if io {
         let (buf, lkey) = pool.take(64).ok_or("no buffer")?;
         let qp = id.qp().ok_or("no qp")?;
         qp.post_recv(1, Lent { buf, lkey })
             .map_err(|(e, _)| e.to_string())?;
     }
-    id.connect(&private, 0, 16).map_err(|e| e.to_string())?;
+    // The target RDMA READs from us: offer responder resources (none with --no-ird).
+    let ird = if no_ird { 0 } else { 16 };
+    id.connect(&private, ird, 0).map_err(|e| e.to_string())?;
     let ev = ch
         .wait_event(5000)
         .map_err(|e| e.to_string())?

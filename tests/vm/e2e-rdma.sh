@@ -371,8 +371,31 @@ bad_connect_requests() {
   probe 4 "0000000020002000ffff$(printf '0%.0s' $(seq 44))" || rc=1         # admin hsqsize 32: INVALID_HSQSIZE
   probe 4 "0000010080000004ffff$(printf '0%.0s' $(seq 44))" || rc=1         # hsqsize 1024 > MQES
   probe 5 "000001000000ff00ffff$(printf '0%.0s' $(seq 44))" || rc=1         # hrqsize 0: INVALID_HRQSIZE
+  local out
+  out=$(timeout -k 5 30 "$PROBE" $ADDR "$PORT" --no-ird 2>&1)                 # no RDMA READ resources: INVALID_IRD
+  say "probe --no-ird -> $out"
+  [ "$out" = "rejected status=7" ] || { say "expected 'rejected status=7'"; rc=1; }
   r1=$(grep -c 'connect request rejected' "$GWLOG")
   say "gateway logged $((r1 - r0)) rejections"
+  gw_alive || { say "gateway died"; return 1; }
+  discover > /dev/null || { say "discovery no longer works"; return 1; }
+  return $rc
+}
+bad_sgls() { # a keyed SGL beyond MDTS is refused without a transfer; a bogus rkey drops only that QP
+  [ -n "$PROBE" ] && [ -x "$PROBE" ] || { say "no cm_probe binary given"; return 1; }
+  local out rc=0 st e0 e1
+  out=$(timeout -k 5 30 "$PROBE" $ADDR "$PORT" --beyond-mdts 2>&1)
+  say "probe --beyond-mdts (2 MiB keyed SGL, MDTS 1 MiB) -> $out"
+  st=$(echo "$out" | sed -n 's/^status=\(0x[0-9a-f]*\)$/\1/p')
+  if [ -z "$st" ] || [ $((st & 0x7ff)) -ne 2 ]; then say "expected status Invalid Field (0x2)"; rc=1; fi
+  e0=$(counter wc_errors)
+  out=$(timeout -k 5 30 "$PROBE" $ADDR "$PORT" --bogus-rkey 2>&1)
+  say "probe --bogus-rkey (Connect data behind an unregistered key) -> $out"
+  [ "$out" = disconnected ] || { say "expected the gateway to drop the queue pair"; rc=1; }
+  sleep 1
+  released_check || rc=1
+  e1=$(counter wc_errors)
+  say "gateway work-completion errors: $e0 -> $e1"
   gw_alive || { say "gateway died"; return 1; }
   discover > /dev/null || { say "discovery no longer works"; return 1; }
   return $rc
@@ -411,7 +434,7 @@ echo "e2e-rdma: guest $(uname -r), $(nproc) vCPU, nvme-cli $(nvme version 2>/dev
 echo "e2e-rdma: gateway $GW${PROBE:+, probe $PROBE}"
 ALL=(a.discover b.connect x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256
   e1.disconnect e2.released e3.reconnect-persist p1.perf-rdma p2.perf-tcp r.bad-connect-requests
-  v.host-vanishes h.shutdown)
+  s.bad-sgls v.host-vanishes h.shutdown)
 skip_from() { local on=0 s; for s in "${ALL[@]}"; do [ "$s" = "$1" ] && on=1; [ $on = 1 ] && skip "$s" "$2"; done; }
 
 if ! step setup.rxe "modprobe nvme-rdma rdma_rxe, rdma link add rxe0 type rxe netdev eth0" rxe_setup; then
@@ -439,6 +462,7 @@ elif step gateway.start "start the gateway: rdma $ADDR:$PORT + tcp $TCPADDR:$POR
   step p1.perf-rdma "fio 4K randread QD16 ${PERF_SECONDS}s over RDMA: gateway CPU/IO, registrations/IO = 0" perf_rdma
   step p2.perf-tcp "same over TCP $TCPADDR (same subsystem, same guest)" perf_tcp
   step r.bad-connect-requests "bad private data / queue sizes rejected with NVMe/RDMA codes, gateway alive" bad_connect_requests
+  step s.bad-sgls "keyed SGL beyond MDTS refused (Invalid Field), bogus rkey drops only that QP, all released" bad_sgls
   step v.host-vanishes "controller deleted under fio: QPs and buffers released, gateway serves again" vanish_check
   step h.shutdown "SIGTERM: exit status 0" stop_gateway
 else

@@ -179,6 +179,16 @@ impl RdmaServer {
                 return;
             }
         };
+        // From our side, the event's initiator depth is the host's responder resources (its
+        // IRD): with none we could never RDMA READ a write's data.
+        if ev.params.initiator_depth == 0 {
+            reject(
+                id,
+                cm_status::INVALID_IRD,
+                "the host offers no RDMA READ resources",
+            );
+            return;
+        }
         let Some(ctx) = id.context() else {
             reject(id, cm_status::NO_RSC, "no device");
             return;
