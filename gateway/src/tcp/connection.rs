@@ -15,6 +15,7 @@ use rbd_backend::{IoBuf, IoCompletion, IoDone};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
+use tracing::Instrument;
 
 use super::pdu::{
     encode_c2h_term_req, encode_icresp, DecoderConfig, Fes, IcResp, Pdu, PduDecoder, PduEncoder,
@@ -162,9 +163,14 @@ impl Connection {
     }
 
     /// Serves the connection until the host leaves, a fatal error, or `shutdown` fires.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self, shutdown: watch::Receiver<bool>) {
+        // The span is attached to the future, not entered across awaits, so log lines of one
+        // connection never carry another's span.
         let span = tracing::info_span!("nvme-tcp", peer = %self.peer, cntlid = tracing::field::Empty, qid = tracing::field::Empty);
-        let _enter = span.enter();
+        self.serve(shutdown, span.clone()).instrument(span).await
+    }
+
+    async fn serve(mut self, mut shutdown: watch::Receiver<bool>, span: tracing::Span) {
         tracing::debug!("connection accepted");
         let mut span_recorded = false;
         loop {
