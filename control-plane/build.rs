@@ -1,0 +1,11 @@
+//! Compiles proto/nvmeof_control.proto with protox (pure Rust), so building needs no `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/nvmeof_control.proto");
+    let fds = protox::compile(["proto/nvmeof_control.proto"], ["proto"])?;
+    tonic_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,604 @@
+//! The group model under scripted and pseudo-random event sequences; the ANA invariant is
+//! checked after every event.
+
+use super::*;
+
+const GRACE: u64 = 2_000;
+const DELAY: u64 = 1_000;
+
+struct Sim {
+    map: GroupMap,
+    now: u64,
+    /// Fences asked for and not yet reported.
+    fences: Vec<(u64, u32, String, FenceScope)>,
+    /// Every fence reported done: (gateway, group).
+    fenced: Vec<(String, u32)>,
+    actions: Vec<Action>,
+}
+
+impl Sim {
+    fn new() -> Sim {
+        Sim {
+            map: GroupMap::new(Timing {
+                grace_ms: GRACE,
+                failback_delay_ms: DELAY,
+            }),
+            now: 0,
+            fences: Vec::new(),
+            fenced: Vec::new(),
+            actions: Vec::new(),
+        }
+    }
+
+    fn event(&mut self, e: Event) -> Result<Vec<Action>, MapError> {
+        let before: BTreeMap<u32, String> = self
+            .map
+            .groups
+            .iter()
+            .map(|(id, g)| (*id, g.holder.clone()))
+            .collect();
+        let copy = self.map.clone();
+        let out = self.map.handle(e);
+        match &out {
+            Ok(actions) => {
+                for a in actions {
+                    if let Action::Fence {
+                        fence,
+                        group,
+                        gateway,
+                        scope,
+                        ..
+                    } = a
+                    {
+                        self.fences
+                            .push((*fence, *group, gateway.clone(), scope.clone()));
+                    }
+                }
+                self.actions.extend(actions.iter().cloned());
+            }
+            Err(_) => assert_eq!(self.map, copy, "an error changed the map"),
+        }
+        if let Err(e) = self.map.check_invariant() {
+            panic!("invariant broken at t={}: {e}\n{:#?}", self.now, self.map);
+        }
+        // Fencing before takeover: a group only leaves a holder that was fenced for it.
+        for (id, g) in &self.map.groups {
+            if let Some(old) = before.get(id) {
+                if *old != g.holder {
+                    assert!(
+                        self.fenced.iter().any(|(gw, grp)| gw == old && grp == id),
+                        "group {id} moved from {old} to {} without fencing {old}",
+                        g.holder
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    fn beacon(&mut self, gw: &str, group: u32, inc: u64) -> Vec<Action> {
+        let applied = self.map.epoch;
+        self.event(Event::Beacon {
+            gateway: gw.into(),
+            ana_group: group,
+            incarnation: inc,
+            addrs: vec![format!("127.0.0.1:0/{inc}")],
+            applied_epoch: applied,
+            now_ms: self.now,
+        })
+        .expect("beacon")
+    }
+
+    fn tick(&mut self) -> Vec<Action> {
+        self.event(Event::Tick { now_ms: self.now }).expect("tick")
+    }
+
+    /// Completes the oldest pending fence.
+    fn complete_fence(&mut self) -> Vec<Action> {
+        assert!(!self.fences.is_empty(), "no fence pending");
+        let (fence, group, gw, _) = self.fences.remove(0);
+        self.fenced.push((gw, group));
+        // A fence superseded by a later one (its group moved on) is refused; that is fine.
+        match self.event(Event::Fenced { fence }) {
+            Ok(a) => a,
+            Err(MapError::UnknownFence(_)) => Vec::new(),
+            Err(e) => panic!("fenced: {e}"),
+        }
+    }
+
+    fn state(&self, gw: &str, group: u32) -> AnaState {
+        self.map.ana_state(gw, group)
+    }
+
+    fn holder(&self, group: u32) -> &str {
+        &self.map.groups[&group].holder
+    }
+}
+
+fn two_gateways() -> Sim {
+    let mut s = Sim::new();
+    s.beacon("gw1", 1, 11);
+    s.beacon("gw2", 2, 22);
+    s
+}
+
+#[test]
+fn each_gateway_owns_its_group_optimized_and_sees_the_others_inaccessible() {
+    let s = two_gateways();
+    assert_eq!(s.state("gw1", 1), AnaState::Optimized);
+    assert_eq!(s.state("gw1", 2), AnaState::Inaccessible);
+    assert_eq!(s.state("gw2", 2), AnaState::Optimized);
+    assert_eq!(s.state("gw2", 1), AnaState::Inaccessible);
+    assert_eq!(
+        s.map.ana_states("gw2"),
+        vec![(1, AnaState::Inaccessible), (2, AnaState::Optimized)]
+    );
+    assert!(s
+        .map
+        .gateways
+        .values()
+        .all(|g| g.availability == Availability::Available));
+}
+
+#[test]
+fn group_zero_gets_the_lowest_free_group() {
+    let mut s = Sim::new();
+    s.beacon("a", 2, 1);
+    s.beacon("b", 0, 2);
+    s.beacon("c", 0, 3);
+    assert_eq!(s.map.gateways["b"].ana_group, 1);
+    assert_eq!(s.map.gateways["c"].ana_group, 3);
+}
+
+#[test]
+fn joining_pushes_every_gateway() {
+    let mut s = Sim::new();
+    s.beacon("gw1", 1, 1);
+    let a = s.beacon("gw2", 2, 2);
+    assert!(a.contains(&Action::Push {
+        gateway: "gw1".into()
+    }));
+    assert!(a.contains(&Action::Push {
+        gateway: "gw2".into()
+    }));
+}
+
+#[test]
+fn bad_beacons_are_refused_and_change_nothing() {
+    let mut s = two_gateways();
+    let inc = 99;
+    let r = s.event(Event::Beacon {
+        gateway: "gw3".into(),
+        ana_group: 1,
+        incarnation: inc,
+        addrs: vec![],
+        applied_epoch: 0,
+        now_ms: 0,
+    });
+    assert_eq!(
+        r,
+        Err(MapError::GroupTaken {
+            group: 1,
+            owner: "gw1".into()
+        })
+    );
+    let r = s.event(Event::Beacon {
+        gateway: "gw1".into(),
+        ana_group: 2,
+        incarnation: 11,
+        addrs: vec![],
+        applied_epoch: 0,
+        now_ms: 0,
+    });
+    assert!(matches!(r, Err(MapError::WrongGroup { .. })));
+    let r = s.event(Event::Beacon {
+        gateway: "gw9".into(),
+        ana_group: MAX_ANA_GROUP + 1,
+        incarnation: 1,
+        addrs: vec![],
+        applied_epoch: 0,
+        now_ms: 0,
+    });
+    assert_eq!(r, Err(MapError::GroupRange(MAX_ANA_GROUP + 1)));
+    assert_eq!(
+        s.event(Event::Fenced { fence: 77 }),
+        Err(MapError::UnknownFence(77))
+    );
+}
+
+#[test]
+fn failover_fences_first_and_moves_the_group_only_when_fenced() {
+    let mut s = two_gateways();
+    // gw2 stops beaconing; gw1 goes on.
+    for _ in 0..4 {
+        s.now += 500;
+        s.beacon("gw1", 1, 11);
+        assert!(s.tick().is_empty(), "nothing happens within the grace");
+    }
+    s.now += 500;
+    s.beacon("gw1", 1, 11);
+    let a = s.tick();
+    assert_eq!(
+        s.map.gateways["gw2"].availability,
+        Availability::Unavailable
+    );
+    assert_eq!(
+        a,
+        vec![Action::Fence {
+            fence: 1,
+            group: 2,
+            gateway: "gw2".into(),
+            addrs: vec!["127.0.0.1:0/22".into()],
+            scope: FenceScope::Gateway,
+        }]
+    );
+    // However long the fence takes, gw1 does not report group 2 optimized.
+    for _ in 0..20 {
+        s.now += 500;
+        s.beacon("gw1", 1, 11);
+        s.tick();
+        assert_eq!(s.state("gw1", 2), AnaState::Inaccessible);
+        assert_eq!(s.holder(2), "gw2");
+        assert_eq!(
+            s.map.groups[&2].phase,
+            Phase::FailoverWaitFence {
+                fence: 1,
+                incarnation: 22
+            }
+        );
+    }
+    let a = s.complete_fence();
+    assert_eq!(s.state("gw1", 2), AnaState::Optimized);
+    assert_eq!(s.state("gw1", 1), AnaState::Optimized);
+    assert_eq!(s.map.gateways["gw2"].availability, Availability::Fenced);
+    assert_eq!(s.map.gateways["gw2"].fenced_incarnation, Some(22));
+    assert!(a.contains(&Action::Push {
+        gateway: "gw1".into()
+    }));
+}
+
+#[test]
+fn a_failed_fence_is_asked_again_and_blocks_the_takeover() {
+    let mut s = two_gateways();
+    s.now += GRACE + 1;
+    s.beacon("gw1", 1, 11);
+    let a = s.tick();
+    let Some(Action::Fence { fence, .. }) = a.first().cloned() else {
+        panic!("no fence: {a:?}");
+    };
+    s.fences.clear();
+    let again = s.event(Event::FenceFailed { fence }).expect("failed");
+    assert!(matches!(
+        again.as_slice(),
+        [Action::Fence { fence: f, gateway, .. }] if *f == fence && gateway == "gw2"
+    ));
+    assert_eq!(s.state("gw1", 2), AnaState::Inaccessible);
+    s.complete_fence();
+    assert_eq!(s.holder(2), "gw1");
+}
+
+fn failed_over() -> Sim {
+    let mut s = two_gateways();
+    s.now += GRACE + 1;
+    s.beacon("gw1", 1, 11);
+    s.tick();
+    s.complete_fence();
+    assert_eq!(s.holder(2), "gw1");
+    s
+}
+
+#[test]
+fn a_fenced_gateway_back_without_restart_stays_fenced() {
+    let mut s = failed_over();
+    for _ in 0..10 {
+        s.now += 500;
+        s.beacon("gw1", 1, 11);
+        s.beacon("gw2", 2, 22);
+        s.tick();
+        assert_eq!(s.map.gateways["gw2"].availability, Availability::Fenced);
+        assert_eq!(s.state("gw2", 2), AnaState::Inaccessible);
+        assert_eq!(s.state("gw1", 2), AnaState::Optimized);
+    }
+}
+
+#[test]
+fn failback_drains_the_survivor_fences_it_then_optimizes_the_owner() {
+    let mut s = failed_over();
+    // gw2 restarts: new incarnation.
+    s.now += 100;
+    s.beacon("gw2", 2, 23);
+    assert_eq!(s.map.gateways["gw2"].availability, Availability::Available);
+    // Not before the failback delay.
+    s.now += DELAY - 200;
+    s.beacon("gw1", 1, 11);
+    s.tick();
+    assert_eq!(s.map.groups[&2].phase, Phase::Active);
+    s.now += 200;
+    let epoch_before = s.map.epoch;
+    // The survivor is told "change" (drain) ...
+    let a = s.beacon("gw2", 2, 23);
+    assert!(a.contains(&Action::Push {
+        gateway: "gw1".into()
+    }));
+    assert_eq!(s.state("gw1", 2), AnaState::Change);
+    assert_eq!(s.state("gw2", 2), AnaState::Inaccessible);
+    assert_eq!(
+        s.map.groups[&2].phase,
+        Phase::FailbackDraining {
+            to: "gw2".into(),
+            epoch: epoch_before + 1
+        }
+    );
+    // ... and nothing moves until it reports that state applied.
+    s.event(Event::Beacon {
+        gateway: "gw1".into(),
+        ana_group: 1,
+        incarnation: 11,
+        addrs: vec![],
+        applied_epoch: epoch_before,
+        now_ms: s.now,
+    })
+    .expect("beacon");
+    assert!(matches!(
+        s.map.groups[&2].phase,
+        Phase::FailbackDraining { .. }
+    ));
+    let a = s.beacon("gw1", 1, 11);
+    assert!(
+        matches!(a.as_slice(), [Action::Fence { gateway, group: 2, scope: FenceScope::Group, .. }] if gateway == "gw1"),
+        "{a:?}"
+    );
+    assert_eq!(s.state("gw1", 2), AnaState::Change);
+    assert_eq!(s.state("gw2", 2), AnaState::Inaccessible);
+    s.complete_fence();
+    assert_eq!(s.state("gw2", 2), AnaState::Optimized);
+    assert_eq!(s.state("gw1", 2), AnaState::Inaccessible);
+    assert_eq!(s.state("gw1", 1), AnaState::Optimized);
+    // The survivor keeps serving (only its context for group 2 was fenced).
+    assert_eq!(s.map.gateways["gw1"].availability, Availability::Available);
+}
+
+#[test]
+fn failback_is_cancelled_when_the_owner_dies_while_draining() {
+    let mut s = failed_over();
+    s.now += 100;
+    s.beacon("gw2", 2, 23);
+    s.now += DELAY;
+    s.beacon("gw1", 1, 11);
+    s.tick();
+    assert_eq!(s.state("gw1", 2), AnaState::Change);
+    // gw2 dies again before gw1 acknowledges the drain.
+    s.now += GRACE + 1;
+    s.event(Event::Beacon {
+        gateway: "gw1".into(),
+        ana_group: 1,
+        incarnation: 11,
+        addrs: vec![],
+        applied_epoch: 0,
+        now_ms: s.now,
+    })
+    .expect("beacon");
+    s.tick();
+    assert_eq!(s.map.groups[&2].phase, Phase::Active);
+    assert_eq!(s.state("gw1", 2), AnaState::Optimized);
+}
+
+#[test]
+fn the_only_gateway_dying_orphans_its_group_and_gets_it_back_unfenced() {
+    let mut s = Sim::new();
+    s.beacon("gw1", 1, 1);
+    s.now += GRACE + 1;
+    let a = s.tick();
+    assert!(!a.iter().any(|x| matches!(x, Action::Fence { .. })));
+    assert_eq!(s.map.groups[&1].phase, Phase::Orphan { fenced: false });
+    s.now += 10;
+    s.beacon("gw1", 1, 1);
+    assert_eq!(s.map.groups[&1].phase, Phase::Active);
+    assert_eq!(s.state("gw1", 1), AnaState::Optimized);
+}
+
+#[test]
+fn an_orphan_moves_to_a_new_gateway_only_after_fencing() {
+    let mut s = Sim::new();
+    s.beacon("gw1", 1, 1);
+    s.now += GRACE + 1;
+    s.tick();
+    s.beacon("gw2", 2, 2);
+    assert!(matches!(
+        s.map.groups[&1].phase,
+        Phase::FailoverWaitFence { .. }
+    ));
+    assert_eq!(s.state("gw2", 1), AnaState::Inaccessible);
+    s.complete_fence();
+    assert_eq!(s.state("gw2", 1), AnaState::Optimized);
+}
+
+#[test]
+fn a_takeover_goes_to_the_least_loaded_survivor() {
+    let mut s = Sim::new();
+    for (i, n) in ["a", "b", "c"].iter().enumerate() {
+        s.beacon(n, i as u32 + 1, i as u64);
+    }
+    // c dies: its group goes to a (fewest held groups, name order).
+    s.now += GRACE + 1;
+    s.beacon("a", 1, 0);
+    s.beacon("b", 2, 1);
+    s.tick();
+    s.complete_fence();
+    assert_eq!(s.holder(3), "a");
+    // a dies: both its groups go to b.
+    s.now += GRACE + 1;
+    s.beacon("b", 2, 1);
+    s.tick();
+    assert_eq!(s.fences.len(), 2);
+    s.complete_fence();
+    s.complete_fence();
+    assert_eq!(s.holder(1), "b");
+    assert_eq!(s.holder(3), "b");
+    assert_eq!(s.state("b", 1), AnaState::Optimized);
+    assert_eq!(s.state("b", 3), AnaState::Optimized);
+}
+
+#[test]
+fn a_leader_restart_starts_the_grace_at_its_first_tick() {
+    let s = two_gateways();
+    let json = serde_json::to_string(&s.map).expect("json");
+    let mut map: GroupMap = serde_json::from_str(&json).expect("parse");
+    assert!(map.gateways.values().all(|g| g.last_beacon_ms.is_none()));
+    let a = map.handle(Event::Tick { now_ms: 1_000_000 }).expect("tick");
+    assert!(a.is_empty());
+    let a = map
+        .handle(Event::Tick {
+            now_ms: 1_000_000 + GRACE + 1,
+        })
+        .expect("tick");
+    assert_eq!(
+        a.iter()
+            .filter(|x| matches!(x, Action::Fence { .. }))
+            .count(),
+        0,
+        "no survivor: orphans, no fence"
+    );
+    map.check_invariant().expect("invariant");
+}
+
+/// A small deterministic generator (xorshift), so the sequences are reproducible.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Random runs: gateways stop, restart (new incarnation), resume (same incarnation); fences
+/// complete or fail late. After every event the invariant and fencing-before-takeover hold;
+/// the same seed gives the same map.
+fn random_run(seed: u64) -> (GroupMap, Vec<Action>) {
+    let mut rng = Rng(seed | 1);
+    let mut s = Sim::new();
+    let names = ["gw1", "gw2", "gw3"];
+    let mut alive = [true; 3];
+    let mut inc = [100u64, 200, 300];
+    for (i, n) in names.iter().enumerate() {
+        s.beacon(n, i as u32 + 1, inc[i]);
+    }
+    for _ in 0..400 {
+        s.now += 100 + rng.below(600);
+        match rng.below(10) {
+            0 => {
+                let i = rng.below(3) as usize;
+                alive[i] = !alive[i];
+                if alive[i] && rng.below(2) == 0 {
+                    inc[i] += 1; // restarted rather than resumed
+                }
+            }
+            1 | 2 if !s.fences.is_empty() => {
+                if rng.below(4) == 0 {
+                    let (fence, ..) = s.fences.remove(0);
+                    if let Ok(again) = s.event(Event::FenceFailed { fence }) {
+                        assert!(!again.is_empty());
+                    }
+                } else {
+                    s.complete_fence();
+                }
+            }
+            _ => {}
+        }
+        for i in 0..3 {
+            if alive[i] {
+                s.beacon(names[i], i as u32 + 1, inc[i]);
+            }
+        }
+        s.tick();
+    }
+    // Quiesce: fences done, everyone alive (restarted when fenced): every group goes back
+    // to its owner.
+    for _ in 0..40 {
+        s.now += 500;
+        while !s.fences.is_empty() {
+            s.complete_fence();
+        }
+        for (i, n) in names.iter().enumerate() {
+            if s.map.gateways[*n].availability == Availability::Fenced {
+                inc[i] += 1;
+            }
+            s.beacon(n, i as u32 + 1, inc[i]);
+        }
+        s.tick();
+    }
+    for (id, g) in &s.map.groups {
+        assert_eq!(g.holder, g.owner, "seed {seed}: group {id} not failed back");
+        assert_eq!(g.phase, Phase::Active, "seed {seed}: group {id}");
+    }
+    (s.map, s.actions)
+}
+
+#[test]
+fn random_sequences_keep_the_invariant_and_fail_back_in_the_end() {
+    let mut fences = 0;
+    for seed in 1..200u64 {
+        let (_, actions) = random_run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        fences += actions
+            .iter()
+            .filter(|a| matches!(a, Action::Fence { .. }))
+            .count();
+    }
+    assert!(fences > 1000, "the runs exercise failover: {fences} fences");
+}
+
+#[test]
+fn the_same_events_give_the_same_map_and_actions() {
+    let a = random_run(42);
+    let b = random_run(42);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn namespaces_spread_over_groups_and_cntlid_ranges_are_disjoint() {
+    let mut counts = BTreeMap::new();
+    let groups = [1, 2, 3];
+    let mut placed = Vec::new();
+    for _ in 0..9 {
+        let g = pick_group(&groups, &counts).expect("group");
+        *counts.entry(g).or_insert(0) += 1;
+        placed.push(g);
+    }
+    assert_eq!(placed, vec![1, 2, 3, 1, 2, 3, 1, 2, 3]);
+    assert_eq!(pick_group(&[], &counts), None);
+    assert_eq!(cntlid_range(1), Some((1, 2040)));
+    assert_eq!(cntlid_range(2), Some((2041, 4080)));
+    assert_eq!(cntlid_range(0), None);
+    assert_eq!(cntlid_range(MAX_ANA_GROUP + 1), None);
+    let (_, last_max) = cntlid_range(MAX_ANA_GROUP).expect("last");
+    assert!(u32::from(last_max) <= CNTLID_MAX);
+    for g in 1..MAX_ANA_GROUP {
+        let (_, a) = cntlid_range(g).expect("a");
+        let (b, _) = cntlid_range(g + 1).expect("b");
+        assert!(a < b);
+    }
+}
+
+#[test]
+fn ana_codes_are_the_spec_values() {
+    assert_eq!(AnaState::Optimized.code(), 0x01);
+    assert_eq!(AnaState::NonOptimized.code(), 0x02);
+    assert_eq!(AnaState::Inaccessible.code(), 0x03);
+    assert_eq!(AnaState::PersistentLoss.code(), 0x04);
+    assert_eq!(AnaState::Change.code(), 0x0f);
+    for s in [
+        AnaState::Optimized,
+        AnaState::NonOptimized,
+        AnaState::Inaccessible,
+        AnaState::PersistentLoss,
+        AnaState::Change,
+    ] {
+        assert_eq!(AnaState::from_code(s.code()), Some(s));
+    }
+    assert_eq!(AnaState::from_code(0), None);
+}
