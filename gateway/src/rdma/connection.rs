@@ -264,6 +264,15 @@ impl RdmaConnection {
                 _ = returned.notified(), if waiting => self.run_backlog(),
                 _ = tokio::time::sleep(Duration::from_millis(5)), if waiting => self.run_backlog(),
             };
+            // Every response of this turn goes out with one post (one doorbell).
+            let flow = match self.id.qp().map(|qp| qp.flush()) {
+                Some(Ok(())) => flow,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot post responses: closing");
+                    Flow::Close
+                }
+                None => Flow::Close,
+            };
             if !span_recorded {
                 if let Some(b) = self.queue.binding() {
                     span.record("cntlid", b.controller.cntlid);
@@ -590,7 +599,7 @@ impl RdmaConnection {
         let Some(qp) = self.id.qp() else {
             return Flow::Close;
         };
-        match qp.post_write_send(
+        match qp.stage_write_send(
             tag(TAG_SEND, u64::from(completion.cid)),
             payload,
             &cqe,

@@ -158,6 +158,24 @@ mod tests {
     }
 
     #[test]
+    fn keyed_sgl_has_a_24_bit_length_and_a_key() {
+        use crate::core::command::{Command, SQE_LEN};
+        let mut sqe = [0u8; SQE_LEN];
+        sqe[0] = 0x02; // Read
+        sqe[24..32].copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
+        sqe[32..35].copy_from_slice(&[0x00, 0x00, 0x02]); // 128 KiB
+        sqe[35..39].copy_from_slice(&0xdead_beefu32.to_le_bytes());
+        sqe[39] = 0x4f; // keyed data block, invalidate
+        let cmd = Command::from_bytes(&sqe);
+        let d = cmd.sgl();
+        assert_eq!((d.desc_type, d.subtype), (4, 0xf));
+        assert_eq!(d.length, 128 * 1024);
+        assert_eq!(cmd.data_len(), 128 * 1024);
+        assert_eq!(d.key, 0xdead_beef);
+        assert_eq!(d.address, 0x1122_3344_5566_7788);
+    }
+
+    #[test]
     fn reply_and_reject_layout() {
         assert_eq!(&encode_reply(128)[..4], &[0, 0, 128, 0]);
         assert_eq!(encode_reject(cm_status::INVALID_HSQSIZE), [0, 0, 4, 0]);

@@ -963,6 +963,9 @@ impl CmId {
             free: Vec::new(),
             in_flight: 0,
             max_inline: info.max_inline_data as usize,
+            staged: Vec::new(),
+            wr_buf: Vec::new(),
+            sge_buf: Vec::new(),
         });
         Ok(info)
     }
@@ -1075,6 +1078,21 @@ pub struct QueuePair {
     free: Vec<usize>,
     in_flight: usize,
     max_inline: usize,
+    /// Responses staged by [`QueuePair::stage_write_send`], posted by [`QueuePair::flush`].
+    staged: Vec<Staged>,
+    wr_buf: Vec<sys::ibv_send_wr>,
+    sge_buf: Vec<sys::ibv_sge>,
+}
+
+/// Longest staged message (sent inline).
+pub const MAX_STAGED_MESSAGE: usize = 64;
+
+struct Staged {
+    slot: usize,
+    data: Option<(sys::ibv_sge, Remote)>,
+    message: [u8; MAX_STAGED_MESSAGE],
+    message_len: usize,
+    invalidate: Option<u32>,
 }
 
 // SAFETY: as for every verbs object; posting needs &mut.
@@ -1218,6 +1236,110 @@ impl QueuePair {
                 Err((e, buf))
             }
         }
+    }
+
+    /// Like [`QueuePair::post_write_send`], but only staged: [`QueuePair::flush`] posts every
+    /// staged request with one `ibv_post_send` (one doorbell for a batch of responses). The
+    /// buffer is owned by the QP from now on.
+    pub fn stage_write_send(
+        &mut self,
+        tag: u64,
+        data: Option<(Lent, Remote)>,
+        message: &[u8],
+        invalidate: Option<u32>,
+    ) -> Result<(), (Error, Option<Vec<u8>>)> {
+        if message.len() > self.max_inline.min(MAX_STAGED_MESSAGE) {
+            return Err((
+                Error::Invalid("message larger than the QP's inline limit"),
+                data.map(|(l, _)| l.buf),
+            ));
+        }
+        let data_sge = match &data {
+            Some((l, r)) => match Self::sge(l) {
+                Ok(s) => Some((s, *r)),
+                Err(e) => return Err((e, data.map(|(l, _)| l.buf))),
+            },
+            None => None,
+        };
+        let slot = self.slot(tag, data.map(|(l, _)| l.buf));
+        let mut m = [0u8; MAX_STAGED_MESSAGE];
+        m[..message.len()].copy_from_slice(message);
+        self.staged.push(Staged {
+            slot,
+            data: data_sge,
+            message: m,
+            message_len: message.len(),
+            invalidate,
+        });
+        Ok(())
+    }
+
+    /// Requests staged and not yet posted.
+    pub fn staged(&self) -> usize {
+        self.staged.len()
+    }
+
+    /// Posts every staged request as one chain. On failure the QP is unusable; the buffers
+    /// come back when it is destroyed.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let mut sges = std::mem::take(&mut self.sge_buf);
+        let mut wrs = std::mem::take(&mut self.wr_buf);
+        sges.clear();
+        wrs.clear();
+        // All SGEs first, so the pointers the WRs take stay valid.
+        for st in &staged {
+            if let Some((sge, _)) = st.data {
+                sges.push(sge);
+            }
+            sges.push(sys::ibv_sge {
+                addr: st.message.as_ptr() as u64,
+                length: st.message_len as u32,
+                lkey: 0,
+            });
+        }
+        let mut i = 0;
+        for st in &staged {
+            if let Some((_, r)) = st.data {
+                let mut write = sys::ibv_send_wr {
+                    wr_id: u64::MAX,
+                    sg_list: &mut sges[i],
+                    num_sge: 1,
+                    opcode: sys::IBV_WR_RDMA_WRITE,
+                    send_flags: 0,
+                    ..Default::default()
+                };
+                write.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                    remote_addr: r.addr,
+                    rkey: r.rkey,
+                };
+                wrs.push(write);
+                i += 1;
+            }
+            let mut send = sys::ibv_send_wr {
+                wr_id: st.slot as u64,
+                sg_list: &mut sges[i],
+                num_sge: 1,
+                opcode: sys::IBV_WR_SEND,
+                send_flags: sys::IBV_SEND_SIGNALED | sys::IBV_SEND_INLINE,
+                ..Default::default()
+            };
+            if let Some(rkey) = st.invalidate {
+                send.opcode = sys::IBV_WR_SEND_WITH_INV;
+                send.__bindgen_anon_1.invalidate_rkey = rkey;
+            }
+            wrs.push(send);
+            i += 1;
+        }
+        // `staged` (the inline messages) and `sges` live until the post returns.
+        let result = self.post_send_chain(&mut wrs);
+        drop(staged);
+        self.sge_buf = sges;
+        self.wr_buf = wrs;
+        result
     }
 
     /// Posts an optional unsignaled RDMA WRITE of `data` to `remote`, then a signaled SEND of
