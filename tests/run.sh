@@ -2,7 +2,7 @@
 # tests/run.sh - the project's single test command.
 #
 # usage: tests/run.sh [--quick] [--no-fuzz] [--only LIST] [-h]
-#   --quick     skip the VM end-to-end test (and fuzzing): fmt, clippy, unit tests, build
+#   --quick     skip the Ceph and VM end-to-end tests (and fuzzing): fmt, clippy, unit tests, build
 #   --no-fuzz   skip the short cargo-fuzz run
 #   --only LIST run only these stages (comma-separated, e.g. --only build,e2e-vm)
 #
@@ -12,6 +12,8 @@
 #   clippy    cargo clippy --workspace --all-targets -- -D warnings
 #   test      cargo test --workspace
 #   build     cargo build --release -p nvmeof-gateway
+#   ceph      rbd-backend/tests/ceph-tests.sh: a throwaway micro Ceph (Ceph packages apt-installed
+#             when missing), the RbdDevice tests and the gateway's RBD end-to-end tests against it
 #   e2e-vm    tests/vm/run-in-vm.sh -t 900 -w target/vm-logs tests/vm/e2e-tcp.sh target/release/nvmeof-gateway
 #             (the real Linux NVMe/TCP initiator in a QEMU/TCG guest against our gateway)
 #   fuzz      if gateway/fuzz exists: cargo-fuzz (installed if missing), cargo fuzz build on stable
@@ -61,7 +63,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy test build e2e-vm fuzz)
+ALL_STAGES=(deps fmt clippy test build ceph e2e-vm fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -173,6 +175,8 @@ stage fmt cargo fmt --all -- --check
 stage clippy cargo clippy --workspace --all-targets -- -D warnings
 stage test cargo test --workspace
 stage build cargo build --release -p nvmeof-gateway
+if [ $QUICK = 1 ]; then skipped ceph "--quick"
+else stage ceph bash rbd-backend/tests/ceph-tests.sh; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-vm "--quick"
 else stage e2e-vm e2e_vm; fi
