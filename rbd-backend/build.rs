@@ -57,6 +57,33 @@ fn generate() {
         "rbd_aio_compare_and_write",
         "rbd_update_watch",
         "rbd_update_unwatch",
+        // RADOS objects, omap, locks, watch/notify, mon commands (crate::rados)
+        "rados_buffer_free",
+        "rados_getaddrs",
+        "rados_get_instance_id",
+        "rados_wait_for_latest_osdmap",
+        "rados_mon_command",
+        "rados_create_write_op",
+        "rados_release_write_op",
+        "rados_write_op_create",
+        "rados_write_op_omap_cmp",
+        "rados_write_op_omap_set",
+        "rados_write_op_omap_rm_keys",
+        "rados_write_op_operate",
+        "rados_create_read_op",
+        "rados_release_read_op",
+        "rados_read_op_omap_get_vals2",
+        "rados_read_op_operate",
+        "rados_omap_get_next",
+        "rados_omap_get_end",
+        "rados_lock_exclusive",
+        "rados_unlock",
+        "rados_watch2",
+        "rados_unwatch2",
+        "rados_watch_flush",
+        "rados_notify2",
+        "rados_notify_ack",
+        "rados_remove",
     ];
     let out =
         std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("bindings.rs");
@@ -68,6 +95,10 @@ fn generate() {
         .generate_comments(false)
         .allowlist_var("LIBRBD_VER_.*")
         .allowlist_var("LIBRADOS_VER_.*")
+        .allowlist_var("LIBRADOS_LOCK_FLAG_RENEW")
+        .allowlist_var("LIBRADOS_CREATE_.*")
+        .allowlist_var("LIBRADOS_CMPXATTR_OP_EQ")
+        .allowlist_var("LIBRADOS_OPERATION_NOFLAG")
         .allowlist_type("rbd_lock_mode_t")
         .rustified_enum("rbd_lock_mode_t");
     for f in FUNCTIONS {

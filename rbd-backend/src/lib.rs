@@ -14,6 +14,7 @@
 mod device;
 mod ffi;
 mod memory;
+pub mod rados;
 pub mod rbd;
 
 pub use device::{

@@ -308,74 +308,14 @@ impl ClusterPool {
             rados: Arc::new(rados),
             ioctxs: Mutex::new(HashMap::new()),
         });
+        crate::rados::register_client(&conn.rados);
         *slot = Some(conn.clone());
         Ok(conn)
     }
 
     /// A configured, connected `rados_t` (blocking).
     fn connect(&self) -> Result<ffi::Rados, RbdError> {
-        let s = &self.settings;
-        let entity = s.entity_name();
-        let conf_desc = s
-            .conf
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "default search path".into());
-        let mut rados = ffi::Rados::create(&s.cluster, &entity).map_err(|e| match e {
-            FfiError::Library(_) => RbdError::Library(e),
-            other => RbdError::Connect {
-                client: entity.clone(),
-                conf: conf_desc.clone(),
-                source: other,
-            },
-        })?;
-        let conf_path = s.conf.as_ref().map(|p| p.to_string_lossy().into_owned());
-        rados
-            .conf_read_file(conf_path.as_deref())
-            .map_err(|e| RbdError::Config(format!("reading conf {conf_desc}: {e}")))?;
-        if s.use_ceph_args_env {
-            rados
-                .conf_parse_env()
-                .map_err(|e| RbdError::Config(format!("CEPH_ARGS: {e}")))?;
-        }
-        if let Some(k) = &s.keyring {
-            rados
-                .conf_set("keyring", &k.to_string_lossy())
-                .map_err(|e| RbdError::Config(format!("keyring: {e}")))?;
-        }
-        let defaults: Vec<String> = GATEWAY_DEFAULT_ARGS.iter().map(|a| a.to_string()).collect();
-        rados
-            .conf_parse_argv(&defaults)
-            .map_err(|e| RbdError::Config(format!("gateway defaults: {e}")))?;
-        if !s.args.is_empty() {
-            let unknown = rados
-                .conf_parse_argv(&s.args)
-                .map_err(|e| RbdError::Config(format!("args: {e}")))?;
-            if !unknown.is_empty() {
-                return Err(RbdError::Config(format!(
-                    "args: not Ceph options: {}",
-                    unknown.join(" ")
-                )));
-            }
-        }
-        for (k, v) in &s.options {
-            rados.conf_set(k, v).map_err(|e| {
-                RbdError::Config(format!(
-                    "options.{k}: {}",
-                    if e.errno() == Some(ENOENT) {
-                        "no such Ceph option".to_string()
-                    } else {
-                        e.to_string()
-                    }
-                ))
-            })?;
-        }
-        rados.connect().map_err(|source| RbdError::Connect {
-            client: entity,
-            conf: conf_desc,
-            source,
-        })?;
-        Ok(rados)
+        connect_rados(&self.settings)
     }
 
     fn ioctx(
@@ -496,6 +436,73 @@ impl ClusterPool {
             _lease: lease,
         })
     }
+}
+
+/// A configured, connected `rados_t` for `settings` (blocking): conf file, `$CEPH_ARGS`,
+/// keyring, gateway defaults, `args`, `options`, in that order.
+pub(crate) fn connect_rados(settings: &CephSettings) -> Result<ffi::Rados, RbdError> {
+    let s = settings;
+    let entity = s.entity_name();
+    let conf_desc = s
+        .conf
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "default search path".into());
+    let mut rados = ffi::Rados::create(&s.cluster, &entity).map_err(|e| match e {
+        FfiError::Library(_) => RbdError::Library(e),
+        other => RbdError::Connect {
+            client: entity.clone(),
+            conf: conf_desc.clone(),
+            source: other,
+        },
+    })?;
+    let conf_path = s.conf.as_ref().map(|p| p.to_string_lossy().into_owned());
+    rados
+        .conf_read_file(conf_path.as_deref())
+        .map_err(|e| RbdError::Config(format!("reading conf {conf_desc}: {e}")))?;
+    if s.use_ceph_args_env {
+        rados
+            .conf_parse_env()
+            .map_err(|e| RbdError::Config(format!("CEPH_ARGS: {e}")))?;
+    }
+    if let Some(k) = &s.keyring {
+        rados
+            .conf_set("keyring", &k.to_string_lossy())
+            .map_err(|e| RbdError::Config(format!("keyring: {e}")))?;
+    }
+    let defaults: Vec<String> = GATEWAY_DEFAULT_ARGS.iter().map(|a| a.to_string()).collect();
+    rados
+        .conf_parse_argv(&defaults)
+        .map_err(|e| RbdError::Config(format!("gateway defaults: {e}")))?;
+    if !s.args.is_empty() {
+        let unknown = rados
+            .conf_parse_argv(&s.args)
+            .map_err(|e| RbdError::Config(format!("args: {e}")))?;
+        if !unknown.is_empty() {
+            return Err(RbdError::Config(format!(
+                "args: not Ceph options: {}",
+                unknown.join(" ")
+            )));
+        }
+    }
+    for (k, v) in &s.options {
+        rados.conf_set(k, v).map_err(|e| {
+            RbdError::Config(format!(
+                "options.{k}: {}",
+                if e.errno() == Some(ENOENT) {
+                    "no such Ceph option".to_string()
+                } else {
+                    e.to_string()
+                }
+            ))
+        })?;
+    }
+    rados.connect().map_err(|source| RbdError::Connect {
+        client: entity,
+        conf: conf_desc,
+        source,
+    })?;
+    Ok(rados)
 }
 
 /// Image administration on one pool (tests, tools): never used on the I/O path.

@@ -2,6 +2,7 @@
 # Runs the tests that need a real Ceph cluster: starts a throwaway micro cluster in its own
 # directory (Ceph packages are apt-installed when missing and root), runs
 #   - rbd-backend/tests/ceph.rs   (RbdDevice against the cluster; feature ceph-tests)
+#   - rbd-backend/tests/rados.rs  (omap compare-and-set, lock leases, watch/notify, blocklist)
 #   - gateway/tests/rbd_e2e.rs    (gateway + Rust NVMe/TCP host, checked with rbd export;
 #                                  #[ignore]d in plain cargo test, run here with --ignored)
 # and stops the cluster whatever happened. Exit code: non-zero if any test failed.
@@ -22,5 +23,6 @@ cd "$root"
 export MICRO_CEPH_FAULT_TESTS=${MICRO_CEPH_FAULT_TESTS:-1}
 rc=0
 "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test ceph -- "$@" || rc=1
+"${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test rados -- "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@" || rc=1
 exit $rc

@@ -3,11 +3,59 @@
 pub const LIBRADOS_VER_MAJOR: u32 = 3;
 pub const LIBRADOS_VER_MINOR: u32 = 0;
 pub const LIBRADOS_VER_EXTRA: u32 = 0;
+pub const LIBRADOS_LOCK_FLAG_RENEW: u32 = 1;
+pub const LIBRADOS_CREATE_EXCLUSIVE: u32 = 1;
+pub const LIBRADOS_CREATE_IDEMPOTENT: u32 = 0;
 pub const LIBRBD_VER_MAJOR: u32 = 1;
 pub const LIBRBD_VER_MINOR: u32 = 16;
 pub const LIBRBD_VER_EXTRA: u32 = 0;
+pub type __time_t = ::std::os::raw::c_long;
+pub type __suseconds_t = ::std::os::raw::c_long;
+pub type time_t = __time_t;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct timeval {
+    pub tv_sec: __time_t,
+    pub tv_usec: __suseconds_t,
+}
+pub const LIBRADOS_CMPXATTR_OP_EQ: _bindgen_ty_11 = 1;
+pub const LIBRADOS_CMPXATTR_OP_NE: _bindgen_ty_11 = 2;
+pub const LIBRADOS_CMPXATTR_OP_GT: _bindgen_ty_11 = 3;
+pub const LIBRADOS_CMPXATTR_OP_GTE: _bindgen_ty_11 = 4;
+pub const LIBRADOS_CMPXATTR_OP_LT: _bindgen_ty_11 = 5;
+pub const LIBRADOS_CMPXATTR_OP_LTE: _bindgen_ty_11 = 6;
+pub type _bindgen_ty_11 = ::std::os::raw::c_uint;
+pub const LIBRADOS_OPERATION_NOFLAG: _bindgen_ty_12 = 0;
+pub const LIBRADOS_OPERATION_BALANCE_READS: _bindgen_ty_12 = 1;
+pub const LIBRADOS_OPERATION_LOCALIZE_READS: _bindgen_ty_12 = 2;
+pub const LIBRADOS_OPERATION_ORDER_READS_WRITES: _bindgen_ty_12 = 4;
+pub const LIBRADOS_OPERATION_IGNORE_CACHE: _bindgen_ty_12 = 8;
+pub const LIBRADOS_OPERATION_SKIPRWLOCKS: _bindgen_ty_12 = 16;
+pub const LIBRADOS_OPERATION_IGNORE_OVERLAY: _bindgen_ty_12 = 32;
+pub const LIBRADOS_OPERATION_FULL_TRY: _bindgen_ty_12 = 64;
+pub const LIBRADOS_OPERATION_FULL_FORCE: _bindgen_ty_12 = 128;
+pub const LIBRADOS_OPERATION_IGNORE_REDIRECT: _bindgen_ty_12 = 256;
+pub const LIBRADOS_OPERATION_ORDERSNAP: _bindgen_ty_12 = 512;
+pub const LIBRADOS_OPERATION_RETURNVEC: _bindgen_ty_12 = 1024;
+pub type _bindgen_ty_12 = ::std::os::raw::c_uint;
 pub type rados_t = *mut ::std::os::raw::c_void;
 pub type rados_ioctx_t = *mut ::std::os::raw::c_void;
+pub type rados_omap_iter_t = *mut ::std::os::raw::c_void;
+pub type rados_write_op_t = *mut ::std::os::raw::c_void;
+pub type rados_read_op_t = *mut ::std::os::raw::c_void;
+pub type rados_watchcb2_t = ::std::option::Option<
+    unsafe extern "C" fn(
+        arg: *mut ::std::os::raw::c_void,
+        notify_id: u64,
+        handle: u64,
+        notifier_id: u64,
+        data: *mut ::std::os::raw::c_void,
+        data_len: usize,
+    ),
+>;
+pub type rados_watcherrcb_t = ::std::option::Option<
+    unsafe extern "C" fn(pre: *mut ::std::os::raw::c_void, cookie: u64, err: ::std::os::raw::c_int),
+>;
 pub type rbd_image_t = *mut ::std::os::raw::c_void;
 pub type rbd_completion_t = *mut ::std::os::raw::c_void;
 pub type rbd_callback_t = ::std::option::Option<
@@ -77,6 +125,9 @@ pub struct CephLib {
         buf: *mut ::std::os::raw::c_char,
         len: usize,
     ) -> ::std::os::raw::c_int,
+    pub rados_wait_for_latest_osdmap:
+        unsafe extern "C" fn(cluster: rados_t) -> ::std::os::raw::c_int,
+    pub rados_get_instance_id: unsafe extern "C" fn(cluster: rados_t) -> u64,
     pub rados_ioctx_create: unsafe extern "C" fn(
         cluster: rados_t,
         pool_name: *const ::std::os::raw::c_char,
@@ -85,6 +136,127 @@ pub struct CephLib {
     pub rados_ioctx_destroy: unsafe extern "C" fn(io: rados_ioctx_t),
     pub rados_ioctx_set_namespace:
         unsafe extern "C" fn(io: rados_ioctx_t, nspace: *const ::std::os::raw::c_char),
+    pub rados_remove: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int,
+    pub rados_omap_get_next: unsafe extern "C" fn(
+        iter: rados_omap_iter_t,
+        key: *mut *mut ::std::os::raw::c_char,
+        val: *mut *mut ::std::os::raw::c_char,
+        len: *mut usize,
+    ) -> ::std::os::raw::c_int,
+    pub rados_omap_get_end: unsafe extern "C" fn(iter: rados_omap_iter_t),
+    pub rados_watch2: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        cookie: *mut u64,
+        watchcb: rados_watchcb2_t,
+        watcherrcb: rados_watcherrcb_t,
+        arg: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int,
+    pub rados_unwatch2:
+        unsafe extern "C" fn(io: rados_ioctx_t, cookie: u64) -> ::std::os::raw::c_int,
+    pub rados_notify2: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        buf: *const ::std::os::raw::c_char,
+        buf_len: ::std::os::raw::c_int,
+        timeout_ms: u64,
+        reply_buffer: *mut *mut ::std::os::raw::c_char,
+        reply_buffer_len: *mut usize,
+    ) -> ::std::os::raw::c_int,
+    pub rados_notify_ack: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        notify_id: u64,
+        cookie: u64,
+        buf: *const ::std::os::raw::c_char,
+        buf_len: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int,
+    pub rados_watch_flush: unsafe extern "C" fn(cluster: rados_t) -> ::std::os::raw::c_int,
+    pub rados_create_write_op: unsafe extern "C" fn() -> rados_write_op_t,
+    pub rados_release_write_op: unsafe extern "C" fn(write_op: rados_write_op_t),
+    pub rados_write_op_omap_cmp: unsafe extern "C" fn(
+        write_op: rados_write_op_t,
+        key: *const ::std::os::raw::c_char,
+        comparison_operator: u8,
+        val: *const ::std::os::raw::c_char,
+        val_len: usize,
+        prval: *mut ::std::os::raw::c_int,
+    ),
+    pub rados_write_op_create: unsafe extern "C" fn(
+        write_op: rados_write_op_t,
+        exclusive: ::std::os::raw::c_int,
+        category: *const ::std::os::raw::c_char,
+    ),
+    pub rados_write_op_omap_set: unsafe extern "C" fn(
+        write_op: rados_write_op_t,
+        keys: *const *const ::std::os::raw::c_char,
+        vals: *const *const ::std::os::raw::c_char,
+        lens: *const usize,
+        num: usize,
+    ),
+    pub rados_write_op_omap_rm_keys: unsafe extern "C" fn(
+        write_op: rados_write_op_t,
+        keys: *const *const ::std::os::raw::c_char,
+        keys_len: usize,
+    ),
+    pub rados_write_op_operate: unsafe extern "C" fn(
+        write_op: rados_write_op_t,
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        mtime: *mut time_t,
+        flags: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int,
+    pub rados_create_read_op: unsafe extern "C" fn() -> rados_read_op_t,
+    pub rados_release_read_op: unsafe extern "C" fn(read_op: rados_read_op_t),
+    pub rados_read_op_omap_get_vals2: unsafe extern "C" fn(
+        read_op: rados_read_op_t,
+        start_after: *const ::std::os::raw::c_char,
+        filter_prefix: *const ::std::os::raw::c_char,
+        max_return: u64,
+        iter: *mut rados_omap_iter_t,
+        pmore: *mut ::std::os::raw::c_uchar,
+        prval: *mut ::std::os::raw::c_int,
+    ),
+    pub rados_read_op_operate: unsafe extern "C" fn(
+        read_op: rados_read_op_t,
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        flags: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int,
+    pub rados_lock_exclusive: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        cookie: *const ::std::os::raw::c_char,
+        desc: *const ::std::os::raw::c_char,
+        duration: *mut timeval,
+        flags: u8,
+    ) -> ::std::os::raw::c_int,
+    pub rados_unlock: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        cookie: *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int,
+    pub rados_getaddrs: unsafe extern "C" fn(
+        cluster: rados_t,
+        addrs: *mut *mut ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int,
+    pub rados_mon_command: unsafe extern "C" fn(
+        cluster: rados_t,
+        cmd: *mut *const ::std::os::raw::c_char,
+        cmdlen: usize,
+        inbuf: *const ::std::os::raw::c_char,
+        inbuflen: usize,
+        outbuf: *mut *mut ::std::os::raw::c_char,
+        outbuflen: *mut usize,
+        outs: *mut *mut ::std::os::raw::c_char,
+        outslen: *mut usize,
+    ) -> ::std::os::raw::c_int,
+    pub rados_buffer_free: unsafe extern "C" fn(buf: *mut ::std::os::raw::c_char),
     pub rbd_version: unsafe extern "C" fn(
         major: *mut ::std::os::raw::c_int,
         minor: *mut ::std::os::raw::c_int,
@@ -213,11 +385,47 @@ impl CephLib {
         let rados_conf_parse_env = __library.get(b"rados_conf_parse_env\0").map(|sym| *sym)?;
         let rados_conf_set = __library.get(b"rados_conf_set\0").map(|sym| *sym)?;
         let rados_conf_get = __library.get(b"rados_conf_get\0").map(|sym| *sym)?;
+        let rados_wait_for_latest_osdmap = __library
+            .get(b"rados_wait_for_latest_osdmap\0")
+            .map(|sym| *sym)?;
+        let rados_get_instance_id = __library.get(b"rados_get_instance_id\0").map(|sym| *sym)?;
         let rados_ioctx_create = __library.get(b"rados_ioctx_create\0").map(|sym| *sym)?;
         let rados_ioctx_destroy = __library.get(b"rados_ioctx_destroy\0").map(|sym| *sym)?;
         let rados_ioctx_set_namespace = __library
             .get(b"rados_ioctx_set_namespace\0")
             .map(|sym| *sym)?;
+        let rados_remove = __library.get(b"rados_remove\0").map(|sym| *sym)?;
+        let rados_omap_get_next = __library.get(b"rados_omap_get_next\0").map(|sym| *sym)?;
+        let rados_omap_get_end = __library.get(b"rados_omap_get_end\0").map(|sym| *sym)?;
+        let rados_watch2 = __library.get(b"rados_watch2\0").map(|sym| *sym)?;
+        let rados_unwatch2 = __library.get(b"rados_unwatch2\0").map(|sym| *sym)?;
+        let rados_notify2 = __library.get(b"rados_notify2\0").map(|sym| *sym)?;
+        let rados_notify_ack = __library.get(b"rados_notify_ack\0").map(|sym| *sym)?;
+        let rados_watch_flush = __library.get(b"rados_watch_flush\0").map(|sym| *sym)?;
+        let rados_create_write_op = __library.get(b"rados_create_write_op\0").map(|sym| *sym)?;
+        let rados_release_write_op = __library.get(b"rados_release_write_op\0").map(|sym| *sym)?;
+        let rados_write_op_omap_cmp = __library
+            .get(b"rados_write_op_omap_cmp\0")
+            .map(|sym| *sym)?;
+        let rados_write_op_create = __library.get(b"rados_write_op_create\0").map(|sym| *sym)?;
+        let rados_write_op_omap_set = __library
+            .get(b"rados_write_op_omap_set\0")
+            .map(|sym| *sym)?;
+        let rados_write_op_omap_rm_keys = __library
+            .get(b"rados_write_op_omap_rm_keys\0")
+            .map(|sym| *sym)?;
+        let rados_write_op_operate = __library.get(b"rados_write_op_operate\0").map(|sym| *sym)?;
+        let rados_create_read_op = __library.get(b"rados_create_read_op\0").map(|sym| *sym)?;
+        let rados_release_read_op = __library.get(b"rados_release_read_op\0").map(|sym| *sym)?;
+        let rados_read_op_omap_get_vals2 = __library
+            .get(b"rados_read_op_omap_get_vals2\0")
+            .map(|sym| *sym)?;
+        let rados_read_op_operate = __library.get(b"rados_read_op_operate\0").map(|sym| *sym)?;
+        let rados_lock_exclusive = __library.get(b"rados_lock_exclusive\0").map(|sym| *sym)?;
+        let rados_unlock = __library.get(b"rados_unlock\0").map(|sym| *sym)?;
+        let rados_getaddrs = __library.get(b"rados_getaddrs\0").map(|sym| *sym)?;
+        let rados_mon_command = __library.get(b"rados_mon_command\0").map(|sym| *sym)?;
+        let rados_buffer_free = __library.get(b"rados_buffer_free\0").map(|sym| *sym)?;
         let rbd_version = __library.get(b"rbd_version\0").map(|sym| *sym)?;
         let rbd_create = __library.get(b"rbd_create\0").map(|sym| *sym)?;
         let rbd_remove = __library.get(b"rbd_remove\0").map(|sym| *sym)?;
@@ -259,9 +467,35 @@ impl CephLib {
             rados_conf_parse_env,
             rados_conf_set,
             rados_conf_get,
+            rados_wait_for_latest_osdmap,
+            rados_get_instance_id,
             rados_ioctx_create,
             rados_ioctx_destroy,
             rados_ioctx_set_namespace,
+            rados_remove,
+            rados_omap_get_next,
+            rados_omap_get_end,
+            rados_watch2,
+            rados_unwatch2,
+            rados_notify2,
+            rados_notify_ack,
+            rados_watch_flush,
+            rados_create_write_op,
+            rados_release_write_op,
+            rados_write_op_omap_cmp,
+            rados_write_op_create,
+            rados_write_op_omap_set,
+            rados_write_op_omap_rm_keys,
+            rados_write_op_operate,
+            rados_create_read_op,
+            rados_release_read_op,
+            rados_read_op_omap_get_vals2,
+            rados_read_op_operate,
+            rados_lock_exclusive,
+            rados_unlock,
+            rados_getaddrs,
+            rados_mon_command,
+            rados_buffer_free,
             rbd_version,
             rbd_create,
             rbd_remove,
@@ -358,6 +592,12 @@ impl CephLib {
     ) -> ::std::os::raw::c_int {
         (self.rados_conf_get)(cluster, option, buf, len)
     }
+    pub unsafe fn rados_wait_for_latest_osdmap(&self, cluster: rados_t) -> ::std::os::raw::c_int {
+        (self.rados_wait_for_latest_osdmap)(cluster)
+    }
+    pub unsafe fn rados_get_instance_id(&self, cluster: rados_t) -> u64 {
+        (self.rados_get_instance_id)(cluster)
+    }
     pub unsafe fn rados_ioctx_create(
         &self,
         cluster: rados_t,
@@ -375,6 +615,208 @@ impl CephLib {
         nspace: *const ::std::os::raw::c_char,
     ) {
         (self.rados_ioctx_set_namespace)(io, nspace)
+    }
+    pub unsafe fn rados_remove(
+        &self,
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_remove)(io, oid)
+    }
+    pub unsafe fn rados_omap_get_next(
+        &self,
+        iter: rados_omap_iter_t,
+        key: *mut *mut ::std::os::raw::c_char,
+        val: *mut *mut ::std::os::raw::c_char,
+        len: *mut usize,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_omap_get_next)(iter, key, val, len)
+    }
+    pub unsafe fn rados_omap_get_end(&self, iter: rados_omap_iter_t) {
+        (self.rados_omap_get_end)(iter)
+    }
+    pub unsafe fn rados_watch2(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        cookie: *mut u64,
+        watchcb: rados_watchcb2_t,
+        watcherrcb: rados_watcherrcb_t,
+        arg: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_watch2)(io, o, cookie, watchcb, watcherrcb, arg)
+    }
+    pub unsafe fn rados_unwatch2(&self, io: rados_ioctx_t, cookie: u64) -> ::std::os::raw::c_int {
+        (self.rados_unwatch2)(io, cookie)
+    }
+    pub unsafe fn rados_notify2(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        buf: *const ::std::os::raw::c_char,
+        buf_len: ::std::os::raw::c_int,
+        timeout_ms: u64,
+        reply_buffer: *mut *mut ::std::os::raw::c_char,
+        reply_buffer_len: *mut usize,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_notify2)(
+            io,
+            o,
+            buf,
+            buf_len,
+            timeout_ms,
+            reply_buffer,
+            reply_buffer_len,
+        )
+    }
+    pub unsafe fn rados_notify_ack(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        notify_id: u64,
+        cookie: u64,
+        buf: *const ::std::os::raw::c_char,
+        buf_len: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_notify_ack)(io, o, notify_id, cookie, buf, buf_len)
+    }
+    pub unsafe fn rados_watch_flush(&self, cluster: rados_t) -> ::std::os::raw::c_int {
+        (self.rados_watch_flush)(cluster)
+    }
+    pub unsafe fn rados_create_write_op(&self) -> rados_write_op_t {
+        (self.rados_create_write_op)()
+    }
+    pub unsafe fn rados_release_write_op(&self, write_op: rados_write_op_t) {
+        (self.rados_release_write_op)(write_op)
+    }
+    pub unsafe fn rados_write_op_omap_cmp(
+        &self,
+        write_op: rados_write_op_t,
+        key: *const ::std::os::raw::c_char,
+        comparison_operator: u8,
+        val: *const ::std::os::raw::c_char,
+        val_len: usize,
+        prval: *mut ::std::os::raw::c_int,
+    ) {
+        (self.rados_write_op_omap_cmp)(write_op, key, comparison_operator, val, val_len, prval)
+    }
+    pub unsafe fn rados_write_op_create(
+        &self,
+        write_op: rados_write_op_t,
+        exclusive: ::std::os::raw::c_int,
+        category: *const ::std::os::raw::c_char,
+    ) {
+        (self.rados_write_op_create)(write_op, exclusive, category)
+    }
+    pub unsafe fn rados_write_op_omap_set(
+        &self,
+        write_op: rados_write_op_t,
+        keys: *const *const ::std::os::raw::c_char,
+        vals: *const *const ::std::os::raw::c_char,
+        lens: *const usize,
+        num: usize,
+    ) {
+        (self.rados_write_op_omap_set)(write_op, keys, vals, lens, num)
+    }
+    pub unsafe fn rados_write_op_omap_rm_keys(
+        &self,
+        write_op: rados_write_op_t,
+        keys: *const *const ::std::os::raw::c_char,
+        keys_len: usize,
+    ) {
+        (self.rados_write_op_omap_rm_keys)(write_op, keys, keys_len)
+    }
+    pub unsafe fn rados_write_op_operate(
+        &self,
+        write_op: rados_write_op_t,
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        mtime: *mut time_t,
+        flags: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_write_op_operate)(write_op, io, oid, mtime, flags)
+    }
+    pub unsafe fn rados_create_read_op(&self) -> rados_read_op_t {
+        (self.rados_create_read_op)()
+    }
+    pub unsafe fn rados_release_read_op(&self, read_op: rados_read_op_t) {
+        (self.rados_release_read_op)(read_op)
+    }
+    pub unsafe fn rados_read_op_omap_get_vals2(
+        &self,
+        read_op: rados_read_op_t,
+        start_after: *const ::std::os::raw::c_char,
+        filter_prefix: *const ::std::os::raw::c_char,
+        max_return: u64,
+        iter: *mut rados_omap_iter_t,
+        pmore: *mut ::std::os::raw::c_uchar,
+        prval: *mut ::std::os::raw::c_int,
+    ) {
+        (self.rados_read_op_omap_get_vals2)(
+            read_op,
+            start_after,
+            filter_prefix,
+            max_return,
+            iter,
+            pmore,
+            prval,
+        )
+    }
+    pub unsafe fn rados_read_op_operate(
+        &self,
+        read_op: rados_read_op_t,
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        flags: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_read_op_operate)(read_op, io, oid, flags)
+    }
+    pub unsafe fn rados_lock_exclusive(
+        &self,
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        cookie: *const ::std::os::raw::c_char,
+        desc: *const ::std::os::raw::c_char,
+        duration: *mut timeval,
+        flags: u8,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_lock_exclusive)(io, oid, name, cookie, desc, duration, flags)
+    }
+    pub unsafe fn rados_unlock(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        cookie: *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_unlock)(io, o, name, cookie)
+    }
+    pub unsafe fn rados_getaddrs(
+        &self,
+        cluster: rados_t,
+        addrs: *mut *mut ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_getaddrs)(cluster, addrs)
+    }
+    pub unsafe fn rados_mon_command(
+        &self,
+        cluster: rados_t,
+        cmd: *mut *const ::std::os::raw::c_char,
+        cmdlen: usize,
+        inbuf: *const ::std::os::raw::c_char,
+        inbuflen: usize,
+        outbuf: *mut *mut ::std::os::raw::c_char,
+        outbuflen: *mut usize,
+        outs: *mut *mut ::std::os::raw::c_char,
+        outslen: *mut usize,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_mon_command)(
+            cluster, cmd, cmdlen, inbuf, inbuflen, outbuf, outbuflen, outs, outslen,
+        )
+    }
+    pub unsafe fn rados_buffer_free(&self, buf: *mut ::std::os::raw::c_char) {
+        (self.rados_buffer_free)(buf)
     }
     pub unsafe fn rbd_version(
         &self,
