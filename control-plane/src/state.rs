@@ -1,0 +1,743 @@
+//! The group's configuration (subsystems, namespaces, listeners, hosts) and its group map, as
+//! stored in one RADOS object's omap, with the checks every change goes through.
+//!
+//! Omap layout (one key per item, so a change rewrites only what changed):
+//!
+//! | key | value |
+//! | --- | --- |
+//! | `version` | decimal, bumped by every write (the compare-and-set guard) |
+//! | `subsystem/<nqn>` | JSON [`SubsystemEntry`] |
+//! | `namespace/<nqn>/<nsid, 10 digits>` | JSON [`NamespaceEntry`] |
+//! | `listener/<nqn>/<gateway>/<transport>/<address>/<port>` | JSON [`ListenerEntry`] |
+//! | `host/<nqn>/<host nqn>` | empty |
+//! | `groupmap` | JSON [`GroupMap`] (written by the leader) |
+//!
+//! Everything here is pure: no I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ana::{self, GroupMap};
+
+/// NQN length limit (NVMe Base: 223 bytes, `NVMF_NQN_SIZE` - 1).
+pub const NQN_MAX_LEN: usize = 223;
+/// NSIDs a subsystem may hold (the gateway's Identify Controller NN).
+pub const DEFAULT_MAX_NAMESPACES: u32 = 1024;
+
+pub type Omap = BTreeMap<String, Vec<u8>>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubsystemEntry {
+    pub nqn: String,
+    #[serde(default)]
+    pub serial: String,
+    #[serde(default)]
+    pub allow_any_host: bool,
+    pub max_namespaces: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceEntry {
+    pub subsystem_nqn: String,
+    pub nsid: u32,
+    pub pool: String,
+    #[serde(default)]
+    pub rados_namespace: String,
+    pub image: String,
+    pub block_size: u32,
+    pub ana_group: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ListenerEntry {
+    pub subsystem_nqn: String,
+    pub gateway: String,
+    pub transport: String,
+    pub address: String,
+    pub port: u16,
+}
+
+/// Why a change is refused. Every message names the offending value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid NQN {nqn:?}: {why}")]
+    InvalidNqn { nqn: String, why: &'static str },
+    #[error("subsystem {0} already exists")]
+    SubsystemExists(String),
+    #[error("subsystem {0} not found")]
+    NoSubsystem(String),
+    #[error("subsystem {nqn} still has {count} namespace(s); delete them or use --force")]
+    SubsystemNotEmpty { nqn: String, count: usize },
+    #[error("namespace {nsid} already exists in {nqn}")]
+    NamespaceExists { nqn: String, nsid: u32 },
+    #[error("namespace {nsid} not found in {nqn}")]
+    NoNamespace { nqn: String, nsid: u32 },
+    #[error("NSID {nsid} out of range 1..={max}")]
+    NsidRange { nsid: u32, max: u32 },
+    #[error("{nqn} has no free NSID (max {max})")]
+    NoFreeNsid { nqn: String, max: u32 },
+    #[error("block size {0} is not 512 or 4096")]
+    BlockSize(u32),
+    #[error("image {0} is already namespace {2} of {1}")]
+    ImageInUse(String, String, u32),
+    #[error("ANA group {0} has no gateway")]
+    NoAnaGroup(u32),
+    #[error("{what} must not be empty")]
+    Empty { what: &'static str },
+    #[error("invalid {what} {value:?}: {why}")]
+    Invalid {
+        what: &'static str,
+        value: String,
+        why: &'static str,
+    },
+    #[error("listener {0} already exists")]
+    ListenerExists(String),
+    #[error("listener {0} not found")]
+    NoListener(String),
+    #[error("host {host} already allowed on {nqn}")]
+    HostExists { nqn: String, host: String },
+    #[error("host {host} not allowed on {nqn}")]
+    NoHost { nqn: String, host: String },
+    #[error("stored state is corrupt: key {key}: {why}")]
+    Corrupt { key: String, why: String },
+}
+
+/// Checks NQN syntax: `nqn.yyyy-mm.reverse.domain[:anything]` or
+/// `nqn.2014-08.org.nvmexpress:uuid:<uuid>`, at most 223 bytes, printable, no spaces.
+pub fn check_nqn(nqn: &str) -> Result<(), ConfigError> {
+    let bad = |why| {
+        Err(ConfigError::InvalidNqn {
+            nqn: nqn.to_string(),
+            why,
+        })
+    };
+    if nqn.len() > NQN_MAX_LEN {
+        return bad("longer than 223 bytes");
+    }
+    if nqn.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return bad("contains whitespace or control characters");
+    }
+    let Some(rest) = nqn.strip_prefix("nqn.") else {
+        return bad("does not start with \"nqn.\"");
+    };
+    let b = rest.as_bytes();
+    let date_ok = b.len() > 8
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && b[5..7].iter().all(u8::is_ascii_digit)
+        && b[7] == b'.';
+    if !date_ok {
+        return bad("expected nqn.yyyy-mm.<reverse domain>");
+    }
+    let domain = rest[8..].split(':').next().unwrap_or("");
+    if domain.is_empty() || domain.starts_with('.') || domain.ends_with('.') {
+        return bad("missing reverse domain name after the date");
+    }
+    if let Some(u) = nqn.strip_prefix("nqn.2014-08.org.nvmexpress:uuid:") {
+        if uuid::Uuid::parse_str(u).is_err() {
+            return bad("not a UUID after nqn.2014-08.org.nvmexpress:uuid:");
+        }
+    }
+    Ok(())
+}
+
+/// The NGUID and UUID every gateway derives for a namespace (the same derivation as the
+/// gateway's configuration: UUIDv5 of `<nqn>/<nsid>` in the product's namespace).
+pub fn derived_ids(nqn: &str, nsid: u32) -> (String, String) {
+    const PRODUCT: uuid::Uuid = uuid::Uuid::from_u128(0x6c1d_7a1e_52c4_4f0e_9a6b_8e0b_3f2d_a001);
+    let identity = format!("{nqn}/{nsid}");
+    let uuid = uuid::Uuid::new_v5(&PRODUCT, identity.as_bytes());
+    let nguid = uuid::Uuid::new_v5(&PRODUCT, format!("nguid:{identity}").as_bytes());
+    (nguid.simple().to_string(), uuid.hyphenated().to_string())
+}
+
+fn check_name(what: &'static str, value: &str) -> Result<(), ConfigError> {
+    if value.is_empty() {
+        return Err(ConfigError::Empty { what });
+    }
+    if value.contains('/') || value.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(ConfigError::Invalid {
+            what,
+            value: value.to_string(),
+            why: "contains '/', whitespace or control characters",
+        });
+    }
+    Ok(())
+}
+
+/// The whole group state: configuration plus the group map.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupState {
+    pub version: u64,
+    pub subsystems: BTreeMap<String, SubsystemEntry>,
+    pub namespaces: BTreeMap<(String, u32), NamespaceEntry>,
+    pub listeners: BTreeSet<ListenerEntry>,
+    pub hosts: BTreeSet<(String, String)>,
+    pub map: Option<GroupMap>,
+}
+
+fn json<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serialising these plain structs cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+impl GroupState {
+    /// Decodes an omap. Unknown keys are ignored (newer writers).
+    pub fn from_omap(omap: &Omap) -> Result<GroupState, ConfigError> {
+        let corrupt = |key: &str, why: String| ConfigError::Corrupt {
+            key: key.to_string(),
+            why,
+        };
+        let mut st = GroupState::default();
+        for (k, v) in omap {
+            if k == "version" {
+                let text = String::from_utf8_lossy(v);
+                st.version = text.parse().map_err(|e| corrupt(k, format!("{e}")))?;
+            } else if k == "groupmap" {
+                st.map = Some(serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?);
+            } else if k.starts_with("subsystem/") {
+                let s: SubsystemEntry =
+                    serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?;
+                st.subsystems.insert(s.nqn.clone(), s);
+            } else if k.starts_with("namespace/") {
+                let n: NamespaceEntry =
+                    serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?;
+                st.namespaces.insert((n.subsystem_nqn.clone(), n.nsid), n);
+            } else if k.starts_with("listener/") {
+                let l: ListenerEntry =
+                    serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?;
+                st.listeners.insert(l);
+            } else if let Some(rest) = k.strip_prefix("host/") {
+                let (nqn, host) = rest
+                    .split_once('/')
+                    .ok_or_else(|| corrupt(k, "no host part".into()))?;
+                st.hosts.insert((nqn.to_string(), host.to_string()));
+            }
+        }
+        Ok(st)
+    }
+
+    /// Encodes everything but `version`.
+    pub fn to_omap(&self) -> Omap {
+        let mut m = Omap::new();
+        for s in self.subsystems.values() {
+            m.insert(format!("subsystem/{}", s.nqn), json(s));
+        }
+        for n in self.namespaces.values() {
+            m.insert(
+                format!("namespace/{}/{:010}", n.subsystem_nqn, n.nsid),
+                json(n),
+            );
+        }
+        for l in &self.listeners {
+            m.insert(listener_key(l), json(l));
+        }
+        for (nqn, host) in &self.hosts {
+            m.insert(format!("host/{nqn}/{host}"), Vec::new());
+        }
+        if let Some(map) = &self.map {
+            m.insert("groupmap".into(), json(map));
+        }
+        m
+    }
+
+    /// The keys to set and remove to go from `old` to `self` (never `version`).
+    pub fn diff(&self, old: &GroupState) -> (Vec<(String, Vec<u8>)>, Vec<String>) {
+        let new = self.to_omap();
+        let before = old.to_omap();
+        let set = new
+            .iter()
+            .filter(|(k, v)| before.get(*k) != Some(*v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let remove = before
+            .keys()
+            .filter(|k| !new.contains_key(*k))
+            .cloned()
+            .collect();
+        (set, remove)
+    }
+
+    /// ANA groups that have a gateway.
+    pub fn groups(&self) -> Vec<u32> {
+        self.map
+            .as_ref()
+            .map(|m| m.groups.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    fn subsystem(&self, nqn: &str) -> Result<&SubsystemEntry, ConfigError> {
+        self.subsystems
+            .get(nqn)
+            .ok_or_else(|| ConfigError::NoSubsystem(nqn.to_string()))
+    }
+
+    pub fn add_subsystem(
+        &mut self,
+        nqn: &str,
+        serial: &str,
+        allow_any_host: bool,
+        max_namespaces: u32,
+    ) -> Result<(), ConfigError> {
+        check_nqn(nqn)?;
+        if nqn == "nqn.2014-08.org.nvmexpress.discovery" {
+            return Err(ConfigError::InvalidNqn {
+                nqn: nqn.into(),
+                why: "that is the discovery subsystem's NQN",
+            });
+        }
+        if self.subsystems.contains_key(nqn) {
+            return Err(ConfigError::SubsystemExists(nqn.into()));
+        }
+        if serial.len() > 20 || !serial.is_ascii() {
+            return Err(ConfigError::Invalid {
+                what: "serial",
+                value: serial.into(),
+                why: "more than 20 ASCII characters",
+            });
+        }
+        let max = if max_namespaces == 0 {
+            DEFAULT_MAX_NAMESPACES
+        } else {
+            max_namespaces
+        };
+        if max > DEFAULT_MAX_NAMESPACES {
+            return Err(ConfigError::NsidRange {
+                nsid: max,
+                max: DEFAULT_MAX_NAMESPACES,
+            });
+        }
+        self.subsystems.insert(
+            nqn.into(),
+            SubsystemEntry {
+                nqn: nqn.into(),
+                serial: serial.into(),
+                allow_any_host,
+                max_namespaces: max,
+            },
+        );
+        Ok(())
+    }
+
+    pub fn del_subsystem(&mut self, nqn: &str, force: bool) -> Result<(), ConfigError> {
+        self.subsystem(nqn)?;
+        let count = self.namespaces.keys().filter(|(n, _)| n == nqn).count();
+        if count > 0 && !force {
+            return Err(ConfigError::SubsystemNotEmpty {
+                nqn: nqn.into(),
+                count,
+            });
+        }
+        self.subsystems.remove(nqn);
+        self.namespaces.retain(|(n, _), _| n != nqn);
+        self.listeners.retain(|l| l.subsystem_nqn != nqn);
+        self.hosts.retain(|(n, _)| n != nqn);
+        Ok(())
+    }
+
+    /// Adds a namespace; `nsid` 0 = the lowest free, `ana_group` 0 = the group with the
+    /// fewest namespaces. Returns the entry added.
+    pub fn add_namespace(&mut self, mut ns: NamespaceEntry) -> Result<NamespaceEntry, ConfigError> {
+        let max = self.subsystem(&ns.subsystem_nqn)?.max_namespaces;
+        check_name("pool", &ns.pool)?;
+        check_name("image", &ns.image)?;
+        if !ns.rados_namespace.is_empty() {
+            check_name("rados namespace", &ns.rados_namespace)?;
+        }
+        if ns.block_size == 0 {
+            ns.block_size = 512;
+        }
+        if ns.block_size != 512 && ns.block_size != 4096 {
+            return Err(ConfigError::BlockSize(ns.block_size));
+        }
+        let used: BTreeSet<u32> = self
+            .namespaces
+            .keys()
+            .filter(|(n, _)| *n == ns.subsystem_nqn)
+            .map(|(_, id)| *id)
+            .collect();
+        if ns.nsid == 0 {
+            ns.nsid =
+                (1..=max)
+                    .find(|i| !used.contains(i))
+                    .ok_or_else(|| ConfigError::NoFreeNsid {
+                        nqn: ns.subsystem_nqn.clone(),
+                        max,
+                    })?;
+        } else if ns.nsid > max {
+            return Err(ConfigError::NsidRange { nsid: ns.nsid, max });
+        } else if used.contains(&ns.nsid) {
+            return Err(ConfigError::NamespaceExists {
+                nqn: ns.subsystem_nqn.clone(),
+                nsid: ns.nsid,
+            });
+        }
+        if let Some(other) = self.namespaces.values().find(|o| {
+            o.pool == ns.pool && o.rados_namespace == ns.rados_namespace && o.image == ns.image
+        }) {
+            return Err(ConfigError::ImageInUse(
+                image_spec(&ns),
+                other.subsystem_nqn.clone(),
+                other.nsid,
+            ));
+        }
+        let groups = self.groups();
+        if ns.ana_group == 0 {
+            let mut counts = BTreeMap::new();
+            for n in self.namespaces.values() {
+                *counts.entry(n.ana_group).or_insert(0usize) += 1;
+            }
+            ns.ana_group = ana::pick_group(&groups, &counts).unwrap_or(1);
+        } else if !groups.contains(&ns.ana_group) {
+            return Err(ConfigError::NoAnaGroup(ns.ana_group));
+        }
+        self.namespaces
+            .insert((ns.subsystem_nqn.clone(), ns.nsid), ns.clone());
+        Ok(ns)
+    }
+
+    pub fn del_namespace(&mut self, nqn: &str, nsid: u32) -> Result<(), ConfigError> {
+        self.subsystem(nqn)?;
+        self.namespaces
+            .remove(&(nqn.to_string(), nsid))
+            .map(|_| ())
+            .ok_or(ConfigError::NoNamespace {
+                nqn: nqn.into(),
+                nsid,
+            })
+    }
+
+    /// Moves a namespace to another ANA group (another gateway's optimized path).
+    pub fn move_namespace(&mut self, nqn: &str, nsid: u32, group: u32) -> Result<(), ConfigError> {
+        self.subsystem(nqn)?;
+        if !self.groups().contains(&group) {
+            return Err(ConfigError::NoAnaGroup(group));
+        }
+        let ns =
+            self.namespaces
+                .get_mut(&(nqn.to_string(), nsid))
+                .ok_or(ConfigError::NoNamespace {
+                    nqn: nqn.into(),
+                    nsid,
+                })?;
+        ns.ana_group = group;
+        Ok(())
+    }
+
+    pub fn add_listener(&mut self, l: ListenerEntry) -> Result<(), ConfigError> {
+        self.subsystem(&l.subsystem_nqn)?;
+        check_name("gateway", &l.gateway)?;
+        if l.transport != "tcp" && l.transport != "rdma" {
+            return Err(ConfigError::Invalid {
+                what: "transport",
+                value: l.transport.clone(),
+                why: "must be tcp or rdma",
+            });
+        }
+        if l.address.parse::<std::net::IpAddr>().is_err() {
+            return Err(ConfigError::Invalid {
+                what: "address",
+                value: l.address.clone(),
+                why: "not a numeric IPv4/IPv6 address",
+            });
+        }
+        if l.port == 0 {
+            return Err(ConfigError::Invalid {
+                what: "port",
+                value: "0".into(),
+                why: "must be 1..=65535",
+            });
+        }
+        if !self.listeners.insert(l.clone()) {
+            return Err(ConfigError::ListenerExists(listener_key(&l)));
+        }
+        Ok(())
+    }
+
+    pub fn del_listener(&mut self, l: &ListenerEntry) -> Result<(), ConfigError> {
+        self.subsystem(&l.subsystem_nqn)?;
+        if !self.listeners.remove(l) {
+            return Err(ConfigError::NoListener(listener_key(l)));
+        }
+        Ok(())
+    }
+
+    pub fn add_host(&mut self, nqn: &str, host: &str) -> Result<(), ConfigError> {
+        self.subsystem(nqn)?;
+        check_nqn(host)?;
+        if !self.hosts.insert((nqn.into(), host.into())) {
+            return Err(ConfigError::HostExists {
+                nqn: nqn.into(),
+                host: host.into(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn del_host(&mut self, nqn: &str, host: &str) -> Result<(), ConfigError> {
+        self.subsystem(nqn)?;
+        if !self.hosts.remove(&(nqn.to_string(), host.to_string())) {
+            return Err(ConfigError::NoHost {
+                nqn: nqn.into(),
+                host: host.into(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn hosts_of(&self, nqn: &str) -> Vec<String> {
+        self.hosts
+            .iter()
+            .filter(|(n, _)| n == nqn)
+            .map(|(_, h)| h.clone())
+            .collect()
+    }
+}
+
+pub fn image_spec(ns: &NamespaceEntry) -> String {
+    if ns.rados_namespace.is_empty() {
+        format!("{}/{}", ns.pool, ns.image)
+    } else {
+        format!("{}/{}/{}", ns.pool, ns.rados_namespace, ns.image)
+    }
+}
+
+fn listener_key(l: &ListenerEntry) -> String {
+    format!(
+        "listener/{}/{}/{}/{}/{}",
+        l.subsystem_nqn, l.gateway, l.transport, l.address, l.port
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ana::{Event, Timing};
+
+    const NQN: &str = "nqn.2016-06.io.test:disks";
+
+    fn with_groups(n: u32) -> GroupState {
+        let mut map = GroupMap::new(Timing::default());
+        for g in 1..=n {
+            map.handle(Event::Beacon {
+                gateway: format!("gw{g}"),
+                ana_group: g,
+                incarnation: 1,
+                addrs: vec![],
+                applied_epoch: 0,
+                now_ms: 0,
+            })
+            .expect("beacon");
+        }
+        GroupState {
+            map: Some(map),
+            ..GroupState::default()
+        }
+    }
+
+    fn ns(image: &str) -> NamespaceEntry {
+        NamespaceEntry {
+            subsystem_nqn: NQN.into(),
+            nsid: 0,
+            pool: "rbd".into(),
+            rados_namespace: String::new(),
+            image: image.into(),
+            block_size: 0,
+            ana_group: 0,
+        }
+    }
+
+    #[test]
+    fn nqn_syntax() {
+        for good in [
+            NQN,
+            "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000e4",
+            "nqn.2016-06.io.spdk:cnode1",
+            "nqn.2020-01.com.example",
+        ] {
+            check_nqn(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for bad in [
+            "",
+            "iqn.2016-06.io.test:x",
+            "nqn.16-06.io.test:x",
+            "nqn.2016-06.:x",
+            "nqn.2016-06.io test",
+            "nqn.2014-08.org.nvmexpress:uuid:not-a-uuid",
+        ] {
+            assert!(check_nqn(bad).is_err(), "{bad:?} accepted");
+        }
+        let long = format!("nqn.2016-06.io.test:{}", "x".repeat(210));
+        assert!(check_nqn(&long).is_err());
+    }
+
+    #[test]
+    fn namespaces_get_free_nsids_and_spread_over_groups() {
+        let mut st = with_groups(3);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        let placed: Vec<(u32, u32)> = (0..6)
+            .map(|i| {
+                let n = st.add_namespace(ns(&format!("img{i}"))).expect("ns");
+                (n.nsid, n.ana_group)
+            })
+            .collect();
+        assert_eq!(placed, vec![(1, 1), (2, 2), (3, 3), (4, 1), (5, 2), (6, 3)]);
+        st.del_namespace(NQN, 2).expect("del");
+        let n = st.add_namespace(ns("img9")).expect("ns");
+        assert_eq!((n.nsid, n.ana_group), (2, 2));
+        st.move_namespace(NQN, 2, 3).expect("move");
+        assert_eq!(st.namespaces[&(NQN.to_string(), 2)].ana_group, 3);
+    }
+
+    #[test]
+    fn bad_requests_are_refused_and_change_nothing() {
+        let mut st = with_groups(2);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        let mut a = ns("a");
+        a.nsid = 5;
+        st.add_namespace(a.clone()).expect("ns");
+        let before = st.clone();
+        let cases: Vec<(ConfigError, Result<(), ConfigError>)> = vec![
+            (
+                ConfigError::SubsystemExists(NQN.into()),
+                st.clone().add_subsystem(NQN, "", false, 0),
+            ),
+            (
+                ConfigError::NamespaceExists {
+                    nqn: NQN.into(),
+                    nsid: 5,
+                },
+                st.clone()
+                    .add_namespace(NamespaceEntry {
+                        image: "b".into(),
+                        ..a.clone()
+                    })
+                    .map(|_| ()),
+            ),
+            (
+                ConfigError::ImageInUse("rbd/a".into(), NQN.into(), 5),
+                st.clone().add_namespace(ns("a")).map(|_| ()),
+            ),
+            (
+                ConfigError::NoSubsystem("nqn.2016-06.io.test:other".into()),
+                st.clone()
+                    .add_namespace(NamespaceEntry {
+                        subsystem_nqn: "nqn.2016-06.io.test:other".into(),
+                        ..ns("c")
+                    })
+                    .map(|_| ()),
+            ),
+            (
+                ConfigError::NoAnaGroup(7),
+                st.clone()
+                    .add_namespace(NamespaceEntry {
+                        ana_group: 7,
+                        ..ns("c")
+                    })
+                    .map(|_| ()),
+            ),
+            (
+                ConfigError::NsidRange {
+                    nsid: 2000,
+                    max: 1024,
+                },
+                st.clone()
+                    .add_namespace(NamespaceEntry {
+                        nsid: 2000,
+                        ..ns("c")
+                    })
+                    .map(|_| ()),
+            ),
+            (ConfigError::BlockSize(1000), {
+                st.clone()
+                    .add_namespace(NamespaceEntry {
+                        block_size: 1000,
+                        ..ns("c")
+                    })
+                    .map(|_| ())
+            }),
+            (
+                ConfigError::SubsystemNotEmpty {
+                    nqn: NQN.into(),
+                    count: 1,
+                },
+                st.clone().del_subsystem(NQN, false),
+            ),
+            (
+                ConfigError::NoNamespace {
+                    nqn: NQN.into(),
+                    nsid: 9,
+                },
+                st.clone().del_namespace(NQN, 9),
+            ),
+        ];
+        for (want, got) in cases {
+            assert_eq!(got, Err(want));
+        }
+        assert!(matches!(
+            st.clone().add_subsystem("bogus", "", false, 0),
+            Err(ConfigError::InvalidNqn { .. })
+        ));
+        assert!(matches!(
+            st.clone().add_host(NQN, "nqn.bad host"),
+            Err(ConfigError::InvalidNqn { .. })
+        ));
+        assert_eq!(st, before);
+        st.del_subsystem(NQN, true).expect("force");
+        assert!(st.namespaces.is_empty());
+    }
+
+    #[test]
+    fn omap_round_trip_and_diff() {
+        let mut st = with_groups(2);
+        st.version = 7;
+        st.add_subsystem(NQN, "SN1", true, 0).expect("subsystem");
+        st.add_namespace(ns("a")).expect("ns");
+        st.add_listener(ListenerEntry {
+            subsystem_nqn: NQN.into(),
+            gateway: "gw1".into(),
+            transport: "tcp".into(),
+            address: "127.0.0.1".into(),
+            port: 4420,
+        })
+        .expect("listener");
+        st.add_host(
+            NQN,
+            "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000e4",
+        )
+        .expect("host");
+        let mut omap = st.to_omap();
+        omap.insert("version".into(), b"7".to_vec());
+        let back = GroupState::from_omap(&omap).expect("decode");
+        // (Beacon times are not stored.)
+        assert_eq!(back.to_omap(), st.to_omap());
+        assert_eq!(back.version, 7);
+        let mut next = st.clone();
+        next.add_namespace(ns("b")).expect("ns");
+        next.del_host(
+            NQN,
+            "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000e4",
+        )
+        .expect("host");
+        let (set, remove) = next.diff(&st);
+        assert_eq!(set.len(), 1);
+        assert!(set[0].0.starts_with("namespace/"));
+        assert_eq!(remove.len(), 1);
+        assert!(remove[0].starts_with("host/"));
+        let mut bad = Omap::new();
+        bad.insert("subsystem/x".into(), b"{".to_vec());
+        assert!(matches!(
+            GroupState::from_omap(&bad),
+            Err(ConfigError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn ids_match_the_gateways_derivation() {
+        let (nguid, uuid) = derived_ids(NQN, 1);
+        assert_eq!(nguid.len(), 32);
+        assert_eq!(uuid.len(), 36);
+        assert_ne!(derived_ids(NQN, 2), (nguid, uuid));
+    }
+}
