@@ -21,7 +21,9 @@
 # per I/O over RDMA vs TCP (fio 4K randread, same guest), registrations per
 # I/O, (r) bad connect requests rejected with the NVMe/RDMA status codes,
 # (v) the host vanishing mid-I/O (controller deleted under fio): resources
-# released, gateway still serving, (h) SIGTERM exits 0.
+# released, gateway still serving, (w) a restart with a tiny registered pool:
+# commands wait for buffers (back-pressure) and fio verify still passes, (h)
+# SIGTERM exits 0.
 # Last line: "N passed, N failed". Exit 0 only if nothing failed.
 #
 # Env: E2E_LOG_DIR (default: ./target/vm-logs if writable, else /tmp/e2e-logs),
@@ -65,6 +67,7 @@ now() { local u _; read -r u _ < /proc/uptime; echo "$u"; }
 T_ALL=$(now)
 PASS=0 FAIL=0 RESULTS=()
 GWPID=""
+GW_ENV=()  # extra environment for the gateway (pool shape for the back-pressure step)
 
 gwlog_tail() {
   [ -s "$GWLOG" ] || return 0
@@ -143,7 +146,7 @@ start_gateway() {
   write_config
   say "$GW --config $CONF  (RUST_LOG=$RUST_LOG, log $GWLOG)"
   echo "----- gateway start ${1:-} at guest uptime $(now) -----" >> "$GWLOG"
-  "$GW" --config "$CONF" >> "$GWLOG" 2>&1 < /dev/null &
+  env "${GW_ENV[@]}" "$GW" --config "$CONF" >> "$GWLOG" 2>&1 < /dev/null &
   GWPID=$!
   say "gateway pid $GWPID"
   for _ in $(seq 150); do
@@ -421,6 +424,25 @@ vanish_check() { # the host goes away mid-I/O: resources released, gateway keeps
   released_check
 }
 
+back_pressure() { # a tiny data pool: commands wait for buffers, none fails
+  stop_gateway || return 1
+  GW_ENV=(NVMEOF_RDMA_POOL=4096x4,131072x2 NVMEOF_RDMA_CACHE_MIB=1)
+  say "restarting with ${GW_ENV[*]}"
+  start_gateway tiny-pool 2 || return 1
+  connect || return 1
+  local rc=0 line w
+  fio_run tiny-pool-4k --rw=randwrite --bs=4k --size=4M --offset_increment=4M --numjobs=2 --iodepth=32 || rc=1
+  fio_run tiny-pool-128k --rw=write --bs=128k --size=8M --offset_increment=8M --numjobs=2 --iodepth=16 || rc=1
+  disconnect_nqn $NQN > /dev/null || rc=1
+  sleep 1
+  released_check || rc=1
+  line=$(last_counters)
+  w=$(counter buffer_waits "$line")
+  say "buffer_waits=$w exhaustion=$(counter exhaustion "$line") unregistered_buffers=$(counter unregistered_buffers "$line")"
+  [ "${w:-0}" -gt 0 ] || { say "the pool was never exhausted: the step proves nothing"; rc=1; }
+  return $rc
+}
+
 cleanup() {
   for c in $(connected_ctrls $NQN); do echo 1 > /sys/class/nvme/$c/delete_controller 2>/dev/null; done
   if [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; then kill -KILL "$GWPID" 2>/dev/null; fi
@@ -434,7 +456,7 @@ echo "e2e-rdma: guest $(uname -r), $(nproc) vCPU, nvme-cli $(nvme version 2>/dev
 echo "e2e-rdma: gateway $GW${PROBE:+, probe $PROBE}"
 ALL=(a.discover b.connect x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256
   e1.disconnect e2.released e3.reconnect-persist p1.perf-rdma p2.perf-tcp r.bad-connect-requests
-  s.bad-sgls v.host-vanishes h.shutdown)
+  s.bad-sgls v.host-vanishes w.back-pressure h.shutdown)
 skip_from() { local on=0 s; for s in "${ALL[@]}"; do [ "$s" = "$1" ] && on=1; [ $on = 1 ] && skip "$s" "$2"; done; }
 
 if ! step setup.rxe "modprobe nvme-rdma rdma_rxe, rdma link add rxe0 type rxe netdev eth0" rxe_setup; then
@@ -464,6 +486,7 @@ elif step gateway.start "start the gateway: rdma $ADDR:$PORT + tcp $TCPADDR:$POR
   step r.bad-connect-requests "bad private data / queue sizes rejected with NVMe/RDMA codes, gateway alive" bad_connect_requests
   step s.bad-sgls "keyed SGL beyond MDTS refused (Invalid Field), bogus rkey drops only that QP, all released" bad_sgls
   step v.host-vanishes "controller deleted under fio: QPs and buffers released, gateway serves again" vanish_check
+  step w.back-pressure "restart with a tiny data pool: fio verify passes, commands waited for buffers" back_pressure
   step h.shutdown "SIGTERM: exit status 0" stop_gateway
 else
   skip_from a.discover "gateway did not start"

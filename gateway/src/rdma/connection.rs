@@ -170,7 +170,7 @@ impl RdmaConnection {
             stash: stash.clone(),
         }));
         let recv_len = SQE_LEN + IN_CAPSULE_DATA_SIZE as usize;
-        let pool = device.pool.clone();
+        let pool = device.recv_pool.clone();
         let qp = id.qp().ok_or("no queue pair")?;
         for i in 0..recv_count {
             let Some((buf, lkey)) = pool.take(recv_len) else {
@@ -347,7 +347,7 @@ impl RdmaConnection {
         };
         if !wc.is_ok() {
             if let Some(b) = buf {
-                let _ = self.device.pool.give_back(b);
+                self.device.give_back(b);
             }
             self.wc_error(&wc);
             return Flow::Close;
@@ -360,7 +360,7 @@ impl RdmaConnection {
                 match self.reading.remove(&cid) {
                     Some(cmd) => self.execute(cmd, Some(IoBuf::from_vec(buf))),
                     None => {
-                        let _ = self.device.pool.give_back(buf);
+                        self.device.give_back(buf);
                         Flow::Continue
                     }
                 }
@@ -374,7 +374,7 @@ impl RdmaConnection {
             (_, opcode, buf) => {
                 tracing::warn!(tag, ?opcode, "unexpected work completion");
                 if let Some(b) = buf {
-                    let _ = self.device.pool.give_back(b);
+                    self.device.give_back(b);
                 }
                 Flow::Close
             }
@@ -401,19 +401,19 @@ impl RdmaConnection {
             self.on_capsule(Command::from_bytes(&sqe), &buf[SQE_LEN..len])
         };
         // Re-post the receive now that the capsule is copied out.
-        let lkey = self.device.pool.lkey(&buf);
+        let lkey = self.device.recv_pool.lkey(&buf);
         let mut buf = buf;
         buf.resize(self.recv_len, 0);
         match (self.id.qp(), lkey) {
             (Some(qp), Some(lkey)) => {
                 if let Err((e, b)) = qp.post_recv(tag(TAG_RECV, slot), Lent { buf, lkey }) {
                     tracing::warn!(error = %e, "cannot re-post a receive");
-                    let _ = self.device.pool.give_back(b);
+                    self.device.give_back(b);
                     return Flow::Close;
                 }
             }
             _ => {
-                let _ = self.device.pool.give_back(buf);
+                self.device.give_back(buf);
                 return Flow::Close;
             }
         }
@@ -484,7 +484,7 @@ impl RdmaConnection {
             };
             if hd.host_to_controller {
                 let Some(qp) = self.id.qp() else {
-                    let _ = self.device.pool.give_back(buf);
+                    self.device.give_back(buf);
                     return Flow::Close;
                 };
                 match qp.post_read(tag(TAG_READ, u64::from(cid)), Lent { buf, lkey }, hd.remote) {
@@ -494,7 +494,7 @@ impl RdmaConnection {
                     }
                     Err((e, buf)) => {
                         tracing::warn!(error = %e, "cannot post an RDMA READ");
-                        let _ = self.device.pool.give_back(buf);
+                        self.device.give_back(buf);
                         return Flow::Close;
                     }
                 }
@@ -503,7 +503,7 @@ impl RdmaConnection {
                 let flow = self.execute(cmd, None);
                 let left = self.stash.lock().unwrap_or_else(|e| e.into_inner()).take();
                 if let Some(buf) = left {
-                    let _ = self.device.pool.give_back(buf);
+                    self.device.give_back(buf);
                 }
                 if let Flow::Close = flow {
                     return Flow::Close;
@@ -735,10 +735,10 @@ impl RdmaConnection {
         }
         // The adapter stops touching posted buffers once the QP is destroyed.
         for (_, buf) in self.id.destroy_qp() {
-            let _ = self.device.pool.give_back(buf);
+            self.device.give_back(buf);
         }
         if let Some(buf) = self.stash.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = self.device.pool.give_back(buf);
+            self.device.give_back(buf);
         }
         self.backlog.clear();
         self.reading.clear();
@@ -747,6 +747,7 @@ impl RdmaConnection {
         tracing::info!(
             rdma = %stats().summary(),
             pool = %super::pool_summary(&self.device.pool),
+            recv = %super::recv_summary(&self.device.recv_pool),
             "queue pair closed"
         );
     }

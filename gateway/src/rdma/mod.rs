@@ -41,7 +41,11 @@ pub struct Device {
     pub context: DeviceContext,
     pub limits: DeviceLimits,
     pub pd: Arc<ProtectionDomain>,
+    /// Data buffers: size classes plus the registration cache.
     pub pool: Arc<BufferPool>,
+    /// Receive buffers (command capsules with in-capsule data), registered on first use and
+    /// reused by later connections; separate so data back-pressure never starves receives.
+    pub recv_pool: Arc<BufferPool>,
     /// Woken when a buffer returns to a pool that refused a request.
     pub buffers_returned: Arc<tokio::sync::Notify>,
 }
@@ -65,6 +69,13 @@ impl Device {
             pool,
             Box::new(rdma_transport::VerbsRegistrar { pd: pd.clone() }),
         )?);
+        let recv_pool = Arc::new(BufferPool::new(
+            &PoolConfig {
+                classes: Vec::new(),
+                cache_bytes: RECV_CACHE_BYTES,
+            },
+            Box::new(rdma_transport::VerbsRegistrar { pd: pd.clone() }),
+        )?);
         let buffers_returned = Arc::new(tokio::sync::Notify::new());
         pool.set_waker(Arc::new(NotifyWaker(buffers_returned.clone())));
         Ok(Arc::new(Self {
@@ -72,9 +83,52 @@ impl Device {
             limits,
             pd,
             pool,
+            recv_pool,
             buffers_returned,
         }))
     }
+
+    /// Returns a buffer to the pool it came from.
+    pub fn give_back(&self, buf: Vec<u8>) {
+        if let Err(buf) = self.pool.give_back(buf) {
+            let _ = self.recv_pool.give_back(buf);
+        }
+    }
+}
+
+/// Bound of the receive-buffer registrations per device: 256 MiB is about 20 000 receives of
+/// 12 KiB, e.g. 150 queues of 128 entries.
+const RECV_CACHE_BYTES: usize = 256 << 20;
+
+/// The data pool's shape: the default, or `NVMEOF_RDMA_POOL="SIZExCOUNT,..."` and
+/// `NVMEOF_RDMA_CACHE_MIB=N` (for tests of back-pressure). The cache holds at least one
+/// MDTS-sized buffer, so every command can eventually get one.
+pub fn pool_config_from_env() -> PoolConfig {
+    let mut c = PoolConfig::default();
+    if let Ok(spec) = std::env::var("NVMEOF_RDMA_POOL") {
+        let parsed: Option<Vec<(usize, usize)>> = spec
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| {
+                let (size, count) = s.trim().split_once('x')?;
+                Some((size.parse().ok()?, count.parse().ok()?))
+            })
+            .collect();
+        match parsed {
+            Some(classes) => c.classes = classes,
+            None => {
+                tracing::warn!(%spec, "NVMEOF_RDMA_POOL: expected SIZExCOUNT,...; using the default")
+            }
+        }
+    }
+    if let Some(mib) = std::env::var("NVMEOF_RDMA_CACHE_MIB")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+    {
+        c.cache_bytes = mib << 20;
+    }
+    c.cache_bytes = c.cache_bytes.max(crate::core::queue::MAX_DATA_LEN as usize);
+    c
 }
 
 /// Transport counters, process-wide.
@@ -142,6 +196,15 @@ impl RdmaStats {
             g(&self.abandoned_buffers),
         )
     }
+}
+
+/// The receive pool's counters, with names that do not collide with the data pool's.
+pub fn recv_summary(pool: &BufferPool) -> String {
+    let s = pool.stats();
+    format!(
+        "recv_registrations={} recv_hits={} recv_on_loan={}",
+        s.registrations, s.cache_hits, s.on_loan
+    )
 }
 
 /// The pool's counters as one log line.

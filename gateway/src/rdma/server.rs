@@ -45,7 +45,7 @@ impl RdmaServer {
             listener,
             addr,
             target,
-            pool_config: PoolConfig::default(),
+            pool_config: super::pool_config_from_env(),
             devices: HashMap::new(),
             connections: HashMap::new(),
         };
