@@ -6,6 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_build::configure()
         .build_server(true)
         .build_client(true)
+        // `nvmeofctl --output json` prints the replies as they are.
+        .type_attribute(".nvmeof.control.v1", "#[derive(serde::Serialize)]")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -1,1 +1,146 @@
-fn main() {}
+//! `nvmeof-control`: one replica of the gateway group's control plane (gRPC).
+//!
+//! The group state lives in the RADOS object `nvmeof.<group>.state` of `--pool`; run several
+//! replicas against the same object: one leads (RADOS lock with a lease), the others serve
+//! admin requests and gateways' assignment streams and take over when the lease lapses.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use control_plane::ana::Timing;
+use control_plane::server::{self, ControlPlane, Options};
+use control_plane::store::{Backend, MemoryBackend, RadosBackend, Store};
+use rbd_backend::rbd::CephSettings;
+
+#[derive(Debug, Parser)]
+#[command(version, about = "NVMe-oF gateway group control plane (gRPC)")]
+struct Args {
+    /// gRPC address to listen on.
+    #[arg(long, default_value = "127.0.0.1:5500")]
+    listen: String,
+    /// Gateway group name (the state object is nvmeof.<group>.state).
+    #[arg(long, default_value = "default")]
+    group: String,
+    /// Pool holding the state object.
+    #[arg(long, default_value = "rbd")]
+    pool: String,
+    /// ceph.conf (default: $CEPH_CONF, then Ceph's search list).
+    #[arg(long)]
+    ceph_conf: Option<PathBuf>,
+    /// Keyring (default: what the conf or $CEPH_KEYRING say).
+    #[arg(long)]
+    keyring: Option<PathBuf>,
+    /// Ceph client entity.
+    #[arg(long, default_value = "client.admin")]
+    client_name: String,
+    /// Replica name (default: the listen address).
+    #[arg(long)]
+    id: Option<String>,
+    /// Missed-beacon time before a gateway is declared dead, in ms.
+    #[arg(long, default_value_t = 2000)]
+    grace_ms: u64,
+    /// How long a returning owner must be up before failback, in ms.
+    #[arg(long, default_value_t = 1000)]
+    failback_delay_ms: u64,
+    /// Leader lease in ms (renewed every third).
+    #[arg(long, default_value_t = 6000)]
+    lease_ms: u64,
+    /// `memory`: keep the state in this process only (tests and demos without Ceph; lost at
+    /// exit). Default `rados`.
+    #[arg(long, default_value = "rados")]
+    store: String,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nvmeof-control: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nvmeof-control: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let backend: Arc<dyn Backend> = match args.store.as_str() {
+        "memory" => Arc::new(MemoryBackend::default()),
+        "rados" => {
+            let settings = CephSettings {
+                conf: args.ceph_conf.clone(),
+                keyring: args.keyring.clone(),
+                client_name: args.client_name.clone(),
+                max_connections: 1,
+                ..CephSettings::default()
+            };
+            let (pool, group) = (args.pool.clone(), args.group.clone());
+            let b = tokio::task::spawn_blocking(move || {
+                RadosBackend::connect(&settings, &pool, &group)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot open the group state in pool {}: {e}", args.pool))?;
+            tracing::info!(pool = %args.pool, object = %b.oid(), "group state in RADOS");
+            Arc::new(b)
+        }
+        other => return Err(format!("--store {other}: expected rados or memory")),
+    };
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let opts = Options {
+        timing: Timing {
+            grace_ms: args.grace_ms,
+            failback_delay_ms: args.failback_delay_ms,
+        },
+        lease: Duration::from_millis(args.lease_ms.max(300)),
+        ..Options::default()
+    };
+    let id = args.id.clone().unwrap_or_else(|| args.listen.clone());
+    let cp = ControlPlane::start(Store::new(backend), id.clone(), opts)
+        .await
+        .map_err(|e| format!("cannot load the group state: {e}"))?;
+    tracing::info!(listen = %args.listen, replica = %id, "nvmeof-control serving");
+    tokio::spawn(cp.clone().run());
+    server::serve(cp, listener, shutdown_signal())
+        .await
+        .map_err(|e| format!("gRPC server: {e}"))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}

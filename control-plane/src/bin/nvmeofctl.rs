@@ -1,1 +1,596 @@
-fn main() {}
+//! `nvmeofctl`: the gateway group's admin CLI (gRPC to any `nvmeof-control` replica).
+//!
+//! Tables by default, `--output json` for scripts. Exit codes: 0 done, 1 refused by the
+//! control plane (the message says why; the state is unchanged), 2 bad usage, 3 no control
+//! plane reachable.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use control_plane::ana::AnaState;
+use control_plane::proto::{self, admin_client::AdminClient};
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Debug, Parser)]
+#[command(version, about = "Manage an NVMe-oF gateway group")]
+struct Cli {
+    /// Control-plane replicas (comma-separated or repeated); the first that answers is used.
+    #[arg(
+        long,
+        short,
+        env = "NVMEOFCTL_SERVER",
+        default_value = "127.0.0.1:5500",
+        value_delimiter = ','
+    )]
+    server: Vec<String>,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Subsystems (NVM subsystems served by every gateway).
+    #[command(subcommand)]
+    Subsystem(SubsystemCmd),
+    /// Namespaces (RBD images) of subsystems.
+    #[command(subcommand)]
+    Namespace(NamespaceCmd),
+    /// Listeners: the addresses each gateway serves a subsystem on.
+    #[command(subcommand)]
+    Listener(ListenerCmd),
+    /// Hosts allowed to connect to a subsystem.
+    #[command(subcommand)]
+    Host(HostCmd),
+    /// Gateways of the group.
+    #[command(subcommand)]
+    Gateway(GatewayCmd),
+    /// ANA groups and states.
+    #[command(subcommand)]
+    Ana(AnaCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum SubsystemCmd {
+    Add {
+        #[arg(long, short)]
+        nqn: String,
+        #[arg(long, default_value = "")]
+        serial: String,
+        #[arg(long)]
+        allow_any_host: bool,
+        #[arg(long, default_value_t = 0)]
+        max_namespaces: u32,
+    },
+    Del {
+        #[arg(long, short)]
+        nqn: String,
+        /// Also delete its namespaces, listeners and hosts.
+        #[arg(long)]
+        force: bool,
+    },
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+enum NamespaceCmd {
+    Add {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long, default_value = "rbd")]
+        pool: String,
+        #[arg(long, default_value = "")]
+        rados_namespace: String,
+        #[arg(long)]
+        image: String,
+        /// 0: the lowest free.
+        #[arg(long, default_value_t = 0)]
+        nsid: u32,
+        #[arg(long, default_value_t = 512)]
+        block_size: u32,
+        /// 0: the group with the fewest namespaces.
+        #[arg(long, default_value_t = 0)]
+        ana_group: u32,
+    },
+    Del {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        nsid: u32,
+    },
+    /// Moves a namespace to another ANA group (another gateway's optimized path).
+    Move {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        nsid: u32,
+        #[arg(long)]
+        ana_group: u32,
+    },
+    List {
+        #[arg(long, short = 'n', default_value = "")]
+        subsystem: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ListenerCmd {
+    Add(ListenerArgs),
+    Del(ListenerArgs),
+    List {
+        #[arg(long, short = 'n', default_value = "")]
+        subsystem: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct ListenerArgs {
+    #[arg(long, short = 'n')]
+    subsystem: String,
+    #[arg(long, short)]
+    gateway: String,
+    #[arg(long, short)]
+    address: String,
+    #[arg(long, short, default_value_t = 4420)]
+    port: u32,
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum HostCmd {
+    Add {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        host: String,
+    },
+    Del {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        host: String,
+    },
+    List {
+        #[arg(long, short = 'n', default_value = "")]
+        subsystem: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum GatewayCmd {
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+enum AnaCmd {
+    Show,
+}
+
+enum Failure {
+    Refused(tonic::Status),
+    Unreachable(String),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nvmeofctl: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Refused(s)) => {
+            eprintln!("nvmeofctl: {} ({:?})", s.message(), s.code());
+            ExitCode::from(1)
+        }
+        Err(Failure::Unreachable(m)) => {
+            eprintln!("nvmeofctl: {m}");
+            ExitCode::from(3)
+        }
+    }
+}
+
+async fn connect(servers: &[String]) -> Result<AdminClient<Channel>, Failure> {
+    let mut errors = Vec::new();
+    for s in servers {
+        let url = if s.contains("://") {
+            s.clone()
+        } else {
+            format!("http://{s}")
+        };
+        let endpoint = match Endpoint::from_shared(url.clone()) {
+            Ok(e) => e
+                .connect_timeout(Duration::from_secs(3))
+                .timeout(Duration::from_secs(30)),
+            Err(e) => {
+                errors.push(format!("{s}: {e}"));
+                continue;
+            }
+        };
+        match endpoint.connect().await {
+            Ok(ch) => return Ok(AdminClient::new(ch)),
+            Err(e) => errors.push(format!("{s}: {e}")),
+        }
+    }
+    Err(Failure::Unreachable(format!(
+        "no control plane reachable ({})",
+        errors.join("; ")
+    )))
+}
+
+fn json<T: serde::Serialize>(v: &T) {
+    match serde_json::to_string_pretty(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("nvmeofctl: cannot encode the reply: {e}"),
+    }
+}
+
+/// Prints rows under headers, columns padded to their widest cell.
+fn table(headers: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths.get(i).copied().unwrap_or(0)))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(headers.iter().map(|h| h.to_string()).collect());
+    if rows.is_empty() {
+        println!("(none)");
+    }
+    for r in rows {
+        line(r);
+    }
+}
+
+fn done(output: Output, r: proto::Reply) {
+    match output {
+        Output::Json => json(&r),
+        Output::Table => println!("{} (state version {})", r.message, r.version),
+    }
+}
+
+fn ana_name(code: u32) -> String {
+    u8::try_from(code)
+        .ok()
+        .and_then(AnaState::from_code)
+        .map(|s| s.name().to_string())
+        .unwrap_or_else(|| format!("0x{code:02x}"))
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let mut c = connect(&cli.server).await?;
+    let out = cli.output;
+    let refused = Failure::Refused;
+    match cli.cmd {
+        Cmd::Subsystem(SubsystemCmd::Add {
+            nqn,
+            serial,
+            allow_any_host,
+            max_namespaces,
+        }) => done(
+            out,
+            c.subsystem_add(proto::SubsystemAddRequest {
+                nqn,
+                serial,
+                allow_any_host,
+                max_namespaces,
+            })
+            .await
+            .map_err(refused)?
+            .into_inner(),
+        ),
+        Cmd::Subsystem(SubsystemCmd::Del { nqn, force }) => done(
+            out,
+            c.subsystem_del(proto::SubsystemDelRequest { nqn, force })
+                .await
+                .map_err(refused)?
+                .into_inner(),
+        ),
+        Cmd::Subsystem(SubsystemCmd::List) => {
+            let r = c
+                .subsystem_list(proto::Empty {})
+                .await
+                .map_err(refused)?
+                .into_inner();
+            match out {
+                Output::Json => json(&r),
+                Output::Table => table(
+                    &["NQN", "SERIAL", "ANY HOST", "HOSTS", "MAX NS"],
+                    r.subsystems
+                        .iter()
+                        .map(|s| {
+                            vec![
+                                s.nqn.clone(),
+                                s.serial.clone(),
+                                if s.allow_any_host { "yes" } else { "no" }.into(),
+                                s.hosts.len().to_string(),
+                                s.max_namespaces.to_string(),
+                            ]
+                        })
+                        .collect(),
+                ),
+            }
+        }
+        Cmd::Namespace(NamespaceCmd::Add {
+            subsystem,
+            pool,
+            rados_namespace,
+            image,
+            nsid,
+            block_size,
+            ana_group,
+        }) => done(
+            out,
+            c.namespace_add(proto::NamespaceAddRequest {
+                subsystem_nqn: subsystem,
+                nsid,
+                pool,
+                rados_namespace,
+                image,
+                block_size,
+                ana_group,
+            })
+            .await
+            .map_err(refused)?
+            .into_inner(),
+        ),
+        Cmd::Namespace(NamespaceCmd::Del { subsystem, nsid }) => done(
+            out,
+            c.namespace_del(proto::NamespaceDelRequest {
+                subsystem_nqn: subsystem,
+                nsid,
+            })
+            .await
+            .map_err(refused)?
+            .into_inner(),
+        ),
+        Cmd::Namespace(NamespaceCmd::Move {
+            subsystem,
+            nsid,
+            ana_group,
+        }) => done(
+            out,
+            c.namespace_move(proto::NamespaceMoveRequest {
+                subsystem_nqn: subsystem,
+                nsid,
+                ana_group,
+            })
+            .await
+            .map_err(refused)?
+            .into_inner(),
+        ),
+        Cmd::Namespace(NamespaceCmd::List { subsystem }) => {
+            let r = c
+                .namespace_list(proto::NamespaceListRequest {
+                    subsystem_nqn: subsystem,
+                })
+                .await
+                .map_err(refused)?
+                .into_inner();
+            match out {
+                Output::Json => json(&r),
+                Output::Table => table(
+                    &["SUBSYSTEM", "NSID", "IMAGE", "BLOCK", "ANA GROUP", "NGUID"],
+                    r.namespaces
+                        .iter()
+                        .map(|n| {
+                            let image = if n.rados_namespace.is_empty() {
+                                format!("{}/{}", n.pool, n.image)
+                            } else {
+                                format!("{}/{}/{}", n.pool, n.rados_namespace, n.image)
+                            };
+                            vec![
+                                n.subsystem_nqn.clone(),
+                                n.nsid.to_string(),
+                                image,
+                                n.block_size.to_string(),
+                                n.ana_group.to_string(),
+                                n.nguid.clone(),
+                            ]
+                        })
+                        .collect(),
+                ),
+            }
+        }
+        Cmd::Listener(ListenerCmd::Add(a)) => done(
+            out,
+            c.listener_add(listener(a))
+                .await
+                .map_err(refused)?
+                .into_inner(),
+        ),
+        Cmd::Listener(ListenerCmd::Del(a)) => done(
+            out,
+            c.listener_del(listener(a))
+                .await
+                .map_err(refused)?
+                .into_inner(),
+        ),
+        Cmd::Listener(ListenerCmd::List { subsystem }) => {
+            let r = c
+                .listener_list(proto::ListenerListRequest {
+                    subsystem_nqn: subsystem,
+                })
+                .await
+                .map_err(refused)?
+                .into_inner();
+            match out {
+                Output::Json => json(&r),
+                Output::Table => table(
+                    &["SUBSYSTEM", "GATEWAY", "TRANSPORT", "ADDRESS", "PORT"],
+                    r.listeners
+                        .iter()
+                        .map(|l| {
+                            vec![
+                                l.subsystem_nqn.clone(),
+                                l.gateway.clone(),
+                                l.transport.clone(),
+                                l.address.clone(),
+                                l.port.to_string(),
+                            ]
+                        })
+                        .collect(),
+                ),
+            }
+        }
+        Cmd::Host(HostCmd::Add { subsystem, host }) => done(
+            out,
+            c.host_add(proto::Host {
+                subsystem_nqn: subsystem,
+                host_nqn: host,
+            })
+            .await
+            .map_err(refused)?
+            .into_inner(),
+        ),
+        Cmd::Host(HostCmd::Del { subsystem, host }) => done(
+            out,
+            c.host_del(proto::Host {
+                subsystem_nqn: subsystem,
+                host_nqn: host,
+            })
+            .await
+            .map_err(refused)?
+            .into_inner(),
+        ),
+        Cmd::Host(HostCmd::List { subsystem }) => {
+            let r = c
+                .host_list(proto::HostListRequest {
+                    subsystem_nqn: subsystem,
+                })
+                .await
+                .map_err(refused)?
+                .into_inner();
+            match out {
+                Output::Json => json(&r),
+                Output::Table => table(
+                    &["SUBSYSTEM", "HOST"],
+                    r.hosts
+                        .iter()
+                        .map(|h| vec![h.subsystem_nqn.clone(), h.host_nqn.clone()])
+                        .collect(),
+                ),
+            }
+        }
+        Cmd::Gateway(GatewayCmd::List) => {
+            let r = c
+                .gateway_list(proto::Empty {})
+                .await
+                .map_err(refused)?
+                .into_inner();
+            match out {
+                Output::Json => json(&r),
+                Output::Table => {
+                    table(
+                        &[
+                            "GATEWAY",
+                            "ANA GROUP",
+                            "STATE",
+                            "LAST BEACON",
+                            "CNTLID",
+                            "CLIENTS",
+                        ],
+                        r.gateways
+                            .iter()
+                            .map(|g| {
+                                vec![
+                                    g.name.clone(),
+                                    g.ana_group.to_string(),
+                                    g.availability.clone(),
+                                    if r.leader.is_empty() {
+                                        "-".into()
+                                    } else {
+                                        format!("{} ms ago", g.last_beacon_ms_ago)
+                                    },
+                                    format!("{}-{}", g.cntlid_min, g.cntlid_max),
+                                    g.client_addrs.len().to_string(),
+                                ]
+                            })
+                            .collect(),
+                    );
+                    if r.leader.is_empty() {
+                        println!("(answered by a replica that does not lead: no beacon times)");
+                    }
+                }
+            }
+        }
+        Cmd::Ana(AnaCmd::Show) => {
+            let r = c
+                .ana_show(proto::Empty {})
+                .await
+                .map_err(refused)?
+                .into_inner();
+            match out {
+                Output::Json => json(&r),
+                Output::Table => {
+                    table(
+                        &["ANA GROUP", "OWNER", "OPTIMIZED ON", "PHASE", "NAMESPACES"],
+                        r.groups
+                            .iter()
+                            .map(|g| {
+                                vec![
+                                    g.ana_group.to_string(),
+                                    g.owner.clone(),
+                                    g.holder.clone(),
+                                    g.phase.clone(),
+                                    g.namespaces.to_string(),
+                                ]
+                            })
+                            .collect(),
+                    );
+                    println!();
+                    table(
+                        &["GATEWAY", "ANA GROUP", "STATE"],
+                        r.states
+                            .iter()
+                            .map(|s| {
+                                vec![
+                                    s.gateway.clone(),
+                                    s.ana_group.to_string(),
+                                    ana_name(s.state),
+                                ]
+                            })
+                            .collect(),
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn listener(a: ListenerArgs) -> proto::Listener {
+    proto::Listener {
+        subsystem_nqn: a.subsystem,
+        gateway: a.gateway,
+        transport: a.transport,
+        address: a.address,
+        port: a.port,
+    }
+}

@@ -1,0 +1,845 @@
+//! The gRPC services of `nvmeof-control`: [`proto::admin_server::Admin`] for `nvmeofctl` and
+//! [`proto::gateway_control_server::GatewayControl`] for gateways, over one [`ControlPlane`].
+//!
+//! Every replica serves both. The state lives in the RADOS object (see [`crate::state`]);
+//! each replica caches it and re-reads it on every watch notify. One replica leads (RADOS lock
+//! with a lease, renewed every third of it): it alone feeds beacons into the group model
+//! ([`crate::ana`]), runs its timer, fences dead gateways and persists the group map. Every
+//! replica pushes each joined gateway its assignment whenever the cached state changes.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::ana::{self, Action, Event, GroupMap, Timing};
+use crate::proto;
+use crate::state::{self, ConfigError, GroupState, ListenerEntry, NamespaceEntry};
+use crate::store::{Store, StoreError};
+
+/// Timers of a control-plane replica.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub timing: Timing,
+    /// Leader lease; renewed every third.
+    pub lease: Duration,
+    /// How often the leader checks beacons.
+    pub tick: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            timing: Timing::default(),
+            lease: Duration::from_secs(6),
+            tick: Duration::from_millis(200),
+        }
+    }
+}
+
+/// One replica.
+pub struct ControlPlane {
+    store: Store,
+    /// This replica's name (its gRPC address), the lease cookie.
+    id: String,
+    opts: Options,
+    started: Instant,
+    cached: RwLock<GroupState>,
+    /// Bumped whenever `cached` changes: joined gateways re-send their assignment.
+    changed: watch::Sender<u64>,
+    leader: AtomicBool,
+    /// The leader's live map (with beacon times); None when not leading.
+    live: Mutex<Option<GroupMap>>,
+    /// The leader's last persisted map, to write only changes.
+    persisted: Mutex<Vec<u8>>,
+}
+
+fn status(e: StoreError) -> Status {
+    match e {
+        StoreError::Config(c) => config_status(c),
+        StoreError::Contended(_) => Status::aborted(e.to_string()),
+        other => Status::unavailable(other.to_string()),
+    }
+}
+
+fn config_status(e: ConfigError) -> Status {
+    let msg = e.to_string();
+    match e {
+        ConfigError::NoSubsystem(_)
+        | ConfigError::NoNamespace { .. }
+        | ConfigError::NoListener(_)
+        | ConfigError::NoHost { .. }
+        | ConfigError::NoAnaGroup(_) => Status::not_found(msg),
+        ConfigError::SubsystemExists(_)
+        | ConfigError::NamespaceExists { .. }
+        | ConfigError::ListenerExists(_)
+        | ConfigError::HostExists { .. }
+        | ConfigError::ImageInUse(..) => Status::already_exists(msg),
+        ConfigError::SubsystemNotEmpty { .. } | ConfigError::NoFreeNsid { .. } => {
+            Status::failed_precondition(msg)
+        }
+        ConfigError::Corrupt { .. } => Status::internal(msg),
+        _ => Status::invalid_argument(msg),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("task failed: {e}")))?
+        .map_err(status)
+}
+
+impl ControlPlane {
+    /// Loads the state and starts watching it. Call [`ControlPlane::run`] to take part in the
+    /// leader election.
+    pub async fn start(store: Store, id: String, opts: Options) -> Result<Arc<Self>, StoreError> {
+        let s = store.clone();
+        let state = tokio::task::spawn_blocking(move || s.load())
+            .await
+            .map_err(|e| StoreError::Other(e.to_string()))??;
+        let (changed, _) = watch::channel(0);
+        let cp = Arc::new(ControlPlane {
+            store,
+            id,
+            opts,
+            started: Instant::now(),
+            cached: RwLock::new(state),
+            changed,
+            leader: AtomicBool::new(false),
+            live: Mutex::new(None),
+            persisted: Mutex::new(Vec::new()),
+        });
+        // Re-read on every notify, off the librados thread.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let weak = Arc::downgrade(&cp);
+        tokio::spawn(async move {
+            while rx.recv().await.is_some() {
+                while rx.try_recv().is_ok() {}
+                let Some(cp) = weak.upgrade() else { return };
+                cp.refresh().await;
+            }
+        });
+        let backend = cp.store.backend().clone();
+        let guard = tokio::task::spawn_blocking(move || {
+            backend.watch(Box::new(move || {
+                let _ = tx.send(());
+            }))
+        })
+        .await
+        .map_err(|e| StoreError::Other(e.to_string()))??;
+        // The watch lives as long as the process (replicas are never torn down in-process
+        // except by tests, where a leaked watch is harmless).
+        std::mem::forget(guard);
+        Ok(cp)
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::SeqCst)
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn state(&self) -> GroupState {
+        self.cached
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_cached(&self, st: GroupState) {
+        let mut c = self.cached.write().unwrap_or_else(|e| e.into_inner());
+        if st.version >= c.version {
+            *c = st;
+            drop(c);
+            self.changed.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Re-reads the state (after a notify).
+    pub async fn refresh(&self) {
+        let s = self.store.clone();
+        match tokio::task::spawn_blocking(move || s.load()).await {
+            Ok(Ok(st)) => self.set_cached(st),
+            Ok(Err(e)) => tracing::warn!("re-reading the group state: {e}"),
+            Err(e) => tracing::warn!("re-reading the group state: {e}"),
+        }
+    }
+
+    async fn update<T: Send + 'static>(
+        &self,
+        change: impl FnMut(&mut GroupState) -> Result<T, ConfigError> + Send + 'static,
+    ) -> Result<(T, GroupState), Status> {
+        let s = self.store.clone();
+        let (out, st) = blocking(move || s.update(change)).await?;
+        self.set_cached(st.clone());
+        Ok((out, st))
+    }
+
+    /// Leader election and the leader's timer; runs until the process ends.
+    pub async fn run(self: Arc<Self>) {
+        let mut renew = tokio::time::interval(self.opts.lease / 3);
+        let mut tick = tokio::time::interval(self.opts.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = renew.tick() => self.renew_lease().await,
+                _ = tick.tick() => {
+                    if self.is_leader() {
+                        let now = self.now_ms();
+                        if let Err(e) = self.feed(Event::Tick { now_ms: now }).await {
+                            tracing::debug!("tick: {}", e.message());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn renew_lease(self: &Arc<Self>) {
+        let backend = self.store.backend().clone();
+        let (id, lease) = (self.id.clone(), self.opts.lease);
+        let held = match tokio::task::spawn_blocking(move || backend.lead(&id, lease)).await {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => {
+                tracing::warn!("leader lease: {e}");
+                false
+            }
+            Err(_) => false,
+        };
+        let was = self.leader.swap(held, Ordering::SeqCst);
+        if held && !was {
+            // Take over from the stored map: every gateway's grace starts now.
+            self.refresh().await;
+            let st = self.state();
+            let map = st.map.unwrap_or_else(|| GroupMap::new(self.opts.timing));
+            tracing::info!(replica = %self.id, epoch = map.epoch, "leading the gateway group");
+            *self.persisted.lock().unwrap_or_else(|e| e.into_inner()) =
+                serde_json::to_vec(&map).unwrap_or_default();
+            *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(map);
+        } else if !held && was {
+            tracing::warn!(replica = %self.id, "lost the leader lease");
+            *self.live.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+
+    /// Feeds one event to the leader's map, carries out its actions and persists changes.
+    async fn feed(self: &Arc<Self>, event: Event) -> Result<Vec<Action>, Status> {
+        let (actions, bytes, map) = {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(map) = live.as_mut() else {
+                return Err(Status::unavailable(format!(
+                    "replica {} does not lead the group",
+                    self.id
+                )));
+            };
+            let actions = map
+                .handle(event)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            (
+                actions,
+                serde_json::to_vec(&*map).unwrap_or_default(),
+                map.clone(),
+            )
+        };
+        let dirty = {
+            let mut p = self.persisted.lock().unwrap_or_else(|e| e.into_inner());
+            if *p != bytes {
+                *p = bytes;
+                true
+            } else {
+                false
+            }
+        };
+        if dirty {
+            let m = map.clone();
+            if let Err(e) = self
+                .update(move |st| {
+                    st.map = Some(m.clone());
+                    Ok(())
+                })
+                .await
+            {
+                tracing::error!("persisting the group map: {e}");
+                // Try again on the next change.
+                self.persisted
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clear();
+            }
+        }
+        for a in &actions {
+            if let Action::Fence {
+                fence,
+                group,
+                gateway,
+                addrs,
+                scope,
+            } = a.clone()
+            {
+                self.spawn_fence(fence, group, gateway, addrs, scope);
+            }
+        }
+        Ok(actions)
+    }
+
+    fn spawn_fence(
+        self: &Arc<Self>,
+        fence: u64,
+        group: u32,
+        gateway: String,
+        addrs: Vec<String>,
+        scope: ana::FenceScope,
+    ) {
+        let backend = self.store.backend().clone();
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let started = Instant::now();
+            tracing::warn!(fence, group, gateway = %gateway, ?scope, addrs = ?addrs, "fencing");
+            let a = addrs.clone();
+            let result = tokio::task::spawn_blocking(move || backend.fence(&a)).await;
+            let event = match result {
+                Ok(Ok(())) => {
+                    tracing::warn!(
+                        fence,
+                        group,
+                        gateway = %gateway,
+                        ms = started.elapsed().as_millis() as u64,
+                        "fenced (blocklist committed, osdmap refreshed)"
+                    );
+                    Event::Fenced { fence }
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(fence, gateway = %gateway, "fence failed: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Event::FenceFailed { fence }
+                }
+                Err(e) => {
+                    tracing::error!(fence, "fence task failed: {e}");
+                    Event::FenceFailed { fence }
+                }
+            };
+            if let Some(cp) = me.upgrade() {
+                if let Err(e) = cp.feed(event).await {
+                    tracing::warn!(fence, "fence result not applied: {}", e.message());
+                }
+            }
+        });
+    }
+}
+
+// ------------------------------------------------------------------ conversions
+
+fn subsystem_proto(st: &GroupState, s: &state::SubsystemEntry) -> proto::Subsystem {
+    proto::Subsystem {
+        nqn: s.nqn.clone(),
+        serial: s.serial.clone(),
+        allow_any_host: s.allow_any_host,
+        hosts: st.hosts_of(&s.nqn),
+        max_namespaces: s.max_namespaces,
+    }
+}
+
+fn namespace_proto(n: &NamespaceEntry) -> proto::Namespace {
+    let (nguid, uuid) = state::derived_ids(&n.subsystem_nqn, n.nsid);
+    proto::Namespace {
+        subsystem_nqn: n.subsystem_nqn.clone(),
+        nsid: n.nsid,
+        pool: n.pool.clone(),
+        rados_namespace: n.rados_namespace.clone(),
+        image: n.image.clone(),
+        block_size: n.block_size,
+        ana_group: n.ana_group,
+        nguid,
+        uuid,
+    }
+}
+
+fn listener_proto(l: &ListenerEntry) -> proto::Listener {
+    proto::Listener {
+        subsystem_nqn: l.subsystem_nqn.clone(),
+        gateway: l.gateway.clone(),
+        transport: l.transport.clone(),
+        address: l.address.clone(),
+        port: u32::from(l.port),
+    }
+}
+
+#[allow(clippy::result_large_err)] // tonic handlers return Status
+fn listener_entry(l: proto::Listener) -> Result<ListenerEntry, Status> {
+    let port = u16::try_from(l.port)
+        .map_err(|_| Status::invalid_argument(format!("port {} out of range", l.port)))?;
+    Ok(ListenerEntry {
+        subsystem_nqn: l.subsystem_nqn,
+        gateway: l.gateway,
+        transport: if l.transport.is_empty() {
+            "tcp".into()
+        } else {
+            l.transport.to_ascii_lowercase()
+        },
+        address: l.address,
+        port,
+    })
+}
+
+impl ControlPlane {
+    /// What `gateway` serves, from the cached state; None before it ever beaconed.
+    pub fn assignment(&self, gateway: &str) -> Option<proto::Assignment> {
+        let st = self.state();
+        let map = st.map.as_ref()?;
+        let gw = map.gateways.get(gateway)?;
+        Some(proto::Assignment {
+            version: map.epoch,
+            gateway: gateway.to_string(),
+            own_ana_group: gw.ana_group,
+            subsystems: st
+                .subsystems
+                .values()
+                .map(|s| subsystem_proto(&st, s))
+                .collect(),
+            namespaces: st.namespaces.values().map(namespace_proto).collect(),
+            listeners: st
+                .listeners
+                .iter()
+                .filter(|l| l.gateway == gateway)
+                .map(listener_proto)
+                .collect(),
+            ana_states: map
+                .ana_states(gateway)
+                .into_iter()
+                .map(|(g, s)| proto::GroupState {
+                    ana_group: g,
+                    state: u32::from(s.code()),
+                })
+                .collect(),
+            wait_for_osdmap: true,
+        })
+    }
+
+    pub async fn beacon(self: &Arc<Self>, b: proto::Beacon) -> Result<proto::BeaconReply, Status> {
+        if b.gateway.is_empty() {
+            return Err(Status::invalid_argument("beacon without a gateway name"));
+        }
+        let name = b.gateway.clone();
+        let now = self.now_ms();
+        self.feed(Event::Beacon {
+            gateway: b.gateway,
+            ana_group: b.ana_group,
+            incarnation: b.incarnation,
+            addrs: b.client_addrs,
+            applied_epoch: b.applied_version,
+            now_ms: now,
+        })
+        .await?;
+        let group = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|m| m.gateways.get(&name).map(|g| g.ana_group))
+            .unwrap_or(0);
+        Ok(proto::BeaconReply {
+            ana_group: group,
+            leader: self.id.clone(),
+        })
+    }
+
+    fn gateway_infos(&self) -> Vec<proto::GatewayInfo> {
+        let now = self.now_ms();
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let map = live.or_else(|| self.state().map);
+        let Some(map) = map else {
+            return Vec::new();
+        };
+        map.gateways
+            .values()
+            .map(|g| {
+                let (lo, hi) = ana::cntlid_range(g.ana_group).unwrap_or((0, 0));
+                proto::GatewayInfo {
+                    name: g.name.clone(),
+                    ana_group: g.ana_group,
+                    availability: g.availability.name().into(),
+                    last_beacon_ms_ago: g
+                        .last_beacon_ms
+                        .map(|t| now.saturating_sub(t))
+                        .unwrap_or(0),
+                    client_addrs: g.addrs.clone(),
+                    cntlid_min: u32::from(lo),
+                    cntlid_max: u32::from(hi),
+                }
+            })
+            .collect()
+    }
+}
+
+// ------------------------------------------------------------------ services
+
+/// `Admin` on a replica.
+pub struct AdminService(pub Arc<ControlPlane>);
+
+/// `GatewayControl` on a replica.
+pub struct GatewayService(pub Arc<ControlPlane>);
+
+fn reply(st: &GroupState, message: String) -> Response<proto::Reply> {
+    Response::new(proto::Reply {
+        version: st.version,
+        message,
+    })
+}
+
+#[tonic::async_trait]
+impl proto::admin_server::Admin for AdminService {
+    async fn subsystem_add(
+        &self,
+        r: Request<proto::SubsystemAddRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let nqn = r.nqn.clone();
+        let (_, st) = self
+            .0
+            .update(move |st| {
+                st.add_subsystem(&r.nqn, &r.serial, r.allow_any_host, r.max_namespaces)
+            })
+            .await?;
+        tracing::info!(nqn = %nqn, "subsystem added");
+        Ok(reply(&st, format!("subsystem {nqn} added")))
+    }
+
+    async fn subsystem_del(
+        &self,
+        r: Request<proto::SubsystemDelRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let nqn = r.nqn.clone();
+        let (_, st) = self
+            .0
+            .update(move |st| st.del_subsystem(&r.nqn, r.force))
+            .await?;
+        tracing::info!(nqn = %nqn, "subsystem deleted");
+        Ok(reply(&st, format!("subsystem {nqn} deleted")))
+    }
+
+    async fn subsystem_list(
+        &self,
+        _: Request<proto::Empty>,
+    ) -> Result<Response<proto::SubsystemListReply>, Status> {
+        let st = self.0.state();
+        Ok(Response::new(proto::SubsystemListReply {
+            subsystems: st
+                .subsystems
+                .values()
+                .map(|s| subsystem_proto(&st, s))
+                .collect(),
+            version: st.version,
+        }))
+    }
+
+    async fn namespace_add(
+        &self,
+        r: Request<proto::NamespaceAddRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let entry = NamespaceEntry {
+            subsystem_nqn: r.subsystem_nqn,
+            nsid: r.nsid,
+            pool: r.pool,
+            rados_namespace: r.rados_namespace,
+            image: r.image,
+            block_size: r.block_size,
+            ana_group: r.ana_group,
+        };
+        // Syntax and references first (cheap, and no cluster round trip for a bad request).
+        self.0
+            .state()
+            .add_namespace(entry.clone())
+            .map_err(config_status)?;
+        let backend = self.0.store.backend().clone();
+        let e = entry.clone();
+        let exists =
+            blocking(move || backend.image_exists(&e.pool, &e.rados_namespace, &e.image)).await?;
+        if !exists {
+            return Err(Status::not_found(format!(
+                "image {} not found",
+                state::image_spec(&entry)
+            )));
+        }
+        let (added, st) = self
+            .0
+            .update(move |st| st.add_namespace(entry.clone()))
+            .await?;
+        tracing::info!(nqn = %added.subsystem_nqn, nsid = added.nsid, ana_group = added.ana_group, image = %state::image_spec(&added), "namespace added");
+        Ok(reply(
+            &st,
+            format!(
+                "namespace {} added to {} (ANA group {})",
+                added.nsid, added.subsystem_nqn, added.ana_group
+            ),
+        ))
+    }
+
+    async fn namespace_del(
+        &self,
+        r: Request<proto::NamespaceDelRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let (nqn, nsid) = (r.subsystem_nqn.clone(), r.nsid);
+        let (_, st) = self
+            .0
+            .update(move |st| st.del_namespace(&r.subsystem_nqn, r.nsid))
+            .await?;
+        Ok(reply(&st, format!("namespace {nsid} deleted from {nqn}")))
+    }
+
+    async fn namespace_move(
+        &self,
+        r: Request<proto::NamespaceMoveRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let (nqn, nsid, g) = (r.subsystem_nqn.clone(), r.nsid, r.ana_group);
+        let (_, st) = self
+            .0
+            .update(move |st| st.move_namespace(&r.subsystem_nqn, r.nsid, r.ana_group))
+            .await?;
+        Ok(reply(
+            &st,
+            format!("namespace {nsid} of {nqn} moved to ANA group {g}"),
+        ))
+    }
+
+    async fn namespace_list(
+        &self,
+        r: Request<proto::NamespaceListRequest>,
+    ) -> Result<Response<proto::NamespaceListReply>, Status> {
+        let nqn = r.into_inner().subsystem_nqn;
+        let st = self.0.state();
+        if !nqn.is_empty() && !st.subsystems.contains_key(&nqn) {
+            return Err(config_status(ConfigError::NoSubsystem(nqn)));
+        }
+        Ok(Response::new(proto::NamespaceListReply {
+            namespaces: st
+                .namespaces
+                .values()
+                .filter(|n| nqn.is_empty() || n.subsystem_nqn == nqn)
+                .map(namespace_proto)
+                .collect(),
+            version: st.version,
+        }))
+    }
+
+    async fn listener_add(
+        &self,
+        r: Request<proto::Listener>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let l = listener_entry(r.into_inner())?;
+        let text = format!("{} {}:{} on {}", l.transport, l.address, l.port, l.gateway);
+        let (_, st) = self.0.update(move |st| st.add_listener(l.clone())).await?;
+        Ok(reply(&st, format!("listener {text} added")))
+    }
+
+    async fn listener_del(
+        &self,
+        r: Request<proto::Listener>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let l = listener_entry(r.into_inner())?;
+        let text = format!("{} {}:{} on {}", l.transport, l.address, l.port, l.gateway);
+        let (_, st) = self.0.update(move |st| st.del_listener(&l)).await?;
+        Ok(reply(&st, format!("listener {text} deleted")))
+    }
+
+    async fn listener_list(
+        &self,
+        r: Request<proto::ListenerListRequest>,
+    ) -> Result<Response<proto::ListenerListReply>, Status> {
+        let nqn = r.into_inner().subsystem_nqn;
+        let st = self.0.state();
+        if !nqn.is_empty() && !st.subsystems.contains_key(&nqn) {
+            return Err(config_status(ConfigError::NoSubsystem(nqn)));
+        }
+        Ok(Response::new(proto::ListenerListReply {
+            listeners: st
+                .listeners
+                .iter()
+                .filter(|l| nqn.is_empty() || l.subsystem_nqn == nqn)
+                .map(listener_proto)
+                .collect(),
+            version: st.version,
+        }))
+    }
+
+    async fn host_add(&self, r: Request<proto::Host>) -> Result<Response<proto::Reply>, Status> {
+        let h = r.into_inner();
+        let text = format!("host {} allowed on {}", h.host_nqn, h.subsystem_nqn);
+        let (_, st) = self
+            .0
+            .update(move |st| st.add_host(&h.subsystem_nqn, &h.host_nqn))
+            .await?;
+        Ok(reply(&st, text))
+    }
+
+    async fn host_del(&self, r: Request<proto::Host>) -> Result<Response<proto::Reply>, Status> {
+        let h = r.into_inner();
+        let text = format!("host {} removed from {}", h.host_nqn, h.subsystem_nqn);
+        let (_, st) = self
+            .0
+            .update(move |st| st.del_host(&h.subsystem_nqn, &h.host_nqn))
+            .await?;
+        Ok(reply(&st, text))
+    }
+
+    async fn host_list(
+        &self,
+        r: Request<proto::HostListRequest>,
+    ) -> Result<Response<proto::HostListReply>, Status> {
+        let nqn = r.into_inner().subsystem_nqn;
+        let st = self.0.state();
+        if !nqn.is_empty() && !st.subsystems.contains_key(&nqn) {
+            return Err(config_status(ConfigError::NoSubsystem(nqn)));
+        }
+        Ok(Response::new(proto::HostListReply {
+            hosts: st
+                .hosts
+                .iter()
+                .filter(|(n, _)| nqn.is_empty() || *n == nqn)
+                .map(|(n, h)| proto::Host {
+                    subsystem_nqn: n.clone(),
+                    host_nqn: h.clone(),
+                })
+                .collect(),
+            version: st.version,
+        }))
+    }
+
+    async fn gateway_list(
+        &self,
+        _: Request<proto::Empty>,
+    ) -> Result<Response<proto::GatewayListReply>, Status> {
+        Ok(Response::new(proto::GatewayListReply {
+            gateways: self.0.gateway_infos(),
+            leader: if self.0.is_leader() {
+                self.0.id.clone()
+            } else {
+                String::new()
+            },
+        }))
+    }
+
+    async fn ana_show(
+        &self,
+        _: Request<proto::Empty>,
+    ) -> Result<Response<proto::AnaShowReply>, Status> {
+        let st = self.0.state();
+        let live = self
+            .0
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let map = live.or(st.map.clone()).unwrap_or_default();
+        let groups = map
+            .groups
+            .values()
+            .map(|g| proto::AnaGroupInfo {
+                ana_group: g.id,
+                owner: g.owner.clone(),
+                holder: g.holder.clone(),
+                phase: g.phase.name().into(),
+                namespaces: st
+                    .namespaces
+                    .values()
+                    .filter(|n| n.ana_group == g.id)
+                    .count() as u32,
+            })
+            .collect();
+        let mut states = Vec::new();
+        for gw in map.gateways.keys() {
+            for (g, s) in map.ana_states(gw) {
+                states.push(proto::GatewayAnaState {
+                    gateway: gw.clone(),
+                    ana_group: g,
+                    state: u32::from(s.code()),
+                });
+            }
+        }
+        Ok(Response::new(proto::AnaShowReply { groups, states }))
+    }
+}
+
+type AssignmentStream = Pin<Box<dyn Stream<Item = Result<proto::Assignment, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl proto::gateway_control_server::GatewayControl for GatewayService {
+    async fn send_beacon(
+        &self,
+        r: Request<proto::Beacon>,
+    ) -> Result<Response<proto::BeaconReply>, Status> {
+        Ok(Response::new(self.0.beacon(r.into_inner()).await?))
+    }
+
+    type JoinStream = AssignmentStream;
+
+    async fn join(
+        &self,
+        r: Request<proto::JoinRequest>,
+    ) -> Result<Response<Self::JoinStream>, Status> {
+        let gateway = r.into_inner().gateway;
+        if gateway.is_empty() {
+            return Err(Status::invalid_argument("join without a gateway name"));
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let cp = self.0.clone();
+        let mut changed = cp.changed.subscribe();
+        tokio::spawn(async move {
+            let mut last: Option<proto::Assignment> = None;
+            loop {
+                let a = cp.assignment(&gateway);
+                if a.is_some() && a != last {
+                    if let Some(a) = a.clone() {
+                        if tx.send(Ok(a)).await.is_err() {
+                            return;
+                        }
+                    }
+                    last = a;
+                }
+                tokio::select! {
+                    r = changed.changed() => if r.is_err() { return },
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// Serves both services on `listener` until `shutdown` resolves.
+pub async fn serve(
+    cp: Arc<ControlPlane>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(proto::admin_server::AdminServer::new(AdminService(
+            cp.clone(),
+        )))
+        .add_service(proto::gateway_control_server::GatewayControlServer::new(
+            GatewayService(cp),
+        ))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+}

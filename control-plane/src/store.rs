@@ -1,0 +1,376 @@
+//! Where the group state lives and how the cluster is acted on: [`Backend`] (RADOS in
+//! production, [`RadosBackend`]; an in-process one for the server's own unit tests,
+//! [`MemoryBackend`]) and [`Store`], the read / compare-and-set update loop over it.
+//!
+//! Every method blocks: call them from `spawn_blocking`.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rbd_backend::rados::{self, Client, Pool, RadosError};
+use rbd_backend::rbd::CephSettings;
+
+use crate::state::{ConfigError, GroupState, Omap};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("group state: {0}")]
+    Rados(#[from] RadosError),
+    #[error("group state changed concurrently {0} times in a row; try again")]
+    Contended(u32),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A registration that ends when dropped (a RADOS watch).
+pub trait Guard: Send + Sync {}
+impl<T: Send + Sync> Guard for T {}
+
+/// The state object and the cluster operations the control plane needs.
+pub trait Backend: Send + Sync + 'static {
+    /// The state object's omap (empty when it does not exist yet).
+    fn read(&self) -> Result<Omap, StoreError>;
+    /// Writes `set`/`remove` and `version = expect + 1` if `version` is still `expect`
+    /// (0: absent). `Ok(false)`: it was not (nothing written).
+    fn compare_and_set(
+        &self,
+        expect: u64,
+        set: Vec<(String, Vec<u8>)>,
+        remove: Vec<String>,
+    ) -> Result<bool, StoreError>;
+    /// Wakes every watcher (best effort).
+    fn notify(&self);
+    /// Calls `on_change` (on some library thread; it must not block) after every notify and
+    /// when the watch breaks (the state must then be re-read).
+    fn watch(&self, on_change: Box<dyn Fn() + Send + Sync>) -> Result<Box<dyn Guard>, StoreError>;
+    /// Takes or renews the leader lease for `id`. `Ok(false)`: another replica holds it.
+    fn lead(&self, id: &str, lease: Duration) -> Result<bool, StoreError>;
+    /// Blocklists every address, then refreshes this client's osdmap.
+    fn fence(&self, addrs: &[String]) -> Result<(), StoreError>;
+    /// Whether an RBD image exists.
+    fn image_exists(&self, pool: &str, namespace: &str, image: &str) -> Result<bool, StoreError>;
+}
+
+/// How long a fence blocklists a client: long enough to outlive any fenced process (a
+/// restarted gateway has new client addresses).
+pub const BLOCKLIST_EXPIRE: Duration = Duration::from_secs(24 * 3600);
+
+/// The RADOS object `nvmeof.<group>.state` in a pool.
+pub struct RadosBackend {
+    client: Client,
+    pool: Pool,
+    pool_name: String,
+    oid: String,
+}
+
+impl RadosBackend {
+    /// Connects and makes sure the state object exists (so it can be watched).
+    pub fn connect(
+        settings: &CephSettings,
+        pool: &str,
+        group: &str,
+    ) -> Result<RadosBackend, StoreError> {
+        let client = Client::connect(settings)?;
+        let p = client.pool(pool, None)?;
+        let oid = format!("nvmeof.{group}.state");
+        p.omap_compare_and_set(&oid, &[], &[], &[])?;
+        Ok(RadosBackend {
+            client,
+            pool: p,
+            pool_name: pool.to_string(),
+            oid,
+        })
+    }
+
+    pub fn oid(&self) -> &str {
+        &self.oid
+    }
+}
+
+fn version_bytes(v: u64) -> Vec<u8> {
+    if v == 0 {
+        Vec::new()
+    } else {
+        v.to_string().into_bytes()
+    }
+}
+
+impl Backend for RadosBackend {
+    fn read(&self) -> Result<Omap, StoreError> {
+        match self.pool.omap_get_all(&self.oid) {
+            Ok(m) => Ok(m),
+            Err(RadosError::NotFound(_)) => Ok(Omap::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn compare_and_set(
+        &self,
+        expect: u64,
+        mut set: Vec<(String, Vec<u8>)>,
+        remove: Vec<String>,
+    ) -> Result<bool, StoreError> {
+        set.push(("version".into(), version_bytes(expect + 1)));
+        match self.pool.omap_compare_and_set(
+            &self.oid,
+            &[("version".into(), version_bytes(expect))],
+            &set,
+            &remove,
+        ) {
+            Ok(()) => Ok(true),
+            Err(RadosError::CompareFailed(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn notify(&self) {
+        if let Err(e) = self
+            .pool
+            .notify(&self.oid, b"changed", Duration::from_secs(2))
+        {
+            tracing::debug!("notify {}: {e}", self.oid);
+        }
+    }
+
+    fn watch(&self, on_change: Box<dyn Fn() + Send + Sync>) -> Result<Box<dyn Guard>, StoreError> {
+        let w = self.pool.watch(&self.oid, move |e| {
+            if let rados::WatchEvent::Error(errno) = e {
+                tracing::warn!(errno, "state watch broke; re-reading");
+            }
+            on_change();
+        })?;
+        Ok(Box::new(w))
+    }
+
+    fn lead(&self, id: &str, lease: Duration) -> Result<bool, StoreError> {
+        match self
+            .pool
+            .lock_lease(&self.oid, "leader", id, "nvmeof-control leader", lease)
+        {
+            Ok(()) => Ok(true),
+            Err(RadosError::LockBusy { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn fence(&self, addrs: &[String]) -> Result<(), StoreError> {
+        for a in addrs {
+            let status = self.client.blocklist_add(a, Some(BLOCKLIST_EXPIRE))?;
+            tracing::warn!(addr = %a, "blocklisted: {status}");
+        }
+        self.client.wait_for_latest_osdmap()?;
+        Ok(())
+    }
+
+    fn image_exists(&self, pool: &str, namespace: &str, image: &str) -> Result<bool, StoreError> {
+        let p = if pool == self.pool_name && namespace.is_empty() {
+            self.pool.clone()
+        } else {
+            match self
+                .client
+                .pool(pool, (!namespace.is_empty()).then_some(namespace))
+            {
+                Ok(p) => p,
+                Err(RadosError::Connect(rbd_backend::RbdError::PoolNotFound { .. })) => {
+                    return Ok(false)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        // A format-2 image has its `rbd_id.<name>` object.
+        match p.omap_get_all(&format!("rbd_id.{image}")) {
+            Ok(_) => Ok(true),
+            Err(RadosError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// An in-process backend for unit tests of the server (the RADOS backend is tested against
+/// a real cluster).
+#[derive(Default)]
+pub struct MemoryBackend {
+    omap: Mutex<Omap>,
+    watchers: Mutex<Vec<Arc<dyn Fn() + Send + Sync>>>,
+    lease: Mutex<Option<(String, Instant)>>,
+    pub fenced: Mutex<Vec<String>>,
+    pub images: Mutex<BTreeSet<String>>,
+}
+
+impl Backend for MemoryBackend {
+    fn read(&self) -> Result<Omap, StoreError> {
+        Ok(self.omap.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    fn compare_and_set(
+        &self,
+        expect: u64,
+        set: Vec<(String, Vec<u8>)>,
+        remove: Vec<String>,
+    ) -> Result<bool, StoreError> {
+        let mut m = self.omap.lock().unwrap_or_else(|e| e.into_inner());
+        if m.get("version").cloned().unwrap_or_default() != version_bytes(expect) {
+            return Ok(false);
+        }
+        for (k, v) in set {
+            m.insert(k, v);
+        }
+        for k in remove {
+            m.remove(&k);
+        }
+        m.insert("version".into(), version_bytes(expect + 1));
+        Ok(true)
+    }
+
+    fn notify(&self) {
+        let w = self
+            .watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for f in w {
+            f();
+        }
+    }
+
+    fn watch(&self, on_change: Box<dyn Fn() + Send + Sync>) -> Result<Box<dyn Guard>, StoreError> {
+        self.watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::from(on_change));
+        Ok(Box::new(()))
+    }
+
+    fn lead(&self, id: &str, lease: Duration) -> Result<bool, StoreError> {
+        let mut l = self.lease.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        match l.as_ref() {
+            Some((holder, until)) if holder != id && *until > now => Ok(false),
+            _ => {
+                *l = Some((id.to_string(), now + lease));
+                Ok(true)
+            }
+        }
+    }
+
+    fn fence(&self, addrs: &[String]) -> Result<(), StoreError> {
+        self.fenced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(addrs.iter().cloned());
+        Ok(())
+    }
+
+    fn image_exists(&self, pool: &str, namespace: &str, image: &str) -> Result<bool, StoreError> {
+        let spec = if namespace.is_empty() {
+            format!("{pool}/{image}")
+        } else {
+            format!("{pool}/{namespace}/{image}")
+        };
+        Ok(self
+            .images
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&spec))
+    }
+}
+
+/// Compare-and-set retries before giving up.
+const MAX_ATTEMPTS: u32 = 32;
+
+/// The state store: reads and atomic read-modify-write updates.
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<dyn Backend>,
+}
+
+impl Store {
+    pub fn new(backend: Arc<dyn Backend>) -> Store {
+        Store { backend }
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    pub fn load(&self) -> Result<GroupState, StoreError> {
+        Ok(GroupState::from_omap(&self.backend.read()?)?)
+    }
+
+    /// Applies `change` to the current state and writes the difference if the state did not
+    /// change meanwhile (else re-reads and tries again). A refused change writes nothing.
+    /// Returns the change's result and the state after it.
+    pub fn update<T>(
+        &self,
+        mut change: impl FnMut(&mut GroupState) -> Result<T, ConfigError>,
+    ) -> Result<(T, GroupState), StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let old = self.load()?;
+            let mut new = old.clone();
+            let out = change(&mut new)?;
+            let (set, remove) = new.diff(&old);
+            if set.is_empty() && remove.is_empty() {
+                return Ok((out, old));
+            }
+            if self.backend.compare_and_set(old.version, set, remove)? {
+                new.version = old.version + 1;
+                self.backend.notify();
+                return Ok((out, new));
+            }
+            tracing::debug!(
+                version = old.version,
+                "state changed concurrently; retrying"
+            );
+        }
+        Err(StoreError::Contended(MAX_ATTEMPTS))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrent_updates_all_land() {
+        let store = Store::new(Arc::new(MemoryBackend::default()));
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let store = store.clone();
+                s.spawn(move || {
+                    for i in 0..10 {
+                        store
+                            .update(|st| {
+                                st.add_subsystem(
+                                    &format!("nqn.2016-06.io.test:t{t}-{i}"),
+                                    "",
+                                    true,
+                                    0,
+                                )
+                            })
+                            .expect("update");
+                    }
+                });
+            }
+        });
+        let st = store.load().expect("load");
+        assert_eq!(st.subsystems.len(), 40);
+        assert_eq!(st.version, 40);
+    }
+
+    #[test]
+    fn a_refused_change_writes_nothing() {
+        let store = Store::new(Arc::new(MemoryBackend::default()));
+        store
+            .update(|st| st.add_subsystem("nqn.2016-06.io.test:a", "", true, 0))
+            .expect("add");
+        let r = store.update(|st| st.add_subsystem("nqn.2016-06.io.test:a", "", true, 0));
+        assert!(matches!(
+            r,
+            Err(StoreError::Config(ConfigError::SubsystemExists(_)))
+        ));
+        assert_eq!(store.load().expect("load").version, 1);
+    }
+}
