@@ -293,6 +293,18 @@ fs_check() {
   [ "$want" = "$got" ] || { say "sha256 MISMATCH"; return 1; }
   FS_SHA=$want
 }
+idle_cpu() { # a connected, idle controller costs (almost) no gateway CPU: no busy polling
+  local c0 c1 u0 s0 u1 s1 hz pct
+  hz=$(getconf CLK_TCK)
+  sleep 1
+  c0=$(gw_cpu_ticks)
+  sleep 10
+  c1=$(gw_cpu_ticks)
+  read -r u0 s0 <<< "$c0"; read -r u1 s1 <<< "$c1"
+  pct=$(awk -v t=$((u1 + s1 - u0 - s0)) -v hz="$hz" 'BEGIN{printf "%.1f", t * 100 / hz / 10}')
+  say "gateway CPU over 10 s idle with a connected controller (keep-alives only): ${pct}% of one core"
+  awk -v p="$pct" 'BEGIN{exit !(p < 5)}' || { say "more than 5%: something polls"; return 1; }
+}
 persist_check() {
   [ -n "$FS_SHA" ] || { say "step d did not complete: nothing to compare"; return 1; }
   connect || return 1
@@ -455,7 +467,7 @@ trap cleanup EXIT
 echo "e2e-rdma: guest $(uname -r), $(nproc) vCPU, nvme-cli $(nvme version 2>/dev/null | head -1 | awk '{print $3}'), logs in $LOGDIR"
 echo "e2e-rdma: gateway $GW${PROBE:+, probe $PROBE}"
 ALL=(a.discover b.connect x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256
-  e1.disconnect e2.released e3.reconnect-persist p1.perf-rdma p2.perf-tcp r.bad-connect-requests
+  e1.disconnect e2.released e3.reconnect-persist i.idle-cpu p1.perf-rdma p2.perf-tcp r.bad-connect-requests
   s.bad-sgls v.host-vanishes w.back-pressure h.shutdown)
 skip_from() { local on=0 s; for s in "${ALL[@]}"; do [ "$s" = "$1" ] && on=1; [ $on = 1 ] && skip "$s" "$2"; done; }
 
@@ -471,12 +483,13 @@ elif step gateway.start "start the gateway: rdma $ADDR:$PORT + tcp $TCPADDR:$POR
     if step e1.disconnect "nvme disconnect" disconnect_nqn $NQN; then
       step e2.released "every queue pair closed, every pool buffer returned" released_check
       step e3.reconnect-persist "reconnect (same process): the ext4 file's sha256 is unchanged" persist_check
+      step i.idle-cpu "connected and idle for 10 s: gateway CPU < 5% of a core (event-driven completions)" idle_cpu
       disconnect_nqn $NQN > /dev/null
     else
-      skip e2.released "disconnect failed"; skip e3.reconnect-persist "disconnect failed"
+      skip e2.released "disconnect failed"; skip e3.reconnect-persist "disconnect failed"; skip i.idle-cpu "disconnect failed"
     fi
   else
-    for s in x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256 e1.disconnect e2.released e3.reconnect-persist; do
+    for s in x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256 e1.disconnect e2.released e3.reconnect-persist i.idle-cpu; do
       skip $s "connect failed"
     done
     disconnect_nqn $NQN > /dev/null 2>&1
