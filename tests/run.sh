@@ -16,6 +16,9 @@
 #             when missing), the RbdDevice tests and the gateway's RBD end-to-end tests against it
 #   e2e-vm    tests/vm/run-in-vm.sh -t 900 -w target/vm-logs tests/vm/e2e-tcp.sh target/release/nvmeof-gateway
 #             (the real Linux NVMe/TCP initiator in a QEMU/TCG guest against our gateway)
+#   e2e-rbd   tests/vm/e2e-rbd.sh target/release/nvmeof-gateway: a micro Ceph and the gateway on
+#             the host, the Linux initiator in the VM (rbd export byte compare, rbd resize seen,
+#             discard/write-zeroes, OSD killed for 10 s under fio verify, missing image)
 #   fuzz      if gateway/fuzz exists: cargo-fuzz (installed if missing), cargo fuzz build on stable
 #             with RUSTC_BOOTSTRAP=1 (nightly as fallback; skipped with a message if neither works),
 #             then cargo fuzz run <each target> -- -max_total_time=$FUZZ_SECONDS
@@ -63,7 +66,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy test build ceph e2e-vm fuzz)
+ALL_STAGES=(deps fmt clippy test build ceph e2e-vm e2e-rbd fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -130,6 +133,16 @@ e2e_vm() {
   return $rc
 }
 
+e2e_rbd() {
+  [ -x "$GATEWAY_BIN" ] || { echo "no gateway binary at $GATEWAY_BIN"; return 1; }
+  mkdir -p "$TARGET_DIR/vm-logs"
+  echo "+ tests/vm/e2e-rbd.sh $GATEWAY_BIN  (E2E_LOG_DIR=$TARGET_DIR/vm-logs, E2E_TIMEOUT=$E2E_TIMEOUT)"
+  E2E_LOG_DIR=$TARGET_DIR/vm-logs E2E_TIMEOUT=$E2E_TIMEOUT tests/vm/e2e-rbd.sh "$GATEWAY_BIN"
+  local rc=$?
+  echo "(logs: $TARGET_DIR/vm-logs/e2e-rbd/)"
+  return $rc
+}
+
 # ----------------------------------------------------------------- fuzz --
 SKIP_REASON=""
 FUZZ_CARGO=()
@@ -180,6 +193,9 @@ else stage ceph bash rbd-backend/tests/ceph-tests.sh; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-vm "--quick"
 else stage e2e-vm e2e_vm; fi
+
+if [ $QUICK = 1 ]; then skipped e2e-rbd "--quick"
+else stage e2e-rbd e2e_rbd; fi
 
 if [ $FUZZ = 0 ]; then skipped fuzz "$([ $QUICK = 1 ] && echo --quick || echo --no-fuzz)"
 elif [ ! -d "$FUZZ_DIR/fuzz" ]; then skipped fuzz "no $FUZZ_DIR/fuzz directory"

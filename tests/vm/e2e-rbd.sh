@@ -1,0 +1,363 @@
+#!/bin/bash
+# e2e-rbd.sh - end-to-end test of the gateway serving Ceph RBD images to the real Linux
+# NVMe/TCP initiator. Runs on the HOST (not in the VM):
+#
+#   tests/vm/e2e-rbd.sh [GATEWAY_BIN]        (default: target/release/nvmeof-gateway)
+#
+# On the host: starts a micro Ceph (scripts/micro-ceph.sh, bluestore, so that a killed OSD
+# restarts with its data), creates rbd/e2e-a (256 MiB), starts the gateway on
+# 127.0.0.1:<free port> with two RBD namespaces, nsid 1 = rbd/e2e-a and nsid 2 =
+# rbd/e2e-missing, which does not exist (the gateway must log an error naming it and serve
+# the other one), then boots the VM (tests/vm/run-in-vm.sh) with tests/vm/e2e-rbd-guest.sh.
+# The guest reaches the host's 127.0.0.1 as 10.0.2.2.
+#
+# Host and guest share one directory (-w): the guest asks the host to act by dropping a
+# request file into sig/ (NNN.req: one line, an action from the fixed list below); the host
+# loop runs it and answers with NNN.done (first line "ok" or "fail", then details).
+#   check IMAGE {zero OFF LEN | cmp OFF FILE}...   rbd export IMAGE once, then check each
+#                                    range is zeros / equals FILE (a file in the shared dir)
+#   resize IMAGE SIZE                rbd resize (the connected guest must see it)
+#   create IMAGE SIZE                rbd create (the gateway's retry must start serving it)
+#   osd-outage SECONDS               SIGKILL osd.0 (its PID from the cluster's pids file),
+#                                    wait SECONDS, micro-ceph.sh restart-osd, wait until it
+#                                    is active again; answers when the OSD is back
+# Host steps (timed, PASS/FAIL): cluster start, image creation, gateway start with the
+# missing image's error logged and the other namespace served, the VM run (the guest's own
+# steps are counted one by one from its summary), final SIGTERM (exit 0).
+# Last line: "N passed, N failed" over host and guest steps. Exit 0 only if none failed.
+# Whatever happens, the VM, the gateway and the cluster are stopped (by their PIDs).
+#
+# Env: E2E_LOG_DIR (default target/vm-logs; logs and shared files in $E2E_LOG_DIR/e2e-rbd),
+#      E2E_TIMEOUT (VM hard timeout, default 900 s), E2E_PORT (default: a free port),
+#      RUST_LOG (gateway, default info), VM_* (see run-in-vm.sh).
+set -u
+export LC_ALL=C
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
+
+GW_SRC=${1:-$ROOT/target/release/nvmeof-gateway}
+case $GW_SRC in /*) ;; *) GW_SRC=$PWD/$GW_SRC ;; esac
+TIMEOUT=${E2E_TIMEOUT:-900}
+LOGBASE=${E2E_LOG_DIR:-$ROOT/target/vm-logs}
+case $LOGBASE in /*) ;; *) LOGBASE=$PWD/$LOGBASE ;; esac
+SH=$LOGBASE/e2e-rbd          # shared with the guest
+SIG=$SH/sig
+NQN=nqn.2016-06.io.ceph-nvmeof-rs:e2e-rbd
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:e2e0bd00-0000-4000-8000-000000000001
+POOL=rbd
+IMG=e2e-a
+MISSING=e2e-missing
+export NO_COLOR=1
+exec 3>&1  # the terminal, for progress lines printed while an answer is being written
+
+now() { echo "${EPOCHREALTIME}"; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}'; }
+say() { echo "    $*"; }
+T_ALL=$(now)
+PASS=0 FAIL=0 RESULTS=()
+step() { # NAME DESCRIPTION cmd...
+  local name=$1 desc=$2; shift 2
+  local t0 rc dt
+  echo "=== [host:$name] $desc"
+  t0=$(now)
+  "$@"
+  rc=$?
+  dt=$(since "$t0")
+  if [ $rc -eq 0 ]; then
+    echo "PASS [host:$name] (${dt}s)"
+    PASS=$((PASS + 1)); RESULTS+=("$(printf 'PASS  host:%-26s %8ss' "$name" "$dt")")
+  else
+    echo "FAIL [host:$name] rc=$rc (${dt}s): $desc"
+    FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  host:%-26s %8ss  rc=%s' "$name" "$dt" "$rc")")
+  fi
+  return $rc
+}
+skip() {
+  echo "FAIL [host:$1] not run: $2"
+  FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  host:%-26s %8s   not run: %s' "$1" - "$2")")
+}
+
+# ------------------------------------------------------------- cleanup --
+WORK="" CEPHDIR="" GWPID="" VMPID=""
+cleanup() {
+  if [ -n "$VMPID" ] && kill -0 "$VMPID" 2>/dev/null; then
+    echo "e2e-rbd: stopping the VM (run-in-vm.sh pid $VMPID)"
+    kill -TERM "$VMPID" 2>/dev/null  # its own trap kills qemu
+    for _ in $(seq 150); do kill -0 "$VMPID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$VMPID" 2>/dev/null
+  fi
+  if [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; then
+    echo "e2e-rbd: stopping the gateway (pid $GWPID)"
+    kill -TERM "$GWPID" 2>/dev/null
+    for _ in $(seq 150); do kill -0 "$GWPID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$GWPID" 2>/dev/null
+  fi
+  wait 2>/dev/null
+  if [ -n "$CEPHDIR" ]; then
+    [ -d "$CEPHDIR/log" ] && { mkdir -p "$SH/ceph-log"; cp "$CEPHDIR"/log/*.log "$SH/ceph-log/" 2>/dev/null; }
+    "$ROOT/scripts/micro-ceph.sh" stop "$CEPHDIR" >/dev/null 2>&1 ||
+      echo "e2e-rbd: micro-ceph.sh stop $CEPHDIR failed"
+  fi
+  [ -n "$WORK" ] && rm -rf "$WORK"
+  rm -f "$SH"/*.bin 2>/dev/null
+  GWPID="" VMPID="" CEPHDIR="" WORK=""
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------- setup --
+rm -rf "$SH"
+mkdir -p "$SIG" || { echo "cannot create $SIG"; echo "0 passed, 1 failed"; exit 2; }
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/e2e-rbd.XXXXXX")
+GWLOG=$SH/gateway.log
+CONF=$SH/gateway.toml
+VMOUT=$SH/vm-output.log
+
+free_port() {
+  local p
+  for _ in $(seq 50); do
+    p=$((20000 + RANDOM % 20000))
+    ss -Hltn "sport = :$p" | grep -q . || { echo "$p"; return 0; }
+  done
+  return 1
+}
+PORT=${E2E_PORT:-$(free_port)}
+
+start_cluster() {
+  local envl
+  CEPHDIR=$WORK/ceph
+  envl=$(MICRO_CEPH_VERBOSE=1 timeout -k 10 300 "$ROOT/scripts/micro-ceph.sh" start --dir "$CEPHDIR" \
+    --store bluestore --image '' 3>&-) || { say "micro-ceph.sh start failed"; return 1; }
+  eval "$envl"
+  say "cluster in $CEPHDIR, CEPH_CONF=$CEPH_CONF"
+}
+create_images() {
+  timeout -k 5 60 rbd create --size 256M "$POOL/$IMG" || return 1
+  if timeout -k 5 60 rbd info "$POOL/$MISSING" >/dev/null 2>&1; then say "$POOL/$MISSING exists"; return 1; fi
+  say "rbd ls $POOL: $(timeout 60 rbd ls "$POOL" | tr '\n' ' ')"
+}
+write_config() {
+  cat > "$CONF" <<EOF
+[gateway]
+name = "e2e-rbd"
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = $PORT
+
+[[subsystem]]
+nqn = "$NQN"
+allow_any_host = false
+hosts = ["$HOSTNQN"]
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "rbd"
+pool = "$POOL"
+image = "$IMG"
+
+[[subsystem.namespace]]
+nsid = 2
+backend = "rbd"
+pool = "$POOL"
+image = "$MISSING"
+
+[ceph]
+conf = "$CEPH_CONF"
+keyring = "$CEPH_KEYRING"
+EOF
+}
+port_listening() { ss -Hltn "sport = :$PORT" | grep -q .; }
+start_gateway() {
+  [ -x "$GW_SRC" ] || { say "gateway binary not found: $GW_SRC"; return 1; }
+  # a private copy: a concurrent cargo build must not replace the binary under the test
+  cp "$GW_SRC" "$WORK/nvmeof-gateway" || return 1
+  write_config
+  "$WORK/nvmeof-gateway" --config "$CONF" --check >/dev/null || { say "--check refused $CONF"; return 1; }
+  say "$GW_SRC --config $CONF (log $GWLOG)"
+  RUST_LOG=${RUST_LOG:-info} "$WORK/nvmeof-gateway" --config "$CONF" > "$GWLOG" 2>&1 < /dev/null 3>&- &
+  GWPID=$!
+  for _ in $(seq 300); do  # up to 30 s (opening images talks to the cluster)
+    port_listening && { say "gateway pid $GWPID listening on 127.0.0.1:$PORT"; return 0; }
+    kill -0 "$GWPID" 2>/dev/null || { wait "$GWPID"; say "gateway exited with status $?"; GWPID=""; tail -n 20 "$GWLOG"; return 1; }
+    sleep 0.1
+  done
+  say "not listening on $PORT after 30 s"; return 1
+}
+missing_logged() { # the error names the image and the field; the subsystem serves 1 namespace
+  local line
+  line=$(grep -E 'ERROR.*namespace not served' "$GWLOG" | grep -F "$POOL/$MISSING")
+  [ -n "$line" ] || { say "no 'namespace not served' error naming $POOL/$MISSING in $GWLOG:"; sed 's/^/    | /' "$GWLOG"; return 1; }
+  say "gateway log: $line"
+  echo "$line" | grep -q 'subsystem\[0\]\.namespace\[1\]' || { say "the error does not name the field subsystem[0].namespace[1]"; return 1; }
+  grep -E "subsystem ready.*$NQN.*namespaces=1|namespaces=1.*$NQN" "$GWLOG" | sed 's/^/    gateway log: /' | grep -q . ||
+    { say "no 'subsystem ready ... namespaces=1' line"; return 1; }
+}
+stop_gateway() { # SIGTERM: exit 0 within 15 s (the images are closed before exiting)
+  [ -n "$GWPID" ] || { say "gateway not running"; return 1; }
+  kill -0 "$GWPID" 2>/dev/null || { wait "$GWPID"; say "gateway had exited (status $?) before SIGTERM"; GWPID=""; return 1; }
+  local t0 rc; t0=$(now)
+  kill -TERM "$GWPID"
+  for _ in $(seq 150); do kill -0 "$GWPID" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$GWPID" 2>/dev/null; then say "still running 15 s after SIGTERM"; kill -KILL "$GWPID"; wait "$GWPID"; GWPID=""; return 1; fi
+  wait "$GWPID"; rc=$?; GWPID=""
+  say "gateway exited with status $rc $(since "$t0")s after SIGTERM"
+  [ $rc -eq 0 ]
+}
+
+# ------------------------------------------------- requests from the guest --
+num() { [[ $1 =~ ^[0-9]+$ ]]; }
+image_ok() { [ "$1" = "$IMG" ] || [ "$1" = "$MISSING" ]; }
+act_check() { # IMAGE {zero OFF LEN | cmp OFF FILE}...
+  local image=$1 exp=$WORK/export.img rc=0 off len f; shift
+  image_ok "$image" || { echo fail; echo "unknown image $image"; return; }
+  rm -f "$exp"
+  if ! timeout -k 5 120 rbd export --no-progress "$POOL/$image" "$exp" > "$WORK/export.err" 2>&1; then
+    echo fail; echo "rbd export $POOL/$image failed: $(cat "$WORK/export.err")"; return
+  fi
+  local out=() size; size=$(stat -c %s "$exp")
+  out+=("rbd export $POOL/$image: $size bytes")
+  while [ $# -gt 0 ]; do
+    case $1 in
+      zero)
+        off=$2 len=$3; shift 3
+        num "$off" && num "$len" || { echo fail; echo "bad zero range"; return; }
+        if cmp -s -i "$off:0" -n "$len" "$exp" /dev/zero; then out+=("[$off, +$len) reads zeros in the export")
+        else out+=("MISMATCH: [$off, +$len) is not all zeros in the export: $(cmp -i "$off:0" -n "$len" "$exp" /dev/zero 2>&1 | head -1)"); rc=1; fi ;;
+      cmp)
+        off=$2 f=$3; shift 3
+        num "$off" && [[ $f =~ ^[A-Za-z0-9._-]+$ ]] && [ -f "$SH/$f" ] || { echo fail; echo "bad cmp arguments ($off $f)"; return; }
+        len=$(stat -c %s "$SH/$f")
+        if cmp -s -i "$off:0" -n "$len" "$exp" "$SH/$f"; then out+=("[$off, +$len) equals $f byte for byte")
+        else out+=("MISMATCH: [$off, +$len) differs from $f: $(cmp -i "$off:0" -n "$len" "$exp" "$SH/$f" 2>&1 | head -1)"); rc=1; fi ;;
+      *) echo fail; echo "bad check word $1"; return ;;
+    esac
+  done
+  rm -f "$exp"
+  [ $rc -eq 0 ] && echo ok || echo fail
+  printf '%s\n' "${out[@]}"
+}
+alive() { # PID: running and not a zombie
+  local st; st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  st=${st##*) }; [ "${st%% *}" != Z ]
+}
+osd_pid() { awk '$2 == "osd.0" {print $1}' "$CEPHDIR/pids" | tail -n 1; }
+act_osd_outage() { # SECONDS
+  local secs=$1 pid n0 t0 tk
+  num "$secs" && [ "$secs" -le 60 ] || { echo fail; echo "bad duration"; return; }
+  pid=$(osd_pid)
+  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = ceph-osd ] && alive "$pid" || { echo fail; echo "osd.0 is not running (pid '$pid')"; return; }
+  n0=$(grep -c 'state: booting -> active' "$CEPHDIR/log/osd.0.log")
+  t0=$(now)
+  kill -KILL "$pid"
+  # gone, or a zombie (the daemons are reparented; their reaper may be slow)
+  for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
+  alive "$pid" && { echo fail; echo "osd.0 (pid $pid) still alive 5 s after SIGKILL"; return; }
+  echo "    host: osd.0 (pid $pid) killed at $(date -u +%T.%N | cut -c1-12)" >&3
+  sleep "$secs"
+  tk=$(since "$t0")
+  if ! "$ROOT/scripts/micro-ceph.sh" restart-osd "$CEPHDIR" > "$WORK/restart.out" 2>&1 3>&-; then
+    echo fail; echo "restart-osd failed: $(cat "$WORK/restart.out")"; return
+  fi
+  for _ in $(seq 600); do
+    [ "$(grep -c 'state: booting -> active' "$CEPHDIR/log/osd.0.log")" -gt "$n0" ] && break
+    sleep 0.1
+  done
+  if [ "$(grep -c 'state: booting -> active' "$CEPHDIR/log/osd.0.log")" -le "$n0" ]; then
+    echo fail; echo "osd.0 not active 60 s after restart-osd"; return
+  fi
+  echo "    host: osd.0 restarted (pid $(osd_pid)) and active at $(date -u +%T.%N | cut -c1-12)" >&3
+  echo ok
+  echo "osd.0 pid $pid killed; down ${tk}s before restart-osd; active again after $(since "$t0")s in all; new pid $(osd_pid)"
+}
+handle() { # reads one request line, prints the answer
+  local line; read -r line || true
+  # shellcheck disable=SC2086  # the request is a list of words
+  set -- $line
+  local a=${1:-}; [ $# -gt 0 ] && shift
+  case $a in
+    check) act_check "$@" ;;
+    resize)
+      image_ok "${1:-}" && [[ ${2:-} =~ ^[0-9]+[MG]$ ]] || { echo fail; echo "bad resize request"; return; }
+      if timeout -k 5 60 rbd resize --no-progress --size "$2" "$POOL/$1" > "$WORK/rbd.out" 2>&1; then
+        echo ok; echo "rbd resize --size $2 $POOL/$1: $(timeout 30 rbd info "$POOL/$1" | grep -m1 size)"
+      else echo fail; cat "$WORK/rbd.out"; fi ;;
+    create)
+      image_ok "${1:-}" && [[ ${2:-} =~ ^[0-9]+[MG]$ ]] || { echo fail; echo "bad create request"; return; }
+      if timeout -k 5 60 rbd create --size "$2" "$POOL/$1" > "$WORK/rbd.out" 2>&1; then echo ok; echo "rbd create --size $2 $POOL/$1"
+      else echo fail; cat "$WORK/rbd.out"; fi ;;
+    osd-outage) act_osd_outage "${1:-}" ;;
+    *) echo fail; echo "unknown request '$line'" ;;
+  esac
+}
+serve_requests() {
+  local r id t0
+  for r in "$SIG"/*.req; do
+    [ -e "$r" ] || continue
+    id=${r%.req}
+    mv "$r" "$id.taken" || continue
+    echo "    host: request ${id##*/}: $(head -c 200 "$id.taken")"
+    t0=$(now)
+    handle < "$id.taken" > "$id.tmp" 2>&1
+    echo "(host took $(since "$t0")s)" >> "$id.tmp"
+    mv "$id.tmp" "$id.done"
+    echo "    host: answered ${id##*/}: $(head -n 1 "$id.done") ($(since "$t0")s)"
+  done
+}
+SHOWN=0
+show_vm_output() { # print the VM output lines not yet shown
+  local n
+  [ -f "$VMOUT" ] || return 0
+  n=$(wc -l < "$VMOUT")
+  [ "$n" -gt "$SHOWN" ] && { sed -n "$((SHOWN + 1)),${n}p" "$VMOUT"; SHOWN=$n; }
+  return 0
+}
+GUEST_PASS=0 GUEST_FAIL=0
+run_vm() {
+  say "tests/vm/run-in-vm.sh -t $TIMEOUT -w $SH tests/vm/e2e-rbd-guest.sh $SH $PORT"
+  "$ROOT/tests/vm/run-in-vm.sh" -t "$TIMEOUT" -w "$SH" "$ROOT/tests/vm/e2e-rbd-guest.sh" "$SH" "$PORT" > "$VMOUT" 2>&1 3>&- &
+  VMPID=$!
+  while kill -0 "$VMPID" 2>/dev/null; do
+    show_vm_output
+    serve_requests
+    sleep 0.2
+  done
+  wait "$VMPID"; local rc=$?
+  VMPID=""
+  show_vm_output
+  local last
+  last=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$VMOUT" | tail -n 1)
+  if [ -z "$last" ]; then say "no guest summary line (VM exit status $rc)"; GUEST_FAIL=1; return 1; fi
+  GUEST_PASS=${last%% passed*}
+  GUEST_FAIL=${last#*passed, }; GUEST_FAIL=${GUEST_FAIL%% failed}
+  say "guest: $last (VM exit status $rc)"
+  [ "$rc" -eq 0 ] && [ "$GUEST_FAIL" -eq 0 ]
+}
+
+# ------------------------------------------------------------------ main --
+echo "e2e-rbd: gateway $GW_SRC, port $PORT, shared dir $SH, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+if step cluster.start "micro Ceph (1 mon, 1 OSD on bluestore) on 127.0.0.1" start_cluster &&
+   step images "rbd create $POOL/$IMG 256M; $POOL/$MISSING absent" create_images; then
+  if step gateway.start "gateway on 127.0.0.1:$PORT, nsid 1 = $POOL/$IMG, nsid 2 = $POOL/$MISSING (missing)" start_gateway; then
+    step missing.logged "the error names $POOL/$MISSING and its field; 1 namespace served" missing_logged
+    step vm "the guest's steps (tests/vm/e2e-rbd-guest.sh)" run_vm
+    step gateway.sigterm "SIGTERM: the gateway exits 0" stop_gateway
+  else
+    skip missing.logged "gateway did not start"; skip vm "gateway did not start"; skip gateway.sigterm "gateway did not start"
+  fi
+else
+  skip gateway.start "no cluster"; skip missing.logged "no cluster"; skip vm "no cluster"; skip gateway.sigterm "no cluster"
+fi
+cleanup; trap - EXIT
+
+echo
+echo "================ e2e-rbd summary ================"
+printf '%s\n' "${RESULTS[@]}"
+grep -E '^(PASS|FAIL)  ' "$VMOUT" 2>/dev/null | sed 's/^/  guest: /'
+TOTAL_PASS=$((PASS + GUEST_PASS)) TOTAL_FAIL=$((FAIL + GUEST_FAIL))
+echo "host steps: $PASS passed, $FAIL failed; guest steps: $GUEST_PASS passed, $GUEST_FAIL failed"
+echo "total $(since "$T_ALL")s; logs: $SH"
+echo "$TOTAL_PASS passed, $TOTAL_FAIL failed"
+[ "$TOTAL_FAIL" -eq 0 ]
