@@ -228,6 +228,26 @@ pub struct Config {
     /// Ceph connection settings for `backend = "rbd"` namespaces.
     #[serde(default)]
     pub ceph: Option<CephSection>,
+    /// Membership of a gateway group run by `nvmeof-control` (see [`crate::group`]).
+    #[serde(default)]
+    pub group: Option<GroupSection>,
+}
+
+/// `[group]`: this gateway is one of a group whose ANA states the control plane decides.
+/// Until the control plane's first assignment arrives every ANA group is reported
+/// inaccessible (another gateway may hold it); after that the last assignment stays in force
+/// while the control plane is unreachable.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSection {
+    /// gRPC addresses of the `nvmeof-control` replicas (`127.0.0.1:5500`).
+    pub control_plane: Vec<String>,
+    /// The ANA group this gateway owns (default: the control plane assigns one).
+    #[serde(default)]
+    pub ana_group: Option<u32>,
+    /// Beacon period in milliseconds (default 500, at most 1000).
+    #[serde(default)]
+    pub beacon_interval_ms: Option<u64>,
 }
 
 /// Parses "1GiB", "256 MiB", "10G", "4096".
@@ -439,6 +459,28 @@ impl Config {
 
     /// Checks everything that can be checked without opening devices or sockets.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(g) = &self.group {
+            if g.control_plane.is_empty() {
+                return Err(invalid(
+                    "group.control_plane",
+                    "at least one control-plane address is required",
+                ));
+            }
+            if self.gateway.name.as_deref().unwrap_or("").is_empty() {
+                return Err(invalid(
+                    "gateway.name",
+                    "required when [group] is set (the gateway's name in the group)",
+                ));
+            }
+            if let Some(ms) = g.beacon_interval_ms {
+                if ms == 0 || ms > 1000 {
+                    return Err(invalid(
+                        "group.beacon_interval_ms",
+                        format!("{ms} is not 1..=1000"),
+                    ));
+                }
+            }
+        }
         if self.listeners.is_empty() {
             return Err(invalid("listener", "at least one [[listener]] is required"));
         }

@@ -3,6 +3,7 @@
 pub mod config;
 pub mod core;
 pub mod events;
+pub mod group;
 pub mod host;
 pub mod rdma;
 pub mod spec;

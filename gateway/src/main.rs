@@ -72,6 +72,20 @@ async fn serve(config: Config) -> Result<(), String> {
         .map_err(|e| format!("invalid configuration: {e}"))?;
     // Namespaces whose image could not be opened are retried and announced when they open.
     let _retry = config.spawn_namespace_retry(&target, &skipped, Duration::from_secs(10));
+    // In a gateway group the control plane decides every ANA state: nothing is optimized
+    // before its first assignment.
+    let _group = config.group.as_ref().map(|g| {
+        nvmeof_gateway::group::start_inaccessible(&target);
+        nvmeof_gateway::group::spawn(
+            target.clone(),
+            nvmeof_gateway::group::GroupSettings {
+                gateway: config.gateway.name.clone().unwrap_or_default(),
+                control_plane: g.control_plane.clone(),
+                ana_group: g.ana_group.unwrap_or(0),
+                beacon_interval: Duration::from_millis(g.beacon_interval_ms.unwrap_or(500)),
+            },
+        )
+    });
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     for addr in config.listen_addrs() {

@@ -1,0 +1,432 @@
+//! Gateway-group agent: registers this gateway with `nvmeof-control`, beacons, and applies the
+//! ANA states the control plane pushes (`Subsystem::set_ana_state`, which raises the ANA
+//! Change asynchronous event on every controller).
+//!
+//! - Beacons go to every configured replica every `beacon_interval_ms` (only the leader acts
+//!   on them); each carries this process's librados client addresses (what a fence
+//!   blocklists), a random per-process incarnation and the last assignment applied.
+//! - The assignment stream is taken from the first replica that answers, and re-opened
+//!   (next replica) when it breaks.
+//! - A group turning optimized on this gateway is applied only after every librados client of
+//!   this process has fetched the latest osdmap, so a blocklist that fenced the previous
+//!   holder is in force here first.
+//! - The data path never waits for the control plane: when it is unreachable the last
+//!   applied states stay.
+
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use control_plane::proto::gateway_control_client::GatewayControlClient;
+use control_plane::proto::{Assignment, Beacon, JoinRequest};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::core::Target;
+use crate::spec::ana;
+
+/// What the agent needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct GroupSettings {
+    pub gateway: String,
+    pub control_plane: Vec<String>,
+    /// 0: the control plane assigns one.
+    pub ana_group: u32,
+    pub beacon_interval: Duration,
+}
+
+/// The running agent (its tasks end when it is dropped).
+pub struct GroupAgent {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    applied: Arc<AtomicU64>,
+    pub incarnation: u64,
+}
+
+impl Drop for GroupAgent {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl GroupAgent {
+    /// The epoch of the last assignment applied (0: none yet).
+    pub fn applied_epoch(&self) -> u64 {
+        self.applied.load(Ordering::SeqCst)
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+fn channel(addr: &str) -> Option<Channel> {
+    let url = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    match Endpoint::from_shared(url) {
+        Ok(e) => Some(
+            e.connect_timeout(Duration::from_secs(1))
+                .timeout(Duration::from_secs(5))
+                .connect_lazy(),
+        ),
+        Err(e) => {
+            tracing::error!(addr, "bad control-plane address: {e}");
+            None
+        }
+    }
+}
+
+/// Every ANA group of every NVM subsystem: reported inaccessible until the control plane
+/// says otherwise (another gateway may hold them).
+pub fn start_inaccessible(target: &Target) {
+    for s in target.subsystems() {
+        if s.is_discovery() {
+            continue;
+        }
+        for ns in s.namespaces() {
+            s.set_ana_state(ns.ana_group, ana::INACCESSIBLE);
+        }
+    }
+}
+
+/// Starts beaconing and applying assignments (on the current tokio runtime).
+pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
+    let incarnation = random_u64();
+    let applied = Arc::new(AtomicU64::new(0));
+    let channels: Vec<(String, Channel)> = settings
+        .control_plane
+        .iter()
+        .filter_map(|a| channel(a).map(|c| (a.clone(), c)))
+        .collect();
+    tracing::info!(
+        gateway = %settings.gateway,
+        incarnation,
+        control_plane = ?settings.control_plane,
+        "joining the gateway group"
+    );
+    let beacons = tokio::spawn(beacon_loop(
+        settings.clone(),
+        channels.clone(),
+        incarnation,
+        applied.clone(),
+    ));
+    let assignments = tokio::spawn(assignment_loop(
+        target,
+        settings,
+        channels,
+        incarnation,
+        applied.clone(),
+    ));
+    GroupAgent {
+        tasks: vec![beacons, assignments],
+        applied,
+        incarnation,
+    }
+}
+
+async fn beacon_loop(
+    settings: GroupSettings,
+    channels: Vec<(String, Channel)>,
+    incarnation: u64,
+    applied: Arc<AtomicU64>,
+) {
+    let mut tick = tokio::time::interval(settings.beacon_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing: BTreeMap<String, bool> = BTreeMap::new();
+    loop {
+        tick.tick().await;
+        // Local calls (no cluster round trip), but librados: keep them off the runtime.
+        let addrs = tokio::task::spawn_blocking(rbd_backend::rados::process_client_addrs)
+            .await
+            .unwrap_or_default();
+        let beacon = Beacon {
+            gateway: settings.gateway.clone(),
+            ana_group: settings.ana_group,
+            incarnation,
+            client_addrs: addrs,
+            applied_version: applied.load(Ordering::SeqCst),
+        };
+        let sends = channels.iter().map(|(addr, ch)| {
+            let mut client = GatewayControlClient::new(ch.clone());
+            let b = beacon.clone();
+            let addr = addr.clone();
+            async move { (addr, client.send_beacon(b).await) }
+        });
+        for (addr, result) in futures_join_all(sends).await {
+            let was_failing = failing.get(&addr).copied().unwrap_or(false);
+            match result {
+                Ok(_) => {
+                    if was_failing {
+                        tracing::info!(control_plane = %addr, "beacons accepted again");
+                    }
+                    failing.insert(addr, false);
+                }
+                Err(s) => {
+                    // A replica that does not lead refuses beacons: expected, not logged.
+                    if s.code() != tonic::Code::Unavailable || !s.message().contains("lead") {
+                        if !was_failing {
+                            tracing::warn!(control_plane = %addr, "beacon refused: {}", s.message());
+                        }
+                        failing.insert(addr, true);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs the futures concurrently and collects their outputs in order.
+async fn futures_join_all<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        if let Ok(v) = h.await {
+            out.push(v);
+        }
+    }
+    out
+}
+
+async fn assignment_loop(
+    target: Arc<Target>,
+    settings: GroupSettings,
+    channels: Vec<(String, Channel)>,
+    incarnation: u64,
+    applied: Arc<AtomicU64>,
+) {
+    if channels.is_empty() {
+        return;
+    }
+    let mut i = 0usize;
+    loop {
+        let (addr, ch) = &channels[i % channels.len()];
+        i += 1;
+        let mut client = GatewayControlClient::new(ch.clone());
+        match client
+            .join(JoinRequest {
+                gateway: settings.gateway.clone(),
+                incarnation,
+            })
+            .await
+        {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                tracing::info!(control_plane = %addr, "assignment stream open");
+                loop {
+                    match stream.message().await {
+                        Ok(Some(a)) => {
+                            apply(&target, &a).await;
+                            applied.store(a.version, Ordering::SeqCst);
+                        }
+                        Ok(None) => break,
+                        Err(s) => {
+                            tracing::warn!(control_plane = %addr, "assignment stream: {}", s.message());
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(s) => tracing::debug!(control_plane = %addr, "join: {}", s.message()),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Applies one assignment's ANA states to every NVM subsystem: first every group leaving
+/// optimized, then (after refreshing the osdmap) every group becoming optimized.
+pub async fn apply(target: &Target, a: &Assignment) {
+    let subsystems: Vec<_> = target
+        .subsystems()
+        .into_iter()
+        .filter(|s| !s.is_discovery())
+        .collect();
+    let mut promote = Vec::new();
+    for g in &a.ana_states {
+        let Ok(state) = u8::try_from(g.state) else {
+            tracing::warn!(
+                group = g.ana_group,
+                state = g.state,
+                "bad ANA state ignored"
+            );
+            continue;
+        };
+        if state == ana::OPTIMIZED {
+            let already = subsystems
+                .iter()
+                .all(|s| s.ana_state(g.ana_group) == ana::OPTIMIZED);
+            if !already {
+                promote.push(g.ana_group);
+            }
+            continue;
+        }
+        for s in &subsystems {
+            if s.ana_state(g.ana_group) != state {
+                tracing::info!(group = g.ana_group, state, epoch = a.version, "ANA state");
+                s.set_ana_state(g.ana_group, state);
+            }
+        }
+    }
+    if promote.is_empty() {
+        return;
+    }
+    if a.wait_for_osdmap {
+        let started = std::time::Instant::now();
+        match tokio::task::spawn_blocking(rbd_backend::rados::wait_for_latest_osdmap_all).await {
+            Ok(Ok(n)) => tracing::info!(
+                clients = n,
+                ms = started.elapsed().as_millis() as u64,
+                "osdmap refreshed before turning groups optimized"
+            ),
+            Ok(Err(e)) => {
+                // Our own clients cannot reach the cluster: serving would fail anyway, and
+                // the previous holder's fence may not be visible here. Stay as we are; the
+                // next assignment (or a reconnect) retries.
+                tracing::error!(
+                    "cannot refresh the osdmap ({e}); groups {promote:?} stay as they are"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::error!("osdmap refresh task failed: {e}");
+                return;
+            }
+        }
+    }
+    for g in promote {
+        tracing::info!(group = g, epoch = a.version, "ANA state optimized");
+        for s in &subsystems {
+            s.set_ana_state(g, ana::OPTIMIZED);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use control_plane::proto::GroupState;
+
+    const TOML: &str = r#"
+[gateway]
+name = "gw1"
+[group]
+control_plane = ["127.0.0.1:5500"]
+ana_group = 1
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = 4420
+[[subsystem]]
+nqn = "nqn.2016-06.io.test:group"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "memory"
+size = "1MiB"
+ana_group = 1
+[[subsystem.namespace]]
+nsid = 2
+backend = "memory"
+size = "1MiB"
+ana_group = 2
+"#;
+
+    #[test]
+    fn the_group_section_is_checked() {
+        let c = Config::from_toml_str(TOML).expect("config");
+        let g = c.group.expect("group");
+        assert_eq!(g.control_plane, vec!["127.0.0.1:5500"]);
+        assert_eq!(g.ana_group, Some(1));
+        let e = Config::from_toml_str(&TOML.replace("name = \"gw1\"", ""))
+            .expect_err("no name")
+            .to_string();
+        assert!(e.contains("gateway.name"), "{e}");
+        let e = Config::from_toml_str(&TOML.replace(
+            "ana_group = 1\n[[listener]]",
+            "beacon_interval_ms = 5000\n[[listener]]",
+        ))
+        .expect_err("slow beacons")
+        .to_string();
+        assert!(e.contains("group.beacon_interval_ms"), "{e}");
+    }
+
+    fn assignment(version: u64, states: &[(u32, u8)]) -> Assignment {
+        Assignment {
+            version,
+            ana_states: states
+                .iter()
+                .map(|&(g, s)| GroupState {
+                    ana_group: g,
+                    state: u32::from(s),
+                })
+                .collect(),
+            wait_for_osdmap: true,
+            ..Assignment::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn pushed_states_are_applied_and_counted() {
+        let c = Config::from_toml_str(TOML).expect("config");
+        let target = c.build_target().expect("target");
+        start_inaccessible(&target);
+        let s = target
+            .subsystem("nqn.2016-06.io.test:group")
+            .expect("subsystem");
+        assert_eq!(s.ana_state(1), ana::INACCESSIBLE);
+        assert_eq!(s.ana_state(2), ana::INACCESSIBLE);
+        let before = s.ana_change_count();
+        apply(
+            &target,
+            &assignment(3, &[(1, ana::OPTIMIZED), (2, ana::INACCESSIBLE)]),
+        )
+        .await;
+        assert_eq!(s.ana_state(1), ana::OPTIMIZED);
+        assert_eq!(s.ana_state(2), ana::INACCESSIBLE);
+        assert_eq!(s.ana_change_count(), before + 1);
+        // Takeover of group 2, then failback drain (change), then back.
+        apply(
+            &target,
+            &assignment(4, &[(1, ana::OPTIMIZED), (2, ana::OPTIMIZED)]),
+        )
+        .await;
+        assert_eq!(s.ana_state(2), ana::OPTIMIZED);
+        apply(
+            &target,
+            &assignment(5, &[(1, ana::OPTIMIZED), (2, ana::CHANGE)]),
+        )
+        .await;
+        assert_eq!(s.ana_state(2), ana::CHANGE);
+        apply(
+            &target,
+            &assignment(6, &[(1, ana::OPTIMIZED), (2, ana::INACCESSIBLE)]),
+        )
+        .await;
+        assert_eq!(s.ana_state(2), ana::INACCESSIBLE);
+        assert_eq!(s.ana_change_count(), before + 4);
+        // The same assignment again changes nothing.
+        apply(
+            &target,
+            &assignment(6, &[(1, ana::OPTIMIZED), (2, ana::INACCESSIBLE)]),
+        )
+        .await;
+        assert_eq!(s.ana_change_count(), before + 4);
+    }
+}
