@@ -28,7 +28,8 @@
 #
 # Env: E2E_LOG_DIR (default: ./target/vm-logs if writable, else /tmp/e2e-logs),
 #      E2E_FIO_SIZE (default 32M), E2E_PORT (default 4420), E2E_PERF_SECONDS
-#      (default 10), RUST_LOG (default info).
+#      (default 10), E2E_ONLY=perf (only the perf steps, E2E_PERF_ROUNDS rounds,
+#      default 3), RUST_LOG (default info).
 set -u
 export LC_ALL=C
 
@@ -470,6 +471,24 @@ ALL=(a.discover b.connect x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-1
   e1.disconnect e2.released e3.reconnect-persist i.idle-cpu p1.perf-rdma p2.perf-tcp r.bad-connect-requests
   s.bad-sgls v.host-vanishes w.back-pressure h.shutdown)
 skip_from() { local on=0 s; for s in "${ALL[@]}"; do [ "$s" = "$1" ] && on=1; [ $on = 1 ] && skip "$s" "$2"; done; }
+
+if [ "${E2E_ONLY:-}" = perf ]; then
+  # Perf only: alternate RDMA and TCP rounds (the machine is shared: single rounds are noisy).
+  ALL=(gateway.start)
+  if step setup.rxe "rdma link add rxe0" rxe_setup && step gateway.start "start the gateway" start_gateway perf; then
+    ROUNDS=()
+    for r in $(seq "${E2E_PERF_ROUNDS:-3}"); do
+      step p1.perf-rdma-$r "round $r: RDMA" perf_rdma && step p2.perf-tcp-$r "round $r: TCP" perf_tcp &&
+        ROUNDS+=("round $r: rdma $PERF_RDMA; tcp $PERF_TCP")
+    done
+    stop_gateway
+    echo "perf rounds (4K randread QD16; IOPS, gateway CPU us/IO total user system):"
+    printf '  %s\n' "${ROUNDS[@]}"
+  fi
+  cleanup; trap - EXIT
+  echo "$PASS passed, $FAIL failed"
+  [ $FAIL -eq 0 ]; exit
+fi
 
 if ! step setup.rxe "modprobe nvme-rdma rdma_rxe, rdma link add rxe0 type rxe netdev eth0" rxe_setup; then
   skip gateway.start "no rxe device"; skip_from a.discover "no rxe device"
