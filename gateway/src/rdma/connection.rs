@@ -143,16 +143,15 @@ pub struct RdmaConnection {
 }
 
 impl RdmaConnection {
-    /// Wraps a queue pair whose CQ is armed, and posts `recv_count` receives.
+    /// Wraps a queue pair whose CQ is armed and whose receives are posted.
     pub fn new(
-        mut id: CmId,
+        id: CmId,
         cq: Arc<CompletionQueue>,
         channel: Arc<CompletionChannel>,
         device: Arc<Device>,
         target: Arc<Target>,
-        recv_count: u32,
         events: mpsc::UnboundedReceiver<CmEventKind>,
-    ) -> Result<Self, String> {
+    ) -> Self {
         let peer = id
             .peer_addr()
             .map(|a| a.to_string())
@@ -170,18 +169,7 @@ impl RdmaConnection {
             stash: stash.clone(),
         }));
         let recv_len = SQE_LEN + IN_CAPSULE_DATA_SIZE as usize;
-        let pool = device.recv_pool.clone();
-        let qp = id.qp().ok_or("no queue pair")?;
-        for i in 0..recv_count {
-            let Some((buf, lkey)) = pool.take(recv_len) else {
-                return Err("no registered memory for the receive buffers".into());
-            };
-            if let Err((e, buf)) = qp.post_recv(tag(TAG_RECV, u64::from(i)), Lent { buf, lkey }) {
-                let _ = pool.give_back(buf);
-                return Err(format!("post_recv: {e}"));
-            }
-        }
-        Ok(Self {
+        Self {
             id,
             peer,
             cq,
@@ -201,7 +189,24 @@ impl RdmaConnection {
             keep_alive: None,
             more: false,
             disconnected: false,
-        })
+        }
+    }
+
+    /// Posts `count` receives on `id`'s queue pair, before the connection is accepted. On
+    /// failure the caller destroys the QP, which returns the posted buffers.
+    pub fn post_receives(id: &mut CmId, device: &Device, count: u32) -> Result<(), String> {
+        let recv_len = SQE_LEN + IN_CAPSULE_DATA_SIZE as usize;
+        let qp = id.qp().ok_or("no queue pair")?;
+        for i in 0..count {
+            let Some((buf, lkey)) = device.recv_pool.take(recv_len) else {
+                return Err("no registered memory for the receive buffers".into());
+            };
+            if let Err((e, buf)) = qp.post_recv(tag(TAG_RECV, u64::from(i)), Lent { buf, lkey }) {
+                device.give_back(buf);
+                return Err(format!("post_recv: {e}"));
+            }
+        }
+        Ok(())
     }
 
     /// Accepts the connection (receives are posted).

@@ -238,28 +238,18 @@ impl RdmaServer {
                 return;
             }
         };
+        if let Err(e) = RdmaConnection::post_receives(&mut id, &device, recv_count) {
+            for (_, buf) in id.destroy_qp() {
+                device.give_back(buf);
+            }
+            reject(id, cm_status::NO_RSC, &e);
+            return;
+        }
         let id_ref = id.as_ref();
         let (tx, rx) = mpsc::unbounded_channel();
         stats().live_qps.fetch_add(1, Ordering::Relaxed);
-        let mut conn = match RdmaConnection::new(
-            id,
-            cq,
-            channel,
-            device.clone(),
-            self.target.clone(),
-            recv_count,
-            rx,
-        ) {
-            Ok(c) => c,
-            Err(e) => {
-                // The CmId (and its QP) was dropped with the failed connection; nothing to
-                // reject with any more, the host times out.
-                stats().live_qps.fetch_sub(1, Ordering::Relaxed);
-                stats().rejected.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%peer, error = %e, "cannot set up the queue pair");
-                return;
-            }
-        };
+        let mut conn =
+            RdmaConnection::new(id, cq, channel, device.clone(), self.target.clone(), rx);
         let responder_resources = ev
             .params
             .responder_resources

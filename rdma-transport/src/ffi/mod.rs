@@ -56,7 +56,7 @@ const LIBRARY_NAMES: &[&str] = &["librdmacm.so.1", "librdmacm.so"];
 pub enum Error {
     #[error("cannot load librdmacm/libibverbs ({0}); install rdma-core (apt-get install rdma-core ibverbs-providers librdmacm1)")]
     Library(String),
-    #[error("{call}: {} (errno {errno})", std::io::Error::from_raw_os_error(*.errno))]
+    #[error("{call}: {}", std::io::Error::from_raw_os_error(*.errno))]
     Errno { call: &'static str, errno: i32 },
     #[error("{0}")]
     Invalid(&'static str),
