@@ -5,6 +5,7 @@
 #   - rbd-backend/tests/rados.rs  (omap compare-and-set, lock leases, watch/notify, blocklist)
 #   - gateway/tests/rbd_e2e.rs    (gateway + Rust NVMe/TCP host, checked with rbd export;
 #                                  #[ignore]d in plain cargo test, run here with --ignored)
+#   - gateway/tests/failover.rs   (two gateway processes + control plane: fenced failover)
 # and stops the cluster whatever happened. Exit code: non-zero if any test failed.
 #
 #   bash rbd-backend/tests/ceph-tests.sh [test binary args, e.g. --nocapture or a name filter]
@@ -25,4 +26,5 @@ rc=0
 "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test ceph -- "$@" || rc=1
 "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test rados -- "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@" || rc=1
+"${CARGO:-cargo}" test -p nvmeof-gateway --test failover -- --ignored "$@" || rc=1
 exit $rc

@@ -1,0 +1,418 @@
+//! Fenced failover of a gateway group on a real Ceph cluster: two `nvmeof-gateway` processes
+//! and an in-process control plane (state in RADOS), driven by the Rust NVMe/TCP host.
+//!
+//! gw1 owns ANA group 1 (namespace 1), gw2 owns group 2 (namespace 2). gw1 is frozen
+//! (SIGSTOP: alive but silent, the case fencing exists for); the control plane declares it dead,
+//! blocklists its librados clients, and only then is group 1 optimized on gw2 (read from
+//! gw2's ANA log page). gw2 then writes namespace 1; gw1, thawed, cannot write any more and
+//! the data stays as gw2 left it.
+//!
+//! Needs a cluster, so it is `#[ignore]`d in a plain `cargo test`; run it with
+//! `bash rbd-backend/tests/ceph-tests.sh` or by hand:
+//!
+//! ```sh
+//! eval "$(scripts/micro-ceph.sh start)"
+//! cargo test -p nvmeof-gateway --test failover -- --ignored --nocapture
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use control_plane::ana::{Availability, Timing};
+use control_plane::server::{self, ControlPlane, Options};
+use control_plane::store::{RadosBackend, Store};
+use nvmeof_gateway::host::{HostConnection, HostOptions};
+use nvmeof_gateway::spec::{ana, log};
+use rbd_backend::rados::Client;
+use rbd_backend::rbd::CephSettings;
+
+const SUBNQN: &str = "nqn.2016-06.io.test:failover";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000f0";
+const BLOCK: u32 = 512;
+
+fn ceph_conf() -> String {
+    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
+    assert!(
+        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
+        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
+         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
+    );
+    conf
+}
+
+fn pool() -> String {
+    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
+}
+
+fn settings() -> CephSettings {
+    CephSettings {
+        conf: Some(PathBuf::from(ceph_conf())),
+        keyring: std::env::var("CEPH_KEYRING").ok().map(PathBuf::from),
+        max_connections: 1,
+        ..CephSettings::default()
+    }
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd} {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A gateway process, killed when dropped.
+struct GatewayProcess {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl GatewayProcess {
+    fn signal(&self, sig: &str) {
+        run("kill", &[sig, &self.child.id().to_string()]);
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn spawn_gateway(
+    dir: &std::path::Path,
+    name: &str,
+    group: u32,
+    cntlid: (u16, u16),
+    cp: &str,
+    images: &[String; 2],
+) -> GatewayProcess {
+    let port = free_port();
+    let config = format!(
+        r#"
+[gateway]
+name = "{name}"
+cntlid_min = {lo}
+cntlid_max = {hi}
+worker_threads = 1
+
+[group]
+control_plane = ["{cp}"]
+ana_group = {group}
+beacon_interval_ms = 250
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = {port}
+
+[[subsystem]]
+nqn = "{SUBNQN}"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "rbd"
+pool = "{pool}"
+image = "{img1}"
+ana_group = 1
+
+[[subsystem.namespace]]
+nsid = 2
+backend = "rbd"
+pool = "{pool}"
+image = "{img2}"
+ana_group = 2
+
+[ceph]
+conf = "{conf}"
+connections = 1
+"#,
+        lo = cntlid.0,
+        hi = cntlid.1,
+        pool = pool(),
+        img1 = images[0],
+        img2 = images[1],
+        conf = ceph_conf(),
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, config).expect("write config");
+    let log = dir.join(format!("{name}.log"));
+    let child = Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
+        .arg("--config")
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("start nvmeof-gateway");
+    GatewayProcess { child, port, log }
+}
+
+struct Host {
+    admin: HostConnection,
+    io: HostConnection,
+}
+
+async fn connect(port: u16, within: Duration) -> Host {
+    let addr = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    loop {
+        let mut o = HostOptions::new(HOSTNQN);
+        o.timeout = Duration::from_secs(60);
+        let attempt = async {
+            let admin = HostConnection::connect(addr.as_str(), o.clone()).await?;
+            let cntlid = admin.connect_admin(SUBNQN, 120_000).await?;
+            admin.enable_controller().await?;
+            let ctrl = admin.identify_controller().await?;
+            let io = HostConnection::connect(addr.as_str(), o).await?;
+            io.set_in_capsule_data_max(ctrl.in_capsule_data_max());
+            io.connect_io(SUBNQN, cntlid, 1, 31).await?;
+            Ok::<_, nvmeof_gateway::host::HostError>(Host { admin, io })
+        };
+        match attempt.await {
+            Ok(h) => return h,
+            Err(e) if started.elapsed() < within => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("cannot connect to the gateway on {addr}: {e}"),
+        }
+    }
+}
+
+/// ANA group → state, from the ANA log page (0Ch).
+async fn ana_states(admin: &HostConnection) -> BTreeMap<u32, u8> {
+    let page = admin
+        .get_log_page(log::ANA, 0, 4096, 0)
+        .await
+        .expect("ANA log page");
+    let mut out = BTreeMap::new();
+    let groups = u16::from_le_bytes([page[8], page[9]]);
+    let mut off = 16usize;
+    for _ in 0..groups {
+        let d = &page[off..];
+        let id = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+        let nnsid = u32::from_le_bytes([d[4], d[5], d[6], d[7]]) as usize;
+        out.insert(id, d[16]);
+        off += 32 + 4 * nnsid;
+    }
+    out
+}
+
+async fn wait_for_states(admin: &HostConnection, want: &[(u32, u8)], within: Duration) {
+    let started = Instant::now();
+    loop {
+        let got = ana_states(admin).await;
+        if want.iter().all(|(g, s)| got.get(g) == Some(s)) {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "ANA states {got:?}, expected {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..BLOCK as usize * 8)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Ceph cluster: bash rbd-backend/tests/ceph-tests.sh"]
+async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
+    ceph_conf();
+    let tag = format!("{}-{}", std::process::id(), free_port());
+    let images = [format!("failover-{tag}-1"), format!("failover-{tag}-2")];
+    for i in &images {
+        run(
+            "rbd",
+            &["create", "--size", "64M", &format!("{}/{i}", pool())],
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("failover-{tag}"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+
+    // The control plane, state in RADOS.
+    let group = format!("failover-{tag}");
+    let (s, p, g) = (settings(), pool(), group.clone());
+    let backend = tokio::task::spawn_blocking(move || RadosBackend::connect(&s, &p, &g))
+        .await
+        .expect("join")
+        .expect("state object");
+    let oid = backend.oid().to_string();
+    let cp = ControlPlane::start(
+        Store::new(Arc::new(backend)),
+        "test-replica".into(),
+        Options {
+            timing: Timing {
+                grace_ms: 1500,
+                failback_delay_ms: 500,
+            },
+            lease: Duration::from_secs(3),
+            tick: Duration::from_millis(100),
+        },
+    )
+    .await
+    .expect("control plane");
+    tokio::spawn(cp.clone().run());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let cp_addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(server::serve(
+        cp.clone(),
+        listener,
+        std::future::pending::<()>(),
+    ));
+
+    let gw1 = spawn_gateway(&dir, "gw1", 1, (1, 2040), &cp_addr, &images);
+    let gw2 = spawn_gateway(&dir, "gw2", 2, (2041, 4080), &cp_addr, &images);
+    eprintln!("gateway logs: {} {}", gw1.log.display(), gw2.log.display());
+    let h1 = connect(gw1.port, Duration::from_secs(30)).await;
+    let h2 = connect(gw2.port, Duration::from_secs(30)).await;
+    let steady = Duration::from_secs(20);
+    wait_for_states(
+        &h1.admin,
+        &[(1, ana::OPTIMIZED), (2, ana::INACCESSIBLE)],
+        steady,
+    )
+    .await;
+    wait_for_states(
+        &h2.admin,
+        &[(1, ana::INACCESSIBLE), (2, ana::OPTIMIZED)],
+        steady,
+    )
+    .await;
+    eprintln!("steady: gw1 optimized for group 1, gw2 for group 2");
+
+    // Namespace 1 through its optimized path; through gw2 it is an inaccessible path.
+    h1.io
+        .write(1, 0, pattern(1), BLOCK)
+        .await
+        .expect("write via gw1");
+    assert!(
+        h2.io.write(1, 0, pattern(9), BLOCK).await.is_err(),
+        "gw2 wrote namespace 1 while group 1 is inaccessible there"
+    );
+
+    // Freeze gw1: alive, silent.
+    let gw1_addrs = cp
+        .state()
+        .map
+        .and_then(|m| m.gateways.get("gw1").map(|g| g.addrs.clone()))
+        .unwrap_or_default();
+    assert!(!gw1_addrs.is_empty(), "gw1 reported no client addresses");
+    let frozen = Instant::now();
+    gw1.signal("-STOP");
+    wait_for_states(&h2.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(30)).await;
+    let failover = frozen.elapsed();
+    eprintln!(
+        "failover: group 1 optimized on gw2 {} ms after gw1 froze (grace 1500 ms)",
+        failover.as_millis()
+    );
+    let st = cp.state();
+    let map = st.map.expect("group map");
+    assert_eq!(map.gateways["gw1"].availability, Availability::Fenced);
+    assert_eq!(map.groups[&1].holder, "gw2");
+    // The blocklist holds gw1's clients.
+    let blocklist = run("ceph", &["osd", "blocklist", "ls"]);
+    for a in &gw1_addrs {
+        for one in rbd_backend::rados::split_addrs(a) {
+            let bare = one.trim_start_matches("v1:").trim_start_matches("v2:");
+            assert!(
+                blocklist.contains(bare),
+                "{bare} not in the blocklist:\n{blocklist}"
+            );
+        }
+    }
+
+    // gw2 now serves namespace 1.
+    let started = Instant::now();
+    h2.io
+        .write(1, 0, pattern(2), BLOCK)
+        .await
+        .expect("write via gw2");
+    eprintln!(
+        "first write through gw2 after the failover: {} ms",
+        started.elapsed().as_millis()
+    );
+    assert_eq!(
+        h2.io.read(1, 0, 8, BLOCK).await.expect("read via gw2"),
+        pattern(2)
+    );
+
+    // gw1 comes back without restarting: it is fenced and cannot write.
+    gw1.signal("-CONT");
+    drop(h1);
+    let h1 = connect(gw1.port, Duration::from_secs(10)).await;
+    let r = h1.io.write(1, 0, pattern(3), BLOCK).await;
+    assert!(r.is_err(), "the fenced gateway wrote");
+    eprintln!(
+        "fenced gw1's write: {}",
+        r.err().map(|e| e.to_string()).unwrap_or_default()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        h2.io.read(1, 0, 8, BLOCK).await.expect("read via gw2"),
+        pattern(2),
+        "data changed after the fence"
+    );
+    // The control plane keeps it fenced (same incarnation).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let map = cp.state().map.expect("map");
+    assert_eq!(map.gateways["gw1"].availability, Availability::Fenced);
+    wait_for_states(
+        &h1.admin,
+        &[(1, ana::INACCESSIBLE)],
+        Duration::from_secs(10),
+    )
+    .await;
+
+    // Clean up: processes, blocklist entries, images, state object.
+    drop(h1);
+    drop(h2);
+    drop(gw1);
+    drop(gw2);
+    let (s, p) = (settings(), pool());
+    let logs = dir.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Ok(c) = Client::connect(&s) {
+            for a in &gw1_addrs {
+                let _ = c.blocklist_rm(a);
+            }
+            if let Ok(pl) = c.pool(&p, None) {
+                let _ = pl.remove(&oid);
+            }
+        }
+    })
+    .await
+    .expect("cleanup");
+    for i in &images {
+        let _ = Command::new("rbd")
+            .args(["rm", "--no-progress", &format!("{}/{i}", pool())])
+            .output();
+    }
+    let _ = std::fs::remove_dir_all(logs);
+}
