@@ -5,6 +5,7 @@
 #   - rbd-backend/tests/rados.rs  (omap compare-and-set, lock leases, watch/notify, blocklist)
 #   - gateway/tests/rbd_e2e.rs    (gateway + Rust NVMe/TCP host, checked with rbd export;
 #                                  #[ignore]d in plain cargo test, run here with --ignored)
+#   - control-plane/tests/rados_store.rs (group state in RADOS, watch refresh, leader lease)
 #   - gateway/tests/failover.rs   (two gateway processes + control plane: fenced failover)
 # and stops the cluster whatever happened. Exit code: non-zero if any test failed.
 #
@@ -25,6 +26,7 @@ export MICRO_CEPH_FAULT_TESTS=${MICRO_CEPH_FAULT_TESTS:-1}
 rc=0
 "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test ceph -- "$@" || rc=1
 "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test rados -- "$@" || rc=1
+"${CARGO:-cargo}" test -p control-plane --features ceph-tests --test rados_store -- "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test failover -- --ignored "$@" || rc=1
 exit $rc
