@@ -390,6 +390,42 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     )
     .await;
 
+    // Failback: gw1 restarts (new process, new clients); group 1 drains on gw2 and becomes
+    // optimized on gw1 again.
+    drop(h1);
+    drop(gw1);
+    let restarted = Instant::now();
+    let gw1 = spawn_gateway(&dir, "gw1", 1, (1, 2040), &cp_addr, &images);
+    let h1 = connect(gw1.port, Duration::from_secs(30)).await;
+    wait_for_states(
+        &h1.admin,
+        &[(1, ana::OPTIMIZED), (2, ana::INACCESSIBLE)],
+        Duration::from_secs(30),
+    )
+    .await;
+    wait_for_states(
+        &h2.admin,
+        &[(1, ana::INACCESSIBLE), (2, ana::OPTIMIZED)],
+        Duration::from_secs(10),
+    )
+    .await;
+    eprintln!(
+        "failback: group 1 optimized on the restarted gw1 {} ms after it started",
+        restarted.elapsed().as_millis()
+    );
+    assert_eq!(
+        cp.state().map.expect("map").gateways["gw1"].availability,
+        Availability::Available
+    );
+    h1.io
+        .write(1, 0, pattern(4), BLOCK)
+        .await
+        .expect("write via gw1 after failback");
+    assert_eq!(
+        h1.io.read(1, 0, 8, BLOCK).await.expect("read via gw1"),
+        pattern(4)
+    );
+
     // Clean up: processes, blocklist entries, images, state object.
     drop(h1);
     drop(h2);
