@@ -10,26 +10,27 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nvmeof_gateway::host::cmd::{self as hcmd, Sqe};
+use nvmeof_gateway::host::cmd as hcmd;
+use nvmeof_gateway::host::pipelined::{LeanQueue, Region, Workload};
 use nvmeof_gateway::host::{HostConnection, HostOptions};
 use nvmeof_gateway::tcp::pdu::{
-    encode_icreq, encode_icresp, DecoderConfig, IcReq, IcResp, Pdu, PduDecoder, PduEncoder, Role,
+    encode_icresp, DecoderConfig, IcResp, Pdu, PduDecoder, PduEncoder, Role,
 };
 
 const SUBNQN: &str = "nqn.2016-06.io.ceph-nvmeof-rs:bench";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:bench-0000-0000-0000-000000000001";
 const NS_BYTES: u64 = 1 << 30;
-const BLOCK: u64 = 512;
+const REGION: Region = Region {
+    nsid: 1,
+    block_size: 512,
+    bytes: NS_BYTES,
+};
 
-#[derive(Clone, Copy)]
-struct Workload {
-    name: &'static str,
-    write: bool,
-    random: bool,
-    io_bytes: u32,
-    queue_depth: usize,
+/// An I/O queue of the benchmark's controller (or of the null responder).
+fn queue(addr: SocketAddr, cntlid: u16, qid: u16) -> LeanQueue {
+    LeanQueue::connect(addr, SUBNQN, HOSTNQN, cntlid, qid).expect("connect an I/O queue")
 }
 
 const WORKLOADS: &[Workload] = &[
@@ -76,195 +77,6 @@ const WORKLOADS: &[Workload] = &[
         queue_depth: 8,
     },
 ];
-
-struct Figures {
-    ios: u64,
-    seconds: f64,
-    latencies_ns: Vec<u32>,
-}
-
-impl Figures {
-    fn iops(&self) -> f64 {
-        self.ios as f64 / self.seconds
-    }
-
-    fn percentile_us(&mut self, p: f64) -> f64 {
-        if self.latencies_ns.is_empty() {
-            return 0.0;
-        }
-        let idx = ((self.latencies_ns.len() as f64 - 1.0) * p).round() as usize;
-        let (_, v, _) = self.latencies_ns.select_nth_unstable(idx);
-        f64::from(*v) / 1000.0
-    }
-}
-
-/// A lean pipelined I/O queue over a blocking socket: no allocation per command, so the
-/// host is not what limits the figures.
-struct LeanQueue {
-    stream: TcpStream,
-    enc: PduEncoder,
-    dec: PduDecoder,
-    rx: Vec<u8>,
-    tx: Vec<u8>,
-}
-
-impl LeanQueue {
-    fn connect(addr: SocketAddr, cntlid: u16, qid: u16) -> LeanQueue {
-        let stream = TcpStream::connect(addr).expect("connect to the target");
-        stream.set_nodelay(true).ok();
-        let mut q = LeanQueue {
-            stream,
-            enc: PduEncoder::new(false, false, 0),
-            dec: PduDecoder::new(DecoderConfig::new(Role::Host)),
-            rx: Vec::with_capacity(4 << 20),
-            tx: Vec::with_capacity(1 << 20),
-        };
-        let mut out = Vec::new();
-        encode_icreq(&mut out, &IcReq::default());
-        q.stream.write_all(&out).expect("send ICReq");
-        q.next_pdu(|pdu| assert!(matches!(pdu, Pdu::IcResp(_)), "expected ICResp"));
-        let mut sqe = Sqe::connect(qid, 127, 0);
-        sqe.set_sgl_in_capsule(hcmd::CONNECT_DATA_LEN as u32);
-        let data = hcmd::connect_data(&[9; 16], cntlid, SUBNQN, HOSTNQN);
-        q.tx.clear();
-        q.enc.capsule_cmd(&mut q.tx, &sqe.0, &data);
-        q.stream.write_all(&q.tx).expect("send Connect");
-        q.tx.clear();
-        q.next_pdu(|pdu| match pdu {
-            Pdu::CapsuleResp(r) => assert_eq!(
-                u16::from_le_bytes([r.cqe[14], r.cqe[15]]) >> 1,
-                0,
-                "I/O queue connect failed"
-            ),
-            _ => panic!("expected CapsuleResp"),
-        });
-        q
-    }
-
-    fn next_pdu(&mut self, mut f: impl FnMut(Pdu<'_>)) {
-        loop {
-            if let Some((pdu, used)) = self.dec.decode(&self.rx).expect("valid PDU") {
-                f(pdu);
-                self.rx.drain(..used);
-                return;
-            }
-            self.fill();
-        }
-    }
-
-    fn fill(&mut self) {
-        let mut chunk = [0u8; 256 * 1024];
-        let n = self.stream.read(&mut chunk).expect("read");
-        assert!(n > 0, "target closed the connection");
-        self.rx.extend_from_slice(&chunk[..n]);
-    }
-
-    fn queue_command(&mut self, w: &Workload, cid: u16, lba: u64, payload: &[u8]) {
-        let blocks = w.io_bytes / BLOCK as u32;
-        let opcode = if w.write {
-            hcmd::io::WRITE
-        } else {
-            hcmd::io::READ
-        };
-        let mut sqe = Sqe::rw(opcode, 1, lba, blocks);
-        sqe.set_cid(cid);
-        if w.write && w.io_bytes as usize <= 8192 - 64 {
-            sqe.set_sgl_in_capsule(w.io_bytes);
-            self.enc.capsule_cmd(&mut self.tx, &sqe.0, payload);
-        } else {
-            sqe.set_sgl_transport(w.io_bytes);
-            self.enc.capsule_cmd(&mut self.tx, &sqe.0, &[]);
-        }
-    }
-
-    /// Keeps `queue_depth` commands in flight for `duration`.
-    fn run(&mut self, w: &Workload, duration: Duration) -> Figures {
-        let payload = vec![0xa5u8; w.io_bytes as usize];
-        let span_blocks = NS_BYTES / BLOCK - u64::from(w.io_bytes) / BLOCK;
-        let step = u64::from(w.io_bytes) / BLOCK;
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut seq = 0u64;
-        let mut next_lba = |rng: &mut u64| {
-            if w.random {
-                *rng ^= *rng << 13;
-                *rng ^= *rng >> 7;
-                *rng ^= *rng << 17;
-                (*rng % (span_blocks / step)) * step
-            } else {
-                seq = (seq + step) % span_blocks;
-                seq
-            }
-        };
-        let mut started = vec![Instant::now(); w.queue_depth];
-        let mut latencies = Vec::with_capacity(1 << 22);
-        for (cid, start) in started.iter_mut().enumerate() {
-            let lba = next_lba(&mut rng);
-            self.queue_command(w, cid as u16, lba, &payload);
-            *start = Instant::now();
-        }
-        self.stream.write_all(&self.tx).expect("send");
-        self.tx.clear();
-        let begin = Instant::now();
-        let deadline = begin + duration;
-        let mut ios = 0u64;
-        let mut outstanding = w.queue_depth;
-        let mut stopping = false;
-        while outstanding > 0 {
-            self.fill();
-            let mut consumed = 0;
-            while let Some((pdu, used)) = self.dec.decode(&self.rx[consumed..]).expect("valid PDU")
-            {
-                match pdu {
-                    Pdu::CapsuleResp(r) => {
-                        let cid = usize::from(r.cid());
-                        let status = u16::from_le_bytes([r.cqe[14], r.cqe[15]]) >> 1;
-                        assert_eq!(status, 0, "I/O failed");
-                        let now = Instant::now();
-                        latencies.push(
-                            now.duration_since(started[cid])
-                                .as_nanos()
-                                .min(u128::from(u32::MAX)) as u32,
-                        );
-                        ios += 1;
-                        if !stopping && now >= deadline {
-                            stopping = true;
-                        }
-                        if stopping {
-                            outstanding -= 1;
-                        } else {
-                            let lba = next_lba(&mut rng);
-                            self.queue_command(w, cid as u16, lba, &payload);
-                            started[cid] = now;
-                        }
-                    }
-                    Pdu::R2T(r) => {
-                        self.enc.h2c_data(
-                            &mut self.tx,
-                            r.cccid,
-                            r.ttag,
-                            r.r2to,
-                            &payload[r.r2to as usize..(r.r2to + r.r2tl) as usize],
-                            true,
-                        );
-                    }
-                    Pdu::C2HData(_) => {}
-                    other => panic!("unexpected PDU {:?}", other.pdu_type()),
-                }
-                consumed += used;
-            }
-            self.rx.drain(..consumed);
-            if !self.tx.is_empty() {
-                self.stream.write_all(&self.tx).expect("send");
-                self.tx.clear();
-            }
-        }
-        Figures {
-            ios,
-            seconds: begin.elapsed().as_secs_f64(),
-            latencies_ns: latencies,
-        }
-    }
-}
 
 /// The baseline target: answers Connect, reads (C2HData from a static buffer) and writes
 /// (in-capsule or by R2T) with the same PDU codec and no protocol core or device.
@@ -434,7 +246,7 @@ fn admin_connect(addr: SocketAddr) -> (tokio::runtime::Runtime, HostConnection, 
 
 fn prefill(addr: SocketAddr, cntlid: u16) {
     // Write the whole namespace once so reads touch allocated memory, as on a used image.
-    let mut q = LeanQueue::connect(addr, cntlid, 2);
+    let mut q = queue(addr, cntlid, 2);
     let fill = Workload {
         name: "prefill",
         write: true,
@@ -446,7 +258,7 @@ fn prefill(addr: SocketAddr, cntlid: u16) {
     let seconds_guess = Duration::from_millis(50);
     let mut written = 0;
     while written < ios_needed {
-        written += q.run(&fill, seconds_guess).ios;
+        written += q.run(&fill, &REGION, seconds_guess).expect("prefill").ios;
     }
 }
 
@@ -492,13 +304,15 @@ fn main() {
         "ratio"
     );
     for (i, w) in WORKLOADS.iter().enumerate() {
-        let mut q = LeanQueue::connect(gw_addr, cntlid, 1 + (i as u16 % 2) * 2 + 1);
+        let mut q = queue(gw_addr, cntlid, 1 + (i as u16 % 2) * 2 + 1);
         let cpu_before = cpu_seconds(gateway.id());
-        let mut figures = q.run(w, duration);
+        let mut figures = q.run(w, &REGION, duration).expect("gateway run");
         let cpu = cpu_seconds(gateway.id()) - cpu_before;
         drop(q);
-        let mut null_q = LeanQueue::connect(null_addr, 1, 1);
-        let null = null_q.run(w, duration);
+        let mut null_q = queue(null_addr, 1, 1);
+        let null = null_q
+            .run(w, &REGION, duration)
+            .expect("null responder run");
         drop(null_q);
         let iops = figures.iops();
         println!(

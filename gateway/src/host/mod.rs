@@ -22,9 +22,13 @@
 //! returns an [`Inflight`] handle to await its completion, so many commands
 //! can be outstanding on one queue; a reader task matches responses to
 //! commands by CID, answers R2Ts with H2CData and gathers C2HData.
+//!
+//! For benchmarks, [`pipelined::LeanQueue`] drives one I/O queue from a blocking socket
+//! with no allocation per command.
 
 pub mod cmd;
 mod conn;
+pub mod pipelined;
 
 pub use cmd::{
     Completion, DiscoveryEntry, DiscoveryLog, IdentifyController, IdentifyNamespace, Sqe,
