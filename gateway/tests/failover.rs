@@ -354,6 +354,7 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         .write(1, 0, pattern(2), BLOCK)
         .await
         .expect("write via gw2");
+    let frozen_to_first_write = frozen.elapsed();
     eprintln!(
         "first write through gw2 after the failover: {} ms",
         started.elapsed().as_millis()
@@ -425,6 +426,60 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         h1.io.read(1, 0, 8, BLOCK).await.expect("read via gw1"),
         pattern(4)
     );
+
+    // More rounds, measured only: freeze the owner, time until a write through the survivor
+    // succeeds (the host retries every 20 ms on path errors), restart the owner, fail back.
+    let runs: usize = std::env::var("FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let mut pauses = vec![frozen_to_first_write];
+    let (mut gw1, mut h1) = (gw1, h1);
+    let mut fenced_addrs = gw1_addrs.clone();
+    for round in 1..runs {
+        let addrs = cp
+            .state()
+            .map
+            .and_then(|m| m.gateways.get("gw1").map(|g| g.addrs.clone()))
+            .unwrap_or_default();
+        fenced_addrs.extend(addrs);
+        let frozen = Instant::now();
+        gw1.signal("-STOP");
+        loop {
+            match tokio::time::timeout(
+                Duration::from_secs(5),
+                h2.io.write(1, 0, pattern(10 + round as u8), BLOCK),
+            )
+            .await
+            {
+                Ok(Ok(())) => break,
+                _ => {
+                    assert!(frozen.elapsed() < Duration::from_secs(30), "no failover");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        pauses.push(frozen.elapsed());
+        drop(h1);
+        drop(gw1);
+        gw1 = spawn_gateway(&dir, "gw1", 1, (1, 2040), &cp_addr, &images);
+        h1 = connect(gw1.port, Duration::from_secs(30)).await;
+        wait_for_states(&h1.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(30)).await;
+        h1.io
+            .write(1, 0, pattern(20 + round as u8), BLOCK)
+            .await
+            .expect("write after failback");
+    }
+    let mut ms: Vec<u128> = pauses.iter().map(|d| d.as_millis()).collect();
+    ms.sort_unstable();
+    eprintln!(
+        "write pause (owner frozen -> first write through the survivor) over {} runs: median {} ms, max {} ms, all {:?}",
+        ms.len(),
+        ms[ms.len() / 2],
+        ms[ms.len() - 1],
+        ms
+    );
+    let gw1_addrs = fenced_addrs;
 
     // Clean up: processes, blocklist entries, images, state object.
     drop(h1);
