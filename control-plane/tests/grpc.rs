@@ -1,0 +1,370 @@
+//! The gRPC services end to end over loopback, with the in-process state backend (the RADOS
+//! backend has its own tests against a cluster): admin requests and their refusals, gateways'
+//! beacons and assignment streams through a failover, and the `nvmeofctl` binary's output and
+//! exit codes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use control_plane::ana::{AnaState, Timing};
+use control_plane::proto::admin_client::AdminClient;
+use control_plane::proto::gateway_control_client::GatewayControlClient;
+use control_plane::proto::{self, Assignment};
+use control_plane::server::{self, ControlPlane, Options};
+use control_plane::store::{MemoryBackend, Store};
+use tonic::transport::Channel;
+
+const NQN: &str = "nqn.2016-06.io.test:grpc";
+
+struct Fixture {
+    backend: Arc<MemoryBackend>,
+    addr: String,
+    cp: Arc<ControlPlane>,
+}
+
+async fn start() -> Fixture {
+    let backend = Arc::new(MemoryBackend::default());
+    backend
+        .images
+        .lock()
+        .expect("images")
+        .extend(["rbd/img1".to_string(), "rbd/img2".to_string()]);
+    let cp = ControlPlane::start(
+        Store::new(backend.clone()),
+        "test".into(),
+        Options {
+            timing: Timing {
+                grace_ms: 600,
+                failback_delay_ms: 200,
+            },
+            lease: Duration::from_secs(3),
+            tick: Duration::from_millis(50),
+        },
+    )
+    .await
+    .expect("control plane");
+    tokio::spawn(cp.clone().run());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(server::serve(
+        cp.clone(),
+        listener,
+        std::future::pending::<()>(),
+    ));
+    // Wait for the lease.
+    let started = Instant::now();
+    while !cp.is_leader() {
+        assert!(started.elapsed() < Duration::from_secs(5), "never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Fixture { backend, addr, cp }
+}
+
+async fn channel(addr: &str) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect")
+}
+
+async fn beacon(c: &mut GatewayControlClient<Channel>, gw: &str, group: u32, epoch: u64) {
+    c.send_beacon(proto::Beacon {
+        gateway: gw.into(),
+        ana_group: group,
+        incarnation: u64::from(group),
+        client_addrs: vec![format!("127.0.0.1:0/{group}")],
+        applied_version: epoch,
+    })
+    .await
+    .expect("beacon");
+}
+
+fn state_of(a: &Assignment, group: u32) -> Option<AnaState> {
+    a.ana_states
+        .iter()
+        .find(|g| g.ana_group == group)
+        .and_then(|g| u8::try_from(g.state).ok())
+        .and_then(AnaState::from_code)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_requests_and_their_refusals() {
+    let f = start().await;
+    let mut a = AdminClient::new(channel(&f.addr).await);
+    let mut g = GatewayControlClient::new(channel(&f.addr).await);
+    beacon(&mut g, "gw1", 1, 0).await;
+    beacon(&mut g, "gw2", 2, 0).await;
+    a.subsystem_add(proto::SubsystemAddRequest {
+        nqn: NQN.into(),
+        allow_any_host: true,
+        ..Default::default()
+    })
+    .await
+    .expect("add");
+    for img in ["img1", "img2"] {
+        a.namespace_add(proto::NamespaceAddRequest {
+            subsystem_nqn: NQN.into(),
+            pool: "rbd".into(),
+            image: img.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("namespace");
+    }
+    let ns = a
+        .namespace_list(proto::NamespaceListRequest::default())
+        .await
+        .expect("list")
+        .into_inner();
+    let placed: Vec<(u32, u32)> = ns
+        .namespaces
+        .iter()
+        .map(|n| (n.nsid, n.ana_group))
+        .collect();
+    assert_eq!(placed, vec![(1, 1), (2, 2)], "spread over the two groups");
+    assert_eq!(ns.namespaces[0].nguid.len(), 32);
+    let version = ns.version;
+
+    let code = |r: Result<tonic::Response<proto::Reply>, tonic::Status>| {
+        r.err().map(|s| s.code()).unwrap_or(tonic::Code::Ok)
+    };
+    use tonic::Code;
+    let refusals = [
+        (
+            code(
+                a.subsystem_add(proto::SubsystemAddRequest {
+                    nqn: NQN.into(),
+                    ..Default::default()
+                })
+                .await,
+            ),
+            Code::AlreadyExists,
+        ),
+        (
+            code(
+                a.subsystem_add(proto::SubsystemAddRequest {
+                    nqn: "not-an-nqn".into(),
+                    ..Default::default()
+                })
+                .await,
+            ),
+            Code::InvalidArgument,
+        ),
+        (
+            code(
+                a.namespace_add(proto::NamespaceAddRequest {
+                    subsystem_nqn: NQN.into(),
+                    pool: "rbd".into(),
+                    image: "no-such-image".into(),
+                    ..Default::default()
+                })
+                .await,
+            ),
+            Code::NotFound,
+        ),
+        (
+            code(
+                a.namespace_add(proto::NamespaceAddRequest {
+                    subsystem_nqn: "nqn.2016-06.io.test:unknown".into(),
+                    pool: "rbd".into(),
+                    image: "img1".into(),
+                    ..Default::default()
+                })
+                .await,
+            ),
+            Code::NotFound,
+        ),
+        (
+            code(
+                a.namespace_add(proto::NamespaceAddRequest {
+                    subsystem_nqn: NQN.into(),
+                    nsid: 1,
+                    pool: "rbd".into(),
+                    image: "img1".into(),
+                    ..Default::default()
+                })
+                .await,
+            ),
+            Code::AlreadyExists,
+        ),
+        (
+            code(
+                a.namespace_move(proto::NamespaceMoveRequest {
+                    subsystem_nqn: NQN.into(),
+                    nsid: 1,
+                    ana_group: 9,
+                })
+                .await,
+            ),
+            Code::NotFound,
+        ),
+        (
+            code(
+                a.subsystem_del(proto::SubsystemDelRequest {
+                    nqn: NQN.into(),
+                    force: false,
+                })
+                .await,
+            ),
+            Code::FailedPrecondition,
+        ),
+        (
+            code(
+                a.listener_add(proto::Listener {
+                    subsystem_nqn: NQN.into(),
+                    gateway: "gw1".into(),
+                    transport: "tcp".into(),
+                    address: "not-an-ip".into(),
+                    port: 4420,
+                })
+                .await,
+            ),
+            Code::InvalidArgument,
+        ),
+        (
+            code(
+                a.host_add(proto::Host {
+                    subsystem_nqn: NQN.into(),
+                    host_nqn: "bad host".into(),
+                })
+                .await,
+            ),
+            Code::InvalidArgument,
+        ),
+    ];
+    for (i, (got, want)) in refusals.iter().enumerate() {
+        assert_eq!(got, want, "refusal {i}");
+    }
+    let after = a
+        .namespace_list(proto::NamespaceListRequest::default())
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(
+        after.version, version,
+        "a refused request changed the state"
+    );
+
+    a.namespace_move(proto::NamespaceMoveRequest {
+        subsystem_nqn: NQN.into(),
+        nsid: 1,
+        ana_group: 2,
+    })
+    .await
+    .expect("move");
+    let show = a.ana_show(proto::Empty {}).await.expect("ana").into_inner();
+    let g2 = show
+        .groups
+        .iter()
+        .find(|g| g.ana_group == 2)
+        .expect("group 2");
+    assert_eq!((g2.owner.as_str(), g2.namespaces), ("gw2", 2));
+    let gws = a
+        .gateway_list(proto::Empty {})
+        .await
+        .expect("gateways")
+        .into_inner();
+    assert_eq!(gws.leader, "test");
+    assert_eq!(gws.gateways.len(), 2);
+    assert_eq!(
+        (gws.gateways[1].cntlid_min, gws.gateways[1].cntlid_max),
+        (2041, 4080)
+    );
+    drop(f.cp);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assignments_follow_a_fenced_failover() {
+    let f = start().await;
+    let mut g = GatewayControlClient::new(channel(&f.addr).await);
+    beacon(&mut g, "gw1", 1, 0).await;
+    beacon(&mut g, "gw2", 2, 0).await;
+    let mut s1 = g
+        .join(proto::JoinRequest {
+            gateway: "gw1".into(),
+            incarnation: 1,
+        })
+        .await
+        .expect("join")
+        .into_inner();
+    // The current assignment comes at once.
+    let mut last = tokio::time::timeout(Duration::from_secs(5), s1.message())
+        .await
+        .expect("in time")
+        .expect("stream")
+        .expect("assignment");
+    assert_eq!(state_of(&last, 1), Some(AnaState::Optimized));
+    assert_eq!(state_of(&last, 2), Some(AnaState::Inaccessible));
+    // gw1 keeps beaconing, gw2 stops: gw2 is fenced, then group 2 is pushed optimized.
+    let beacons = {
+        let mut g = g.clone();
+        tokio::spawn(async move {
+            loop {
+                beacon(&mut g, "gw1", 1, 0).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let started = Instant::now();
+    while state_of(&last, 2) != Some(AnaState::Optimized) {
+        assert!(started.elapsed() < Duration::from_secs(10), "no failover");
+        last = tokio::time::timeout(Duration::from_secs(10), s1.message())
+            .await
+            .expect("in time")
+            .expect("stream")
+            .expect("assignment");
+    }
+    let fenced = f.backend.fenced.lock().expect("fenced").clone();
+    assert_eq!(
+        fenced,
+        vec!["127.0.0.1:0/2".to_string()],
+        "fenced before the push"
+    );
+    assert_eq!(state_of(&last, 1), Some(AnaState::Optimized));
+    beacons.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvmeofctl_prints_tables_json_and_exit_codes() {
+    let f = start().await;
+    let ctl = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nvmeofctl"))
+            .arg("--server")
+            .arg(&f.addr)
+            .args(args)
+            .output()
+            .expect("run nvmeofctl");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (rc, out, _) = ctl(&["subsystem", "add", "--nqn", NQN, "--allow-any-host"]);
+    assert_eq!(rc, 0);
+    assert!(out.contains("added"), "{out}");
+    let (rc, _, err) = ctl(&["subsystem", "add", "--nqn", NQN]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("already exists"), "{err}");
+    let (rc, _, err) = ctl(&["subsystem", "add", "--nqn", "iqn.bad"]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("invalid NQN"), "{err}");
+    let (rc, out, _) = ctl(&["subsystem", "list"]);
+    assert_eq!(rc, 0);
+    assert!(out.starts_with("NQN"), "{out}");
+    assert!(out.contains(NQN), "{out}");
+    let (rc, out, _) = ctl(&["--output", "json", "subsystem", "list"]);
+    assert_eq!(rc, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["subsystems"][0]["nqn"], NQN);
+    let (rc, _, _) = ctl(&["subsystem", "frobnicate"]);
+    assert_eq!(rc, 2);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nvmeofctl"))
+        .args(["--server", "127.0.0.1:1", "subsystem", "list"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(3));
+}
