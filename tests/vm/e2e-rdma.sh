@@ -29,7 +29,8 @@
 # Env: E2E_LOG_DIR (default: ./target/vm-logs if writable, else /tmp/e2e-logs),
 #      E2E_FIO_SIZE (default 32M), E2E_PORT (default 4420), E2E_PERF_SECONDS
 #      (default 10), E2E_ONLY=perf (only the perf steps, E2E_PERF_ROUNDS rounds,
-#      default 3), RUST_LOG (default info).
+#      default 3), E2E_STRACE=1 (perf steps count the gateway's syscalls per I/O),
+#      RUST_LOG (default info).
 set -u
 export LC_ALL=C
 
@@ -323,11 +324,24 @@ PERF_RDMA="" PERF_TCP=""
 perf_run() { # label -> prints "iops cpu_us_per_io user_us_per_io sys_us_per_io"
   local label=$1 out=$WORK/perf-$1.json c0 c1 ios hz
   hz=$(getconf CLK_TCK)
+  local spid=""
+  if [ "${E2E_STRACE:-0}" = 1 ]; then  # syscalls per I/O (strace slows the gateway: CPU figures are then void)
+    strace -f -c -p "$GWPID" -o "$WORK/strace-$label.txt" 2>/dev/null & spid=$!
+    sleep 1
+  fi
   c0=$(gw_cpu_ticks)
   (cd /tmp && timeout -k 10 120 fio --name="$label" --filename="$DEV" --direct=1 --ioengine=libaio \
      --rw=randread --bs=4k --iodepth=16 --numjobs=1 --time_based --runtime="$PERF_SECONDS" \
      --output-format=json) > "$out" 2> $WORK/perf-err || { say "fio failed: $(cat $WORK/perf-err)"; return 1; }
   c1=$(gw_cpu_ticks)
+  if [ -n "$spid" ]; then
+    kill -INT $spid; wait $spid 2>/dev/null
+    cp "$WORK/strace-$label.txt" "$LOGDIR/" 2>/dev/null
+    local calls; calls=$(awk '$NF == "total" {print $4}' "$WORK/strace-$label.txt")
+    local n; n=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["jobs"][0]["read"]["total_ios"])' "$out")
+    echo "    $label: $calls gateway syscalls for $n I/Os: $(awk -v c="$calls" -v n="$n" 'BEGIN{printf "%.2f", c/n}') per I/O; top:" >&2
+    sort -k4 -n -r "$WORK/strace-$label.txt" | awk 'NF >= 5 && $NF != "total" && $1 ~ /^[0-9.]+$/' | head -n 6 | sed 's/^/      /' >&2
+  fi
   cp "$out" "$LOGDIR/" 2>/dev/null
   ios=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]["read"]; print(j["total_ios"], round(j["iops"]))' "$out") || return 1
   read -r total iops <<< "$ios"

@@ -293,10 +293,11 @@ impl RdmaConnection {
         self.close().await;
     }
 
-    /// Takes the channel's events, re-arms the CQ and polls (completions that arrive between
-    /// the poll and the re-arm are caught by polling after arming).
+    /// Takes the channel's event, re-arms the CQ and polls (completions that arrive between
+    /// the poll and the re-arm are caught by polling after arming). Per wake-up: one `read`
+    /// of the channel and one re-arm, for however many completions the poll finds.
     fn on_cq_event(&mut self) -> Flow {
-        if let Err(e) = self.cq.take_events() {
+        if let Err(e) = self.cq.take_event() {
             tracing::warn!(error = %e, "completion channel");
             return Flow::Close;
         }

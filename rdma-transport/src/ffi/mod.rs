@@ -466,36 +466,36 @@ impl CompletionQueue {
         check_rc("ibv_req_notify_cq", rc)
     }
 
-    /// Takes the pending channel events (non-blocking); true when there was one. Events are
+    /// Takes the channel's pending event (non-blocking); true when there was one. Events are
     /// acknowledged in batches.
-    pub fn take_events(&self) -> Result<bool, Error> {
+    ///
+    /// One read is enough: a CQ produces one event per [`CompletionQueue::arm`], and the
+    /// caller arms only after taking the event, so at most one is ever pending (this saves
+    /// the read that would only return `EAGAIN`).
+    pub fn take_event(&self) -> Result<bool, Error> {
         let lib = lib()?;
-        let mut got = false;
-        loop {
-            let mut cq: *mut sys::ibv_cq = null_mut();
-            let mut ctx: *mut c_void = null_mut();
-            // SAFETY: valid channel (non-blocking fd), out-parameters.
-            let rc = unsafe { lib.ibv_get_cq_event(self.channel.ch, &mut cq, &mut ctx) };
-            if rc != 0 {
-                let e = errno();
-                if e == libc::EAGAIN || e == libc::EWOULDBLOCK {
-                    break;
-                }
-                return Err(Error::Errno {
-                    call: "ibv_get_cq_event",
-                    errno: e,
-                });
+        let mut cq: *mut sys::ibv_cq = null_mut();
+        let mut ctx: *mut c_void = null_mut();
+        // SAFETY: valid channel (non-blocking fd), out-parameters.
+        let rc = unsafe { lib.ibv_get_cq_event(self.channel.ch, &mut cq, &mut ctx) };
+        if rc != 0 {
+            let e = errno();
+            if e == libc::EAGAIN || e == libc::EWOULDBLOCK {
+                return Ok(false);
             }
-            got = true;
-            let mut n = self.unacked.lock().unwrap_or_else(|e| e.into_inner());
-            *n += 1;
-            if *n >= 64 {
-                // SAFETY: acknowledging events we took.
-                unsafe { lib.ibv_ack_cq_events(self.cq, *n) };
-                *n = 0;
-            }
+            return Err(Error::Errno {
+                call: "ibv_get_cq_event",
+                errno: e,
+            });
         }
-        Ok(got)
+        let mut n = self.unacked.lock().unwrap_or_else(|e| e.into_inner());
+        *n += 1;
+        if *n >= 64 {
+            // SAFETY: acknowledging events we took.
+            unsafe { lib.ibv_ack_cq_events(self.cq, *n) };
+            *n = 0;
+        }
+        Ok(true)
     }
 
     /// Polls up to `max` completions into `out`; returns how many.
