@@ -254,6 +254,19 @@ impl ControlPlane {
                 map.clone(),
             )
         };
+        // Fencing first: it is what failover waits for; persisting the map can follow.
+        for a in &actions {
+            if let Action::Fence {
+                fence,
+                group,
+                gateway,
+                addrs,
+                scope,
+            } = a.clone()
+            {
+                self.spawn_fence(fence, group, gateway, addrs, scope);
+            }
+        }
         let dirty = {
             let mut p = self.persisted.lock().unwrap_or_else(|e| e.into_inner());
             if *p != bytes {
@@ -278,18 +291,6 @@ impl ControlPlane {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .clear();
-            }
-        }
-        for a in &actions {
-            if let Action::Fence {
-                fence,
-                group,
-                gateway,
-                addrs,
-                scope,
-            } = a.clone()
-            {
-                self.spawn_fence(fence, group, gateway, addrs, scope);
             }
         }
         Ok(actions)

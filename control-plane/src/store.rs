@@ -317,7 +317,15 @@ impl Store {
             }
             if self.backend.compare_and_set(old.version, set, remove)? {
                 new.version = old.version + 1;
-                self.backend.notify();
+                // A notify waits for every watcher's ack, up to its timeout for a dead one
+                // (a killed replica stays a watcher for a while): never on the caller's path.
+                let backend = self.backend.clone();
+                if let Err(e) = std::thread::Builder::new()
+                    .name("state-notify".into())
+                    .spawn(move || backend.notify())
+                {
+                    tracing::warn!("cannot notify the state change: {e}");
+                }
                 return Ok((out, new));
             }
             tracing::debug!(

@@ -6,6 +6,7 @@
 #   - gateway/tests/rbd_e2e.rs    (gateway + Rust NVMe/TCP host, checked with rbd export;
 #                                  #[ignore]d in plain cargo test, run here with --ignored)
 #   - control-plane/tests/rados_store.rs (group state in RADOS, watch refresh, leader lease)
+#   - control-plane/tests/replicas.rs    (kill -9 the leading nvmeof-control; failover after)
 #   - gateway/tests/failover.rs   (two gateway processes + control plane: fenced failover)
 # and stops the cluster whatever happened. Exit code: non-zero if any test failed.
 #
@@ -27,6 +28,7 @@ rc=0
 "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test ceph -- "$@" || rc=1
 "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test rados -- "$@" || rc=1
 "${CARGO:-cargo}" test -p control-plane --features ceph-tests --test rados_store -- "$@" || rc=1
+"${CARGO:-cargo}" test -p control-plane --features ceph-tests --test replicas -- "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test failover -- --ignored "$@" || rc=1
 exit $rc
