@@ -52,6 +52,10 @@ pub struct ControlPlane {
     /// Bumped whenever `cached` changes: joined gateways re-send their assignment.
     changed: watch::Sender<u64>,
     leader: AtomicBool,
+    /// When the lease this replica holds lapses at the latest (measured from before the
+    /// request that took or renewed it): past it, it stops acting even if the renewal is
+    /// still in flight, so two replicas never decide at once.
+    lease_until: Mutex<Option<Instant>>,
     /// The leader's live map (with beacon times); None when not leading.
     live: Mutex<Option<GroupMap>>,
     /// The leader's last persisted map, to write only changes.
@@ -113,6 +117,7 @@ impl ControlPlane {
             cached: RwLock::new(state),
             changed,
             leader: AtomicBool::new(false),
+            lease_until: Mutex::new(None),
             live: Mutex::new(None),
             persisted: Mutex::new(Vec::new()),
         });
@@ -146,6 +151,11 @@ impl ControlPlane {
 
     pub fn is_leader(&self) -> bool {
         self.leader.load(Ordering::SeqCst)
+            && self
+                .lease_until
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some_and(|t| Instant::now() < t)
     }
 
     pub fn id(&self) -> &str {
@@ -211,6 +221,7 @@ impl ControlPlane {
     async fn renew_lease(self: &Arc<Self>) {
         let backend = self.store.backend().clone();
         let (id, lease) = (self.id.clone(), self.opts.lease);
+        let asked = Instant::now();
         let held = match tokio::task::spawn_blocking(move || backend.lead(&id, lease)).await {
             Ok(Ok(h)) => h,
             Ok(Err(e)) => {
@@ -219,6 +230,7 @@ impl ControlPlane {
             }
             Err(_) => false,
         };
+        *self.lease_until.lock().unwrap_or_else(|e| e.into_inner()) = held.then_some(asked + lease);
         let was = self.leader.swap(held, Ordering::SeqCst);
         if held && !was {
             // Take over from the stored map: every gateway's grace starts now.
@@ -237,6 +249,12 @@ impl ControlPlane {
 
     /// Feeds one event to the leader's map, carries out its actions and persists changes.
     async fn feed(self: &Arc<Self>, event: Event) -> Result<Vec<Action>, Status> {
+        if !self.is_leader() {
+            return Err(Status::unavailable(format!(
+                "replica {} does not lead the group",
+                self.id
+            )));
+        }
         let (actions, bytes, map) = {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
             let Some(map) = live.as_mut() else {
@@ -444,16 +462,21 @@ impl ControlPlane {
             now_ms: now,
         })
         .await?;
-        let group = self
+        let (group, fenced) = self
             .live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .and_then(|m| m.gateways.get(&name).map(|g| g.ana_group))
-            .unwrap_or(0);
+            .and_then(|m| {
+                m.gateways
+                    .get(&name)
+                    .map(|g| (g.ana_group, g.availability == ana::Availability::Fenced))
+            })
+            .unwrap_or((0, false));
         Ok(proto::BeaconReply {
             ana_group: group,
             leader: self.id.clone(),
+            fenced,
         })
     }
 

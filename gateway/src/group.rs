@@ -146,6 +146,7 @@ async fn beacon_loop(
     let mut tick = tokio::time::interval(settings.beacon_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing: BTreeMap<String, bool> = BTreeMap::new();
+    let mut fenced_logged = false;
     loop {
         tick.tick().await;
         // Local calls (no cluster round trip), but librados: keep them off the runtime.
@@ -168,6 +169,16 @@ async fn beacon_loop(
         for (addr, result) in futures_join_all(sends).await {
             let was_failing = failing.get(&addr).copied().unwrap_or(false);
             match result {
+                Ok(reply) if reply.get_ref().fenced => {
+                    if !fenced_logged {
+                        tracing::error!(
+                            control_plane = %addr,
+                            "this gateway was fenced: its Ceph clients are blocklisted and it \
+                             serves nothing until it is restarted"
+                        );
+                        fenced_logged = true;
+                    }
+                }
                 Ok(_) => {
                     if was_failing {
                         tracing::info!(control_plane = %addr, "beacons accepted again");

@@ -390,6 +390,18 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         Duration::from_secs(10),
     )
     .await;
+    // It is told, and says so in its log.
+    let started = Instant::now();
+    while !std::fs::read_to_string(&gw1.log)
+        .unwrap_or_default()
+        .contains("this gateway was fenced")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "gw1 never logged that it was fenced"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Failback: gw1 restarts (new process, new clients); group 1 drains on gw2 and becomes
     // optimized on gw1 again.
