@@ -23,7 +23,9 @@ use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::proto::{Assignment, Beacon, JoinRequest};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::config::{Config, NamespaceConfig, SubsystemConfig};
 use crate::core::Target;
+use crate::events::NamespaceEvents;
 use crate::spec::ana;
 
 /// What the agent needs from the configuration.
@@ -34,6 +36,10 @@ pub struct GroupSettings {
     /// 0: the control plane assigns one.
     pub ana_group: u32,
     pub beacon_interval: Duration,
+    /// The gateway's own configuration (Ceph settings, controller IDs): subsystems and
+    /// namespaces the control plane pushes are opened with it. None: pushed configuration is
+    /// not applied (ANA states only).
+    pub config: Option<Config>,
 }
 
 /// The running agent (its tasks end when it is dropped).
@@ -243,6 +249,9 @@ async fn assignment_loop(
                 loop {
                     match stream.message().await {
                         Ok(Some(a)) => {
+                            if let Some(config) = &settings.config {
+                                apply_config(&target, config, &a).await;
+                            }
                             apply(&target, &a).await;
                             applied.store(a.version, Ordering::SeqCst);
                         }
@@ -257,6 +266,104 @@ async fn assignment_loop(
             Err(s) => tracing::debug!(control_plane = %addr, "join: {}", s.message()),
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Adds the subsystems and namespaces of an assignment that this gateway does not serve yet
+/// (opening their RBD images off the runtime). Nothing is removed or changed: subsystems and
+/// namespaces from the gateway's own file stay, and a pushed namespace whose NSID is taken is
+/// left out. New ANA groups start inaccessible; [`apply`] then sets the pushed states.
+pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
+    let mut wanted = Vec::new();
+    for s in &a.subsystems {
+        let existing = target.subsystem(&s.nqn);
+        let namespaces: Vec<NamespaceConfig> = a
+            .namespaces
+            .iter()
+            .filter(|n| n.subsystem_nqn == s.nqn)
+            .filter(|n| {
+                existing
+                    .as_ref()
+                    .is_none_or(|sub| sub.namespace(n.nsid).is_none())
+            })
+            .map(|n| NamespaceConfig {
+                nsid: n.nsid,
+                backend: "rbd".into(),
+                size: None,
+                block_size: n.block_size,
+                ana_group: n.ana_group,
+                read_only: false,
+                uuid: (!n.uuid.is_empty()).then(|| n.uuid.clone()),
+                pool: Some(n.pool.clone()),
+                rados_namespace: (!n.rados_namespace.is_empty()).then(|| n.rados_namespace.clone()),
+                image: Some(n.image.clone()),
+            })
+            .collect();
+        if existing.is_none() || !namespaces.is_empty() {
+            wanted.push(SubsystemConfig {
+                nqn: s.nqn.clone(),
+                serial: (!s.serial.is_empty()).then(|| s.serial.clone()),
+                model: None,
+                allow_any_host: s.allow_any_host,
+                hosts: s.hosts.clone(),
+                namespaces,
+            });
+        }
+    }
+    if wanted.is_empty() {
+        return;
+    }
+    let mut config = base.clone();
+    config.subsystems = wanted;
+    let built = tokio::task::spawn_blocking(move || config.build_target_report()).await;
+    let (built, skipped) = match built {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
+            tracing::error!("pushed configuration refused: {e}");
+            return;
+        }
+        Err(e) => {
+            tracing::error!("opening pushed namespaces failed: {e}");
+            return;
+        }
+    };
+    for k in &skipped {
+        tracing::error!(nqn = %k.nqn, nsid = k.nsid, image = %k.device, "pushed namespace not served: {}", k.error);
+    }
+    for sub in built.subsystems() {
+        if sub.is_discovery() {
+            continue;
+        }
+        match target.subsystem(sub.nqn()) {
+            Some(existing) => {
+                for ns in sub.namespaces() {
+                    if !existing
+                        .ana_groups()
+                        .iter()
+                        .any(|(g, _)| *g == ns.ana_group)
+                    {
+                        existing.set_ana_state(ns.ana_group, ana::INACCESSIBLE);
+                    }
+                    ns.device
+                        .set_event_sink(Arc::new(NamespaceEvents::new(&existing, ns.nsid)));
+                    let nsid = ns.nsid;
+                    existing.add_namespace(ns);
+                    existing.notify_namespace_changed(nsid);
+                    tracing::info!(nqn = %existing.nqn(), nsid, "pushed namespace served");
+                }
+            }
+            None => {
+                for ns in sub.namespaces() {
+                    sub.set_ana_state(ns.ana_group, ana::INACCESSIBLE);
+                }
+                tracing::info!(
+                    nqn = %sub.nqn(),
+                    namespaces = sub.namespaces().len(),
+                    "pushed subsystem served"
+                );
+                target.add_subsystem(sub);
+            }
+        }
     }
 }
 

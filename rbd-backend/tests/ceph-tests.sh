@@ -8,6 +8,7 @@
 #   - control-plane/tests/rados_store.rs (group state in RADOS, watch refresh, leader lease)
 #   - control-plane/tests/replicas.rs    (kill -9 the leading nvmeof-control; failover after)
 #   - gateway/tests/failover.rs   (two gateway processes + control plane: fenced failover)
+#   - gateway/tests/group_config.rs (subsystems/namespaces pushed from the control plane)
 # and stops the cluster whatever happened. Exit code: non-zero if any test failed.
 #
 #   bash rbd-backend/tests/ceph-tests.sh [test binary args, e.g. --nocapture or a name filter]
@@ -31,4 +32,5 @@ rc=0
 "${CARGO:-cargo}" test -p control-plane --features ceph-tests --test replicas -- "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test failover -- --ignored "$@" || rc=1
+"${CARGO:-cargo}" test -p nvmeof-gateway --test group_config -- --ignored "$@" || rc=1
 exit $rc

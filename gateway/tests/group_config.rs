@@ -1,0 +1,310 @@
+//! Configuration from the control plane: a gateway whose file has no subsystem at all serves
+//! what the admin API put in RADOS, picks up a namespace added later (the host sees it after
+//! the Namespace Attribute Changed event), and serves it all again after a restart.
+//!
+//! Needs a cluster, so it is `#[ignore]`d in a plain `cargo test`; run it with
+//! `bash rbd-backend/tests/ceph-tests.sh` or by hand:
+//!
+//! ```sh
+//! eval "$(scripts/micro-ceph.sh start)"
+//! cargo test -p nvmeof-gateway --test group_config -- --ignored --nocapture
+//! ```
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use control_plane::ana::Timing;
+use control_plane::proto::{self, admin_client::AdminClient};
+use control_plane::server::{self, ControlPlane, Options};
+use control_plane::store::{RadosBackend, Store};
+use nvmeof_gateway::host::{HostConnection, HostOptions};
+use nvmeof_gateway::spec::{ana, log};
+use rbd_backend::rbd::CephSettings;
+
+const SUBNQN: &str = "nqn.2016-06.io.test:pushed";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000f1";
+
+fn ceph_conf() -> String {
+    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
+    assert!(
+        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
+        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
+         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
+    );
+    conf
+}
+
+fn pool() -> String {
+    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn rbd(args: &[&str]) {
+    let out = Command::new("rbd").args(args).output().expect("rbd");
+    assert!(
+        out.status.success(),
+        "rbd {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+struct Gateway(Child);
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_gateway(dir: &std::path::Path, port: u16, cp: &str) -> Gateway {
+    let config = format!(
+        r#"
+[gateway]
+name = "gw1"
+worker_threads = 1
+
+[group]
+control_plane = ["{cp}"]
+ana_group = 1
+beacon_interval_ms = 250
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = {port}
+
+[ceph]
+conf = "{conf}"
+connections = 1
+"#,
+        conf = ceph_conf(),
+    );
+    let path = dir.join("gw1.toml");
+    std::fs::write(&path, config).expect("config");
+    let log = std::fs::File::create(dir.join("gw1.log")).expect("log");
+    Gateway(
+        Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
+            .arg("--config")
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start nvmeof-gateway"),
+    )
+}
+
+/// Admin + one I/O queue, retried until the subsystem is served.
+async fn connect(port: u16) -> (HostConnection, HostConnection) {
+    let addr = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    loop {
+        let mut o = HostOptions::new(HOSTNQN);
+        o.timeout = Duration::from_secs(60);
+        let attempt = async {
+            let admin = HostConnection::connect(addr.as_str(), o.clone()).await?;
+            let cntlid = admin.connect_admin(SUBNQN, 120_000).await?;
+            admin.enable_controller().await?;
+            let ctrl = admin.identify_controller().await?;
+            let io = HostConnection::connect(addr.as_str(), o).await?;
+            io.set_in_capsule_data_max(ctrl.in_capsule_data_max());
+            io.connect_io(SUBNQN, cntlid, 1, 31).await?;
+            Ok::<_, nvmeof_gateway::host::HostError>((admin, io))
+        };
+        match attempt.await {
+            Ok(h) => return h,
+            Err(e) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "cannot connect to {SUBNQN} on {addr}: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+async fn wait_for_namespaces(admin: &HostConnection, want: &[u32]) {
+    let started = Instant::now();
+    loop {
+        let got = admin.active_namespaces(0).await.expect("namespace list");
+        if got == want {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "active namespaces {got:?}, expected {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_optimized(admin: &HostConnection, group: u32) {
+    let started = Instant::now();
+    loop {
+        let page = admin
+            .get_log_page(log::ANA, 0, 4096, 0)
+            .await
+            .expect("ANA log");
+        let n = u16::from_le_bytes([page[8], page[9]]);
+        let mut off = 16usize;
+        let mut state = None;
+        for _ in 0..n {
+            let d = &page[off..];
+            let id = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+            let nnsid = u32::from_le_bytes([d[4], d[5], d[6], d[7]]) as usize;
+            if id == group {
+                state = Some(d[16]);
+            }
+            off += 32 + 4 * nnsid;
+        }
+        if state == Some(ana::OPTIMIZED) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "group {group}: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Ceph cluster: bash rbd-backend/tests/ceph-tests.sh"]
+async fn a_gateway_serves_what_the_control_plane_stores() {
+    ceph_conf();
+    let tag = format!("{}-{}", std::process::id(), free_port());
+    let images = [format!("pushed-{tag}-1"), format!("pushed-{tag}-2")];
+    for i in &images {
+        rbd(&["create", "--size", "16M", &format!("{}/{i}", pool())]);
+    }
+    let dir = std::env::temp_dir().join(format!("pushed-{tag}"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let settings = CephSettings {
+        conf: Some(PathBuf::from(ceph_conf())),
+        keyring: std::env::var("CEPH_KEYRING").ok().map(PathBuf::from),
+        max_connections: 1,
+        ..CephSettings::default()
+    };
+    let (p, g) = (pool(), format!("pushed-{tag}"));
+    let backend = tokio::task::spawn_blocking(move || RadosBackend::connect(&settings, &p, &g))
+        .await
+        .expect("join")
+        .expect("state");
+    let cp = ControlPlane::start(
+        Store::new(Arc::new(backend)),
+        "replica".into(),
+        Options {
+            timing: Timing {
+                grace_ms: 1500,
+                failback_delay_ms: 200,
+            },
+            lease: Duration::from_secs(3),
+            tick: Duration::from_millis(100),
+        },
+    )
+    .await
+    .expect("control plane");
+    tokio::spawn(cp.clone().run());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let cp_addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(server::serve(cp, listener, std::future::pending::<()>()));
+
+    // The admin API: a subsystem and namespace 1 (the gateway registers group 1 first).
+    let port = free_port();
+    let gw = spawn_gateway(&dir, port, &cp_addr);
+    let mut admin = AdminClient::new(
+        tonic::transport::Channel::from_shared(format!("http://{cp_addr}"))
+            .expect("url")
+            .connect()
+            .await
+            .expect("control plane"),
+    );
+    admin
+        .subsystem_add(proto::SubsystemAddRequest {
+            nqn: SUBNQN.into(),
+            allow_any_host: true,
+            ..Default::default()
+        })
+        .await
+        .expect("subsystem");
+    let started = Instant::now();
+    loop {
+        let r = admin
+            .namespace_add(proto::NamespaceAddRequest {
+                subsystem_nqn: SUBNQN.into(),
+                nsid: 1,
+                pool: pool(),
+                image: images[0].clone(),
+                ana_group: 1,
+                ..Default::default()
+            })
+            .await;
+        match r {
+            Ok(_) => break,
+            // Group 1 exists once gw1 has beaconed.
+            Err(s)
+                if s.code() == tonic::Code::NotFound
+                    && started.elapsed() < Duration::from_secs(20) =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(s) => panic!("namespace add: {s}"),
+        }
+    }
+    let (h_admin, h_io) = connect(port).await;
+    wait_for_namespaces(&h_admin, &[1]).await;
+    wait_optimized(&h_admin, 1).await;
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    h_io.write(1, 0, data.clone(), 512)
+        .await
+        .expect("write ns 1");
+
+    // A namespace added later appears without reconnecting.
+    admin
+        .namespace_add(proto::NamespaceAddRequest {
+            subsystem_nqn: SUBNQN.into(),
+            pool: pool(),
+            image: images[1].clone(),
+            ana_group: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("namespace 2");
+    wait_for_namespaces(&h_admin, &[1, 2]).await;
+    h_io.write(2, 0, data.clone(), 512)
+        .await
+        .expect("write ns 2");
+
+    // Restart: everything comes back from RADOS.
+    drop(h_io);
+    drop(h_admin);
+    drop(gw);
+    let gw = spawn_gateway(&dir, port, &cp_addr);
+    let (h_admin, h_io) = connect(port).await;
+    wait_for_namespaces(&h_admin, &[1, 2]).await;
+    wait_optimized(&h_admin, 1).await;
+    assert_eq!(h_io.read(1, 0, 8, 512).await.expect("read ns 1"), data);
+    assert_eq!(h_io.read(2, 0, 8, 512).await.expect("read ns 2"), data);
+
+    drop(h_io);
+    drop(h_admin);
+    drop(gw);
+    for i in &images {
+        let _ = Command::new("rbd")
+            .args(["rm", "--no-progress", &format!("{}/{i}", pool())])
+            .output();
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
