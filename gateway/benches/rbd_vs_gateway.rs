@@ -3,11 +3,12 @@
 //! Direct: fio's rbd engine (librbd in the fio process). Gateway: `nvmeof-gateway` serving the
 //! image as an RBD namespace, driven over NVMe/TCP on 127.0.0.1 by the pipelined Rust host
 //! ([`LeanQueue`], one I/O queue). Both at the same queue depths, 4K random read and write at
-//! QD1 and QD16, alternating direct and gateway per workload so that drift on a shared machine
-//! hits both. Prints IOPS, p50/p99 latency (submission to completion), the IOPS ratio
-//! gateway/direct, the latency the gateway adds (mean and p50) and the gateway's CPU per I/O.
+//! QD1 and QD16, alternating direct and gateway runs (`--repeat`, default 3) so that drift on
+//! a shared machine hits both. Prints the medians of IOPS, p50/p99 latency (submission to
+//! completion) and CPU per I/O of the process running librbd (fio, or the gateway), the IOPS
+//! ratio gateway/direct and the latency the gateway adds (mean and p50).
 //!
-//!     cargo bench -p nvmeof-gateway --bench rbd_vs_gateway [-- --seconds 10 --size-mib 256]
+//!     cargo bench -p nvmeof-gateway --bench rbd_vs_gateway [-- --seconds 5 --repeat 3 --size-mib 256]
 //!
 //! The cluster: the one named by `$CEPH_CONF` (client.admin, keyring from the conf or
 //! `$CEPH_KEYRING`) when set; otherwise a throwaway micro Ceph (`scripts/micro-ceph.sh`,
@@ -17,7 +18,8 @@
 //! through a derived ceph.conf), so both measure the cluster round trip.
 //!
 //! Other options: `--gateway-threads N` (default: one runtime worker per CPU),
-//! `--ramp SECONDS` (default 1, not measured). In `cargo test --benches` (no `--bench`
+//! `--ramp SECONDS` (default 1, not measured), `--only TEXT` (the workloads whose name
+//! contains TEXT, e.g. `--only QD1`). In `cargo test --benches` (no `--bench`
 //! argument) it only says it was skipped: it needs Ceph and fio.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -69,6 +71,8 @@ struct Args {
     size_mib: u64,
     store: String,
     gateway_threads: Option<usize>,
+    only: Option<String>,
+    repeat: usize,
 }
 
 fn parse_args() -> Option<Args> {
@@ -85,13 +89,18 @@ fn parse_args() -> Option<Args> {
     Some(Args {
         seconds: value("--seconds")
             .and_then(|s| s.parse().ok())
-            .unwrap_or(10.0),
+            .unwrap_or(5.0),
         ramp: value("--ramp").and_then(|s| s.parse().ok()).unwrap_or(1.0),
         size_mib: value("--size-mib")
             .and_then(|s| s.parse().ok())
             .unwrap_or(256),
         store: value("--store").unwrap_or_else(|| "memstore".into()),
         gateway_threads: value("--gateway-threads").and_then(|s| s.parse().ok()),
+        only: value("--only"),
+        repeat: value("--repeat")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3)
+            .max(1),
     })
 }
 
@@ -327,11 +336,36 @@ fn cpu_seconds(pid: u32) -> f64 {
 }
 
 /// One side's result for one workload.
+#[derive(Clone, Copy, Default)]
 struct Side {
     iops: f64,
     mean_us: f64,
     p50_us: f64,
     p99_us: f64,
+    /// CPU time (user + system) of the process doing librbd (fio, or the gateway) per I/O.
+    cpu_us_per_io: f64,
+}
+
+impl Side {
+    /// Field by field median of several runs.
+    fn median(runs: &[Side]) -> Side {
+        let med = |f: fn(&Side) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            match v.len() {
+                0 => 0.0,
+                n if n % 2 == 1 => v[n / 2],
+                n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+            }
+        };
+        Side {
+            iops: med(|s| s.iops),
+            mean_us: med(|s| s.mean_us),
+            p50_us: med(|s| s.p50_us),
+            p99_us: med(|s| s.p99_us),
+            cpu_us_per_io: med(|s| s.cpu_us_per_io),
+        }
+    }
 }
 
 /// A minimal JSON reader, enough for fio's `--output-format=json`.
@@ -485,7 +519,7 @@ mod json {
 /// Direct librbd: fio's rbd engine on the same image, one job at `w.queue_depth`.
 fn direct(conf: &Path, image: &str, w: &Workload, ramp: f64, seconds: f64, out_dir: &Path) -> Side {
     let out = out_dir.join(format!("fio-{}.json", w.name.replace(' ', "-")));
-    run(Command::new("fio")
+    let mut child = Command::new("fio")
         .env("CEPH_CONF", conf)
         .arg("--name=direct")
         .arg("--ioengine=rbd")
@@ -505,7 +539,31 @@ fn direct(conf: &Path, image: &str, w: &Workload, ramp: f64, seconds: f64, out_d
         .arg("--lat_percentiles=1")
         .arg("--percentile_list=50:99")
         .arg("--output-format=json")
-        .arg(format!("--output={}", out.display())));
+        .arg(format!("--output={}", out.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start fio");
+    // fio's own usr_cpu/sys_cpu count its job thread only, not librbd's threads: read the whole
+    // process's CPU time from /proc once it has exited (a zombie until reaped).
+    let pid = child.id();
+    let mut cpu_s = 0.0;
+    while let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        cpu_s = cpu_seconds(pid);
+        if stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, r)| r.starts_with('Z'))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = child.wait().expect("wait for fio");
+    assert!(
+        status.success(),
+        "fio failed ({status}); output in {}",
+        out.display()
+    );
     let text = std::fs::read_to_string(&out).expect("fio's JSON output");
     // fio may print notes before the JSON document
     let doc = json::parse(&text[text.find('{').unwrap_or(0)..])
@@ -525,11 +583,15 @@ fn direct(conf: &Path, image: &str, w: &Workload, ramp: f64, seconds: f64, out_d
             .unwrap_or(0.0)
             / 1000.0
     };
+    let num = |v: &json::Value, k: &str| v.get(k).and_then(json::Value::num).unwrap_or(0.0);
+    // The process's CPU covers the ramp too: count the ramp's I/Os at the measured rate.
+    let ios = num(dir, "iops") * (ramp + seconds);
     Side {
-        iops: dir.get("iops").and_then(json::Value::num).unwrap_or(0.0),
-        mean_us: lat.get("mean").and_then(json::Value::num).unwrap_or(0.0) / 1000.0,
+        iops: num(dir, "iops"),
+        mean_us: num(lat, "mean") / 1000.0,
         p50_us: pct("50.000000"),
         p99_us: pct("99.000000"),
+        cpu_us_per_io: cpu_s / ios.max(1.0) * 1e6,
     }
 }
 
@@ -592,25 +654,56 @@ fn main() {
 
     let mut rows = Vec::new();
     for (i, w) in WORKLOADS.iter().enumerate() {
-        eprintln!("{}: direct librbd (fio --ioengine=rbd)", w.name);
-        let d = direct(&conf, image.name(), w, args.ramp, args.seconds, &work);
-        eprintln!("{}: gateway", w.name);
-        let mut q = LeanQueue::connect(gateway.addr, SUBNQN, HOSTNQN, cntlid, i as u16 + 1)
-            .expect("connect an I/O queue");
-        if !ramp.is_zero() {
-            q.run(w, &region, ramp).expect("gateway ramp");
+        if args
+            .only
+            .as_ref()
+            .is_some_and(|o| !w.name.contains(o.as_str()))
+        {
+            continue;
         }
-        let cpu0 = cpu_seconds(gateway.child.id());
-        let mut f = q.run(w, &region, duration).expect("gateway run");
-        let cpu = cpu_seconds(gateway.child.id()) - cpu0;
-        drop(q);
-        let g = Side {
-            iops: f.iops(),
-            mean_us: f.mean_us(),
-            p50_us: f.percentile_us(0.50),
-            p99_us: f.percentile_us(0.99),
-        };
-        rows.push((w, d, g, cpu / f.ios.max(1) as f64 * 1e6));
+        let (mut ds, mut gs) = (Vec::new(), Vec::new());
+        for r in 0..args.repeat {
+            eprintln!(
+                "{} run {}/{}: direct librbd (fio --ioengine=rbd), then the gateway",
+                w.name,
+                r + 1,
+                args.repeat
+            );
+            ds.push(direct(
+                &conf,
+                image.name(),
+                w,
+                args.ramp,
+                args.seconds,
+                &work,
+            ));
+            let mut q = LeanQueue::connect(gateway.addr, SUBNQN, HOSTNQN, cntlid, i as u16 + 1)
+                .expect("connect an I/O queue");
+            if !ramp.is_zero() {
+                q.run(w, &region, ramp).expect("gateway ramp");
+            }
+            let cpu0 = cpu_seconds(gateway.child.id());
+            let mut f = q.run(w, &region, duration).expect("gateway run");
+            let cpu = cpu_seconds(gateway.child.id()) - cpu0;
+            drop(q);
+            gs.push(Side {
+                iops: f.iops(),
+                mean_us: f.mean_us(),
+                p50_us: f.percentile_us(0.50),
+                p99_us: f.percentile_us(0.99),
+                cpu_us_per_io: cpu / f.ios.max(1) as f64 * 1e6,
+            });
+            let (d, g) = (ds[r], gs[r]);
+            eprintln!(
+                "    direct {:.0} IOPS p50 {:.1} us, gateway {:.0} IOPS p50 {:.1} us: ratio {:.2}",
+                d.iops,
+                d.p50_us,
+                g.iops,
+                g.p50_us,
+                g.iops / d.iops.max(1.0)
+            );
+        }
+        rows.push((w, Side::median(&ds), Side::median(&gs)));
     }
 
     println!(
@@ -618,41 +711,46 @@ fn main() {
         image.spec, args.size_mib, cluster.description
     );
     println!(
-        "direct = fio --ioengine=rbd (1 job); gateway = nvmeof-gateway ({} worker threads) over NVMe/TCP on 127.0.0.1, pipelined Rust host, 1 queue; {:.0} s per run after {:.0} s ramp; latency = submission to completion",
+        "direct = fio --ioengine=rbd (1 job); gateway = nvmeof-gateway ({} worker threads) over NVMe/TCP on 127.0.0.1, pipelined Rust host, 1 queue"
+        ,
         args.gateway_threads
             .map_or_else(|| "default".to_string(), |n| n.to_string()),
-        args.seconds,
-        args.ramp
     );
     println!(
-        "{:<18} | {:>9} {:>8} {:>8} | {:>9} {:>8} {:>8} | {:>6} | {:>15} {:>12} | {:>8}",
+        "median of {} alternating runs of {:.0} s (after {:.0} s ramp); latency = submission to completion; us/IO = CPU (user + system) of the process running librbd (fio incl. its start and ramp, or the gateway) per I/O",
+        args.repeat, args.seconds, args.ramp
+    );
+    println!(
+        "{:<18} | {:>9} {:>8} {:>8} {:>6} | {:>9} {:>8} {:>8} {:>6} | {:>6} | {:>16} {:>12}",
         "workload",
         "direct",
         "p50 us",
         "p99 us",
+        "us/IO",
         "gateway",
         "p50 us",
         "p99 us",
+        "us/IO",
         "ratio",
         "added mean us",
         "added p50 us",
-        "gw us/IO"
     );
-    for (w, d, g, gw_cpu) in &rows {
+    for (w, d, g) in &rows {
         println!(
-            "{:<18} | {:>9.0} {:>8.1} {:>8.1} | {:>9.0} {:>8.1} {:>8.1} | {:>6.2} | {:>7.1} ({:>+5.1}%) {:>12.1} | {:>8.2}",
+            "{:<18} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} | {:>6.2} | {:>7.1} ({:>+6.1}%) {:>12.1}",
             w.name,
             d.iops,
             d.p50_us,
             d.p99_us,
+            d.cpu_us_per_io,
             g.iops,
             g.p50_us,
             g.p99_us,
+            g.cpu_us_per_io,
             g.iops / d.iops.max(1.0),
             g.mean_us - d.mean_us,
             (g.mean_us / d.mean_us.max(1e-9) - 1.0) * 100.0,
             g.p50_us - d.p50_us,
-            gw_cpu,
         );
     }
     drop(gateway);
