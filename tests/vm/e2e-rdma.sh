@@ -30,7 +30,8 @@
 #      E2E_FIO_SIZE (default 32M), E2E_PORT (default 4420), E2E_PERF_SECONDS
 #      (default 10), E2E_ONLY=perf (only the perf steps, E2E_PERF_ROUNDS rounds,
 #      default 3), E2E_STRACE=1 (perf steps count the gateway's syscalls per I/O),
-#      RUST_LOG (default info).
+#      E2E_PROFILE=1 (perf steps print a perf profile of the gateway), RUST_LOG
+#      (default info).
 set -u
 export LC_ALL=C
 
@@ -329,11 +330,23 @@ perf_run() { # label -> prints "iops cpu_us_per_io user_us_per_io sys_us_per_io"
     strace -f -c -p "$GWPID" -o "$WORK/strace-$label.txt" 2>/dev/null & spid=$!
     sleep 1
   fi
+  local ppid=""
+  if [ "${E2E_PROFILE:-0}" = 1 ]; then  # where the gateway's CPU goes (perf, cpu-clock samples)
+    perf record -q -F 999 -e cpu-clock -p "$GWPID" -o "$WORK/perf-$label.data" -- sleep "$PERF_SECONDS" > /dev/null 2>&1 & ppid=$!
+  fi
   c0=$(gw_cpu_ticks)
   (cd /tmp && timeout -k 10 120 fio --name="$label" --filename="$DEV" --direct=1 --ioengine=libaio \
      --rw=randread --bs=4k --iodepth=16 --numjobs=1 --time_based --runtime="$PERF_SECONDS" \
      --output-format=json) > "$out" 2> $WORK/perf-err || { say "fio failed: $(cat $WORK/perf-err)"; return 1; }
   c1=$(gw_cpu_ticks)
+  if [ -n "$ppid" ]; then
+    wait $ppid 2>/dev/null
+    echo "    $label: gateway profile (cpu-clock samples, by DSO and symbol):" >&2
+    perf report -q -i "$WORK/perf-$label.data" --stdio --no-children --sort dso,sym 2>/dev/null |
+      awk 'NF' | head -n 25 | sed 's/^/      /' >&2
+    perf report -q -i "$WORK/perf-$label.data" --stdio --no-children --sort dso 2>/dev/null |
+      awk 'NF' | head -n 8 | sed 's/^/      dso: /' >&2
+  fi
   if [ -n "$spid" ]; then
     kill -INT $spid; wait $spid 2>/dev/null
     cp "$WORK/strace-$label.txt" "$LOGDIR/" 2>/dev/null

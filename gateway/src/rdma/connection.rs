@@ -267,7 +267,11 @@ impl RdmaConnection {
                     self.poll_cq()
                 }
                 _ = returned.notified(), if waiting => self.run_backlog(),
-                _ = tokio::time::sleep(Duration::from_millis(5)), if waiting => self.run_backlog(),
+                // (async block: select! evaluates every branch's expression each turn, and a
+                // bare sleep() would read the clock even when the branch is disabled)
+                _ = async { tokio::time::sleep(Duration::from_millis(5)).await }, if waiting => {
+                    self.run_backlog()
+                }
             };
             // Every response of this turn goes out with one post (one doorbell).
             let flow = match self.id.qp().map(|qp| qp.flush()) {

@@ -1285,7 +1285,7 @@ impl QueuePair {
         if self.staged.is_empty() {
             return Ok(());
         }
-        let staged = std::mem::take(&mut self.staged);
+        let mut staged = std::mem::take(&mut self.staged);
         let mut sges = std::mem::take(&mut self.sge_buf);
         let mut wrs = std::mem::take(&mut self.wr_buf);
         sges.clear();
@@ -1336,7 +1336,8 @@ impl QueuePair {
         }
         // `staged` (the inline messages) and `sges` live until the post returns.
         let result = self.post_send_chain(&mut wrs);
-        drop(staged);
+        staged.clear();
+        self.staged = staged;
         self.sge_buf = sges;
         self.wr_buf = wrs;
         result
