@@ -642,6 +642,44 @@ impl proto::admin_server::Admin for AdminService {
         ))
     }
 
+    async fn namespace_resize(
+        &self,
+        r: Request<proto::NamespaceResizeRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let st = self.0.state();
+        let ns = st
+            .namespaces
+            .get(&(r.subsystem_nqn.clone(), r.nsid))
+            .cloned()
+            .ok_or_else(|| {
+                config_status(ConfigError::NoNamespace {
+                    nqn: r.subsystem_nqn.clone(),
+                    nsid: r.nsid,
+                })
+            })?;
+        if !r.size_bytes.is_multiple_of(u64::from(ns.block_size.max(1))) {
+            return Err(Status::invalid_argument(format!(
+                "size {} is not a multiple of the block size {}",
+                r.size_bytes, ns.block_size
+            )));
+        }
+        let backend = self.0.store.backend().clone();
+        let (n, size) = (ns.clone(), r.size_bytes);
+        let old = blocking(move || backend.grow_image(&n.pool, &n.rados_namespace, &n.image, size))
+            .await?;
+        tracing::info!(nqn = %ns.subsystem_nqn, nsid = ns.nsid, image = %state::image_spec(&ns), old, new = size, "namespace grown");
+        Ok(reply(
+            &st,
+            format!(
+                "namespace {} of {} ({}) grown from {old} to {size} bytes",
+                ns.nsid,
+                ns.subsystem_nqn,
+                state::image_spec(&ns)
+            ),
+        ))
+    }
+
     async fn namespace_list(
         &self,
         r: Request<proto::NamespaceListRequest>,

@@ -52,6 +52,14 @@ pub trait Backend: Send + Sync + 'static {
     fn fence(&self, addrs: &[String]) -> Result<(), StoreError>;
     /// Whether an RBD image exists.
     fn image_exists(&self, pool: &str, namespace: &str, image: &str) -> Result<bool, StoreError>;
+    /// Grows an RBD image to `size` bytes; returns the old size. Shrinking is refused.
+    fn grow_image(
+        &self,
+        pool: &str,
+        namespace: &str,
+        image: &str,
+        size: u64,
+    ) -> Result<u64, StoreError>;
 }
 
 /// How long a fence blocklists a client: long enough to outlive any fenced process (a
@@ -60,6 +68,9 @@ pub const BLOCKLIST_EXPIRE: Duration = Duration::from_secs(24 * 3600);
 
 /// The RADOS object `nvmeof.<group>.state` in a pool.
 pub struct RadosBackend {
+    settings: CephSettings,
+    /// Image connections, opened on the first resize.
+    images: std::sync::OnceLock<Arc<rbd_backend::ClusterPool>>,
     client: Client,
     pool: Pool,
     pool_name: String,
@@ -78,6 +89,8 @@ impl RadosBackend {
         let oid = format!("nvmeof.{group}.state");
         p.omap_compare_and_set(&oid, &[], &[], &[])?;
         Ok(RadosBackend {
+            settings: settings.clone(),
+            images: std::sync::OnceLock::new(),
             client,
             pool: p,
             pool_name: pool.to_string(),
@@ -96,6 +109,18 @@ fn version_bytes(v: u64) -> Vec<u8> {
     } else {
         v.to_string().into_bytes()
     }
+}
+
+fn refuse_shrink(image: String, old: u64, size: u64) -> StoreError {
+    StoreError::Config(ConfigError::Invalid {
+        what: "size",
+        value: format!("{size} for {image} (now {old} bytes)"),
+        why: if size == old {
+            "is the image's size already"
+        } else {
+            "is smaller than the image (namespaces only grow)"
+        },
+    })
 }
 
 impl Backend for RadosBackend {
@@ -165,6 +190,31 @@ impl Backend for RadosBackend {
         Ok(())
     }
 
+    fn grow_image(
+        &self,
+        pool: &str,
+        namespace: &str,
+        image: &str,
+        size: u64,
+    ) -> Result<u64, StoreError> {
+        let images = self
+            .images
+            .get_or_init(|| rbd_backend::ClusterPool::new(self.settings.clone()));
+        let admin = images
+            .admin(pool, (!namespace.is_empty()).then_some(namespace))
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        let old = admin
+            .image_size(image)
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        if size <= old {
+            return Err(refuse_shrink(image.to_string(), old, size));
+        }
+        admin
+            .resize_image(image, size)
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        Ok(old)
+    }
+
     fn image_exists(&self, pool: &str, namespace: &str, image: &str) -> Result<bool, StoreError> {
         let p = if pool == self.pool_name && namespace.is_empty() {
             self.pool.clone()
@@ -198,6 +248,8 @@ pub struct MemoryBackend {
     lease: Mutex<Option<(String, Instant)>>,
     pub fenced: Mutex<Vec<String>>,
     pub images: Mutex<BTreeSet<String>>,
+    /// Image sizes for `grow_image` (absent: 1 GiB).
+    pub sizes: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Backend for MemoryBackend {
@@ -262,6 +314,27 @@ impl Backend for MemoryBackend {
             .unwrap_or_else(|e| e.into_inner())
             .extend(addrs.iter().cloned());
         Ok(())
+    }
+
+    fn grow_image(
+        &self,
+        pool: &str,
+        namespace: &str,
+        image: &str,
+        size: u64,
+    ) -> Result<u64, StoreError> {
+        let spec = if namespace.is_empty() {
+            format!("{pool}/{image}")
+        } else {
+            format!("{pool}/{namespace}/{image}")
+        };
+        let mut sizes = self.sizes.lock().unwrap_or_else(|e| e.into_inner());
+        let old = sizes.get(&spec).copied().unwrap_or(1 << 30);
+        if size <= old {
+            return Err(refuse_shrink(spec, old, size));
+        }
+        sizes.insert(spec, size);
+        Ok(old)
     }
 
     fn image_exists(&self, pool: &str, namespace: &str, image: &str) -> Result<bool, StoreError> {

@@ -255,6 +255,34 @@ async fn admin_requests_and_their_refusals() {
     })
     .await
     .expect("move");
+    // Resize: grow only, whole blocks, known namespaces.
+    let resize = |nsid, size_bytes| proto::NamespaceResizeRequest {
+        subsystem_nqn: NQN.into(),
+        nsid,
+        size_bytes,
+    };
+    assert_eq!(
+        a.namespace_resize(resize(1, 1 << 20))
+            .await
+            .err()
+            .map(|s| s.code()),
+        Some(Code::InvalidArgument)
+    );
+    assert_eq!(
+        a.namespace_resize(resize(1, (2 << 30) + 1))
+            .await
+            .err()
+            .map(|s| s.code()),
+        Some(Code::InvalidArgument)
+    );
+    assert_eq!(
+        a.namespace_resize(resize(7, 2 << 30))
+            .await
+            .err()
+            .map(|s| s.code()),
+        Some(Code::NotFound)
+    );
+    a.namespace_resize(resize(1, 2 << 30)).await.expect("grow");
     let show = a.ana_show(proto::Empty {}).await.expect("ana").into_inner();
     let g2 = show
         .groups

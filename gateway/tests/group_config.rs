@@ -287,6 +287,41 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
         .await
         .expect("write ns 2");
 
+    // Resize through the admin API: grow only; the host sees the new size.
+    let shrink = admin
+        .namespace_resize(proto::NamespaceResizeRequest {
+            subsystem_nqn: SUBNQN.into(),
+            nsid: 2,
+            size_bytes: 8 << 20,
+        })
+        .await;
+    assert_eq!(
+        shrink.err().map(|s| s.code()),
+        Some(tonic::Code::InvalidArgument)
+    );
+    admin
+        .namespace_resize(proto::NamespaceResizeRequest {
+            subsystem_nqn: SUBNQN.into(),
+            nsid: 2,
+            size_bytes: 32 << 20,
+        })
+        .await
+        .expect("grow");
+    let started = Instant::now();
+    while h_admin
+        .identify_namespace(2)
+        .await
+        .expect("identify")
+        .nsze()
+        != (32 << 20) / 512
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the host never saw the new size"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     // Restart: everything comes back from RADOS.
     drop(h_io);
     drop(h_admin);

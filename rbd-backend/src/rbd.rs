@@ -540,6 +540,20 @@ impl PoolAdmin {
             })
     }
 
+    /// The size of an image in bytes (opens it briefly).
+    pub fn image_size(&self, name: &str) -> Result<u64, RbdError> {
+        let image = ffi::Image::open(&self.ioctx, name).map_err(|source| RbdError::Image {
+            what: "rbd_open",
+            image: format!("{}/{name}", self.pool),
+            source,
+        })?;
+        image.size().map_err(|source| RbdError::Image {
+            what: "rbd_get_size",
+            image: format!("{}/{name}", self.pool),
+            source,
+        })
+    }
+
     /// Resizes through a separate handle, as `rbd resize` from elsewhere would.
     pub fn resize_image(&self, name: &str, size: u64) -> Result<(), RbdError> {
         let err = |what| {

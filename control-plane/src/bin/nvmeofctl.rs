@@ -116,10 +116,40 @@ enum NamespaceCmd {
         #[arg(long)]
         ana_group: u32,
     },
+    /// Grows the namespace's RBD image (hosts are told).
+    Resize {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        nsid: u32,
+        /// New size: bytes or with a unit (512MiB, 2GiB, 1TiB).
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+    },
     List {
         #[arg(long, short = 'n', default_value = "")]
         subsystem: String,
     },
+}
+
+/// "4096", "512MiB", "2GiB", "1TiB" (also K/M/G/T and KB/MB/GB/TB as powers of two).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (e.g. 2GiB)"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("{text:?}: unknown unit (use KiB, MiB, GiB or TiB)")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -385,6 +415,21 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             .map_err(refused)?
             .into_inner(),
         ),
+        Cmd::Namespace(NamespaceCmd::Resize {
+            subsystem,
+            nsid,
+            size,
+        }) => done(
+            out,
+            c.namespace_resize(proto::NamespaceResizeRequest {
+                subsystem_nqn: subsystem,
+                nsid,
+                size_bytes: size,
+            })
+            .await
+            .map_err(refused)?
+            .into_inner(),
+        ),
         Cmd::Namespace(NamespaceCmd::List { subsystem }) => {
             let r = c
                 .namespace_list(proto::NamespaceListRequest {
@@ -592,5 +637,21 @@ fn listener(a: ListenerArgs) -> proto::Listener {
         transport: a.transport,
         address: a.address,
         port: a.port,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_with_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("1 TiB"), Ok(1 << 40));
+        assert!(parse_size("2GB?").is_err());
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
     }
 }
