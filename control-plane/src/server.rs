@@ -444,6 +444,7 @@ impl ControlPlane {
                 })
                 .collect(),
             wait_for_osdmap: true,
+            group_listeners: st.listeners.iter().map(listener_proto).collect(),
         })
     }
 

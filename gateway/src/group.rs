@@ -24,7 +24,7 @@ use control_plane::proto::{Assignment, Beacon, JoinRequest};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::config::{Config, NamespaceConfig, SubsystemConfig};
-use crate::core::Target;
+use crate::core::{ListenerInfo, Target, TransportType};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
 
@@ -251,6 +251,7 @@ async fn assignment_loop(
                         Ok(Some(a)) => {
                             if let Some(config) = &settings.config {
                                 apply_config(&target, config, &a).await;
+                                apply_listeners(&target, &a);
                             }
                             apply(&target, &a).await;
                             applied.store(a.version, Ordering::SeqCst);
@@ -266,6 +267,41 @@ async fn assignment_loop(
             Err(s) => tracing::debug!(control_plane = %addr, "join: {}", s.message()),
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Adds every gateway's listeners of an assignment to this gateway's discovery log (once each;
+/// port IDs from 0x8000 up, clear of the local listeners' 1..).
+pub fn apply_listeners(target: &Target, a: &Assignment) {
+    let known = target.listeners();
+    let mut all: Vec<(TransportType, String, u16)> = a
+        .group_listeners
+        .iter()
+        .filter_map(|l| {
+            let transport = match l.transport.as_str() {
+                "tcp" => TransportType::Tcp,
+                "rdma" => TransportType::Rdma,
+                _ => return None,
+            };
+            Some((transport, l.address.clone(), u16::try_from(l.port).ok()?))
+        })
+        .collect();
+    all.sort_by(|a, b| (a.1.as_str(), a.2).cmp(&(b.1.as_str(), b.2)));
+    all.dedup();
+    for (i, (transport, address, port)) in all.into_iter().enumerate() {
+        if known
+            .iter()
+            .any(|k| k.transport == transport && k.address == address && k.port == port)
+        {
+            continue;
+        }
+        tracing::info!(%address, port, "group listener added to the discovery log");
+        target.add_listener(ListenerInfo {
+            transport,
+            address,
+            port,
+            port_id: 0x8000u16.saturating_add(u16::try_from(i).unwrap_or(u16::MAX)),
+        });
     }
 }
 

@@ -322,6 +322,50 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // Listeners registered for the group (this gateway's and another's) are all in this
+    // gateway's discovery log.
+    for (gw, port) in [("gw1", port), ("gw2", 4999)] {
+        admin
+            .listener_add(proto::Listener {
+                subsystem_nqn: SUBNQN.into(),
+                gateway: gw.into(),
+                transport: "tcp".into(),
+                address: "127.0.0.1".into(),
+                port: u32::from(port),
+            })
+            .await
+            .expect("listener");
+    }
+    let started = Instant::now();
+    loop {
+        let d = HostConnection::connect(
+            format!("127.0.0.1:{port}").as_str(),
+            HostOptions::new(HOSTNQN),
+        )
+        .await
+        .expect("discovery connection");
+        d.connect_admin("nqn.2014-08.org.nvmexpress.discovery", 30_000)
+            .await
+            .expect("discovery connect");
+        d.enable_controller().await.expect("enable");
+        let log = d.discovery_log().await.expect("discovery log");
+        let ports: Vec<String> = log
+            .entries
+            .iter()
+            .filter(|e| e.subnqn == SUBNQN)
+            .map(|e| e.trsvcid.trim().to_string())
+            .collect();
+        if ports.contains(&port.to_string()) && ports.contains(&"4999".to_string()) {
+            assert_eq!(ports.len(), 2, "{ports:?}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "discovery log ports {ports:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // Restart: everything comes back from RADOS.
     drop(h_io);
     drop(h_admin);
