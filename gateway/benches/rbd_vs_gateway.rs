@@ -336,7 +336,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 }
 
 /// One side's result for one workload.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Side {
     iops: f64,
     mean_us: f64,
@@ -346,18 +346,20 @@ struct Side {
     cpu_us_per_io: f64,
 }
 
+/// Median of `v` (0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 impl Side {
     /// Field by field median of several runs.
     fn median(runs: &[Side]) -> Side {
-        let med = |f: fn(&Side) -> f64| {
-            let mut v: Vec<f64> = runs.iter().map(f).collect();
-            v.sort_by(f64::total_cmp);
-            match v.len() {
-                0 => 0.0,
-                n if n % 2 == 1 => v[n / 2],
-                n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-            }
-        };
+        let med = |f: fn(&Side) -> f64| median(runs.iter().map(f).collect());
         Side {
             iops: med(|s| s.iops),
             mean_us: med(|s| s.mean_us),
@@ -703,7 +705,19 @@ fn main() {
                 g.iops / d.iops.max(1.0)
             );
         }
-        rows.push((w, Side::median(&ds), Side::median(&gs)));
+        // Paired figures (gateway vs the direct run just before it) are robust to drift.
+        let paired =
+            |f: fn(&Side, &Side) -> f64| median(ds.iter().zip(&gs).map(|(d, g)| f(d, g)).collect());
+        let ratio = paired(|d, g| g.iops / d.iops.max(1.0));
+        let added_mean = paired(|d, g| g.mean_us - d.mean_us);
+        let added_mean_pct = paired(|d, g| (g.mean_us / d.mean_us.max(1e-9) - 1.0) * 100.0);
+        let added_p50 = paired(|d, g| g.p50_us - d.p50_us);
+        rows.push((
+            w,
+            Side::median(&ds),
+            Side::median(&gs),
+            [ratio, added_mean, added_mean_pct, added_p50],
+        ));
     }
 
     println!(
@@ -717,7 +731,7 @@ fn main() {
             .map_or_else(|| "default".to_string(), |n| n.to_string()),
     );
     println!(
-        "median of {} alternating runs of {:.0} s (after {:.0} s ramp); latency = submission to completion; us/IO = CPU (user + system) of the process running librbd (fio incl. its start and ramp, or the gateway) per I/O",
+        "medians of {} alternating runs of {:.0} s (after {:.0} s ramp); ratio and added latency: medians of the per-run pairs (gateway vs the direct run just before); latency = submission to completion; us/IO = CPU (user + system) of the process running librbd (fio incl. its start and ramp, or the gateway) per I/O",
         args.repeat, args.seconds, args.ramp
     );
     println!(
@@ -735,7 +749,7 @@ fn main() {
         "added mean us",
         "added p50 us",
     );
-    for (w, d, g) in &rows {
+    for (w, d, g, [ratio, added_mean, added_mean_pct, added_p50]) in &rows {
         println!(
             "{:<18} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} | {:>6.2} | {:>7.1} ({:>+6.1}%) {:>12.1}",
             w.name,
@@ -747,10 +761,10 @@ fn main() {
             g.p50_us,
             g.p99_us,
             g.cpu_us_per_io,
-            g.iops / d.iops.max(1.0),
-            g.mean_us - d.mean_us,
-            (g.mean_us / d.mean_us.max(1e-9) - 1.0) * 100.0,
-            g.p50_us - d.p50_us,
+            ratio,
+            added_mean,
+            added_mean_pct,
+            added_p50,
         );
     }
     drop(gateway);
