@@ -305,11 +305,51 @@ pub fn apply_listeners(target: &Target, a: &Assignment) {
     }
 }
 
+/// Namespaces whose ANA group the control plane changed (`nvmeofctl namespace move`): the
+/// namespace is re-registered with the new group (same device) and hosts are told (Namespace
+/// Attribute Changed: they re-read ANAGRPID). A group new to the subsystem starts
+/// inaccessible; [`apply`] sets the pushed state right after.
+pub fn move_namespaces(target: &Target, a: &Assignment) {
+    for n in &a.namespaces {
+        let Some(sub) = target.subsystem(&n.subsystem_nqn) else {
+            continue;
+        };
+        let Some(ns) = sub.namespace(n.nsid) else {
+            continue;
+        };
+        if ns.ana_group == n.ana_group || n.ana_group == 0 {
+            continue;
+        }
+        if !sub.ana_groups().iter().any(|(g, _)| *g == n.ana_group) {
+            sub.set_ana_state(n.ana_group, ana::INACCESSIBLE);
+        }
+        let moved = Arc::new(crate::core::Namespace {
+            nsid: ns.nsid,
+            device: ns.device.clone(),
+            lba_shift: ns.lba_shift,
+            nguid: ns.nguid,
+            uuid: ns.uuid,
+            ana_group: n.ana_group,
+            read_only: ns.read_only,
+        });
+        tracing::info!(
+            nqn = %n.subsystem_nqn,
+            nsid = n.nsid,
+            from = ns.ana_group,
+            to = n.ana_group,
+            "namespace moved to another ANA group"
+        );
+        sub.add_namespace(moved);
+        sub.notify_namespace_changed(n.nsid);
+    }
+}
+
 /// Adds the subsystems and namespaces of an assignment that this gateway does not serve yet
 /// (opening their RBD images off the runtime). Nothing is removed or changed: subsystems and
 /// namespaces from the gateway's own file stay, and a pushed namespace whose NSID is taken is
 /// left out. New ANA groups start inaccessible; [`apply`] then sets the pushed states.
 pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
+    move_namespaces(target, a);
     let mut wanted = Vec::new();
     for s in &a.subsystems {
         let existing = target.subsystem(&s.nqn);

@@ -1,6 +1,8 @@
 //! Configuration from the control plane: a gateway whose file has no subsystem at all serves
 //! what the admin API put in RADOS, picks up a namespace added later (the host sees it after
-//! the Namespace Attribute Changed event), and serves it all again after a restart.
+//! the Namespace Attribute Changed event), a resize, a namespace moved to another gateway's
+//! ANA group (and back to optimized here once that gateway is fenced), the group's listeners
+//! in its discovery log, and serves it all again after a restart.
 //!
 //! Needs a cluster, so it is `#[ignore]`d in a plain `cargo test`; run it with
 //! `bash rbd-backend/tests/ceph-tests.sh` or by hand:
@@ -322,6 +324,79 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // A second gateway (a gRPC client beaconing like one) owns group 2; namespace 2 moves
+    // there: on gw1 its ANAGRPID becomes 2 and its path inaccessible. When the second
+    // gateway goes silent it is fenced and group 2 becomes optimized on gw1.
+    let fake_addr = format!("127.0.0.1:0/{}", 800_000 + port as u32);
+    let beacons = {
+        let mut g = control_plane::proto::gateway_control_client::GatewayControlClient::new(
+            tonic::transport::Channel::from_shared(format!("http://{cp_addr}"))
+                .expect("url")
+                .connect()
+                .await
+                .expect("control plane"),
+        );
+        let fake_addr = fake_addr.clone();
+        tokio::spawn(async move {
+            loop {
+                let _ = g
+                    .send_beacon(proto::Beacon {
+                        gateway: "gw2".into(),
+                        ana_group: 2,
+                        incarnation: 99,
+                        client_addrs: vec![fake_addr.clone()],
+                        applied_version: u64::MAX,
+                    })
+                    .await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let started = Instant::now();
+    loop {
+        let r = admin
+            .namespace_move(proto::NamespaceMoveRequest {
+                subsystem_nqn: SUBNQN.into(),
+                nsid: 2,
+                ana_group: 2,
+            })
+            .await;
+        match r {
+            Ok(_) => break,
+            Err(s)
+                if s.code() == tonic::Code::NotFound
+                    && started.elapsed() < Duration::from_secs(10) =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(s) => panic!("move: {s}"),
+        }
+    }
+    let started = Instant::now();
+    loop {
+        let raw = h_admin.identify_namespace(2).await.expect("identify").raw;
+        if u32::from_le_bytes([raw[92], raw[93], raw[94], raw[95]]) == 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "ANAGRPID never 2"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        h_io.write(2, 0, data.clone(), 512).await.is_err(),
+        "gw1 wrote namespace 2 while its group is on gw2"
+    );
+    beacons.abort();
+    wait_optimized(&h_admin, 2).await;
+    h_io.write(2, 0, data.clone(), 512)
+        .await
+        .expect("write ns 2 after gw2 was fenced");
+    let _ = Command::new("ceph")
+        .args(["osd", "blocklist", "rm", &fake_addr])
+        .output();
+
     // Listeners registered for the group (this gateway's and another's) are all in this
     // gateway's discovery log.
     for (gw, port) in [("gw1", port), ("gw2", 4999)] {
@@ -374,6 +449,8 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
     let (h_admin, h_io) = connect(port).await;
     wait_for_namespaces(&h_admin, &[1, 2]).await;
     wait_optimized(&h_admin, 1).await;
+    // Group 2 stayed with gw1 (gw2 is fenced), as stored in RADOS.
+    wait_optimized(&h_admin, 2).await;
     assert_eq!(h_io.read(1, 0, 8, 512).await.expect("read ns 1"), data);
     assert_eq!(h_io.read(2, 0, 8, 512).await.expect("read ns 2"), data);
 
