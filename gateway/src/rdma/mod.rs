@@ -9,9 +9,16 @@
 //!   its resources, accepts or rejects with the spec's codes, routes CM events.
 //!
 //! Completions are event-driven: each queue pair's completion channel fd is registered with
-//! tokio (`AsyncFd`); a wake-up takes the channel events, re-arms the CQ, and polls a budget
-//! of completions, so an idle connection costs nothing and a busy one makes one `read` of the
-//! channel per batch of completions rather than per completion.
+//! tokio (`AsyncFd`); a wake-up takes the channel's event (one `read`), re-arms the CQ, and
+//! polls up to a budget of completions (256, then it yields and polls again without waiting
+//! for the fd); the responses of a wake-up go out as one chained `ibv_post_send`. An idle
+//! connection costs nothing and a busy one pays the wake-up per batch, not per completion.
+//! Measured in the QEMU guest over Soft-RoCE (`tests/vm/e2e-rdma.sh`, 4K random reads at
+//! QD16): ~9-11 I/Os per wake-up, 0.44 gateway system calls per I/O (per wake-up:
+//! `epoll_wait`, the channel `read`, and with rxe an `ioctl` for the re-arm and a `write`
+//! doorbell per post, both of which mlx5 does in user space), 0.1% of a core for an idle
+//! connected controller. Polling threads were not chosen: they would spend a core per
+//! worker when idle and, on this 2-core machine, take it from the host and librbd.
 
 pub mod connection;
 pub mod server;
