@@ -60,6 +60,8 @@ pub struct ControlPlane {
     live: Mutex<Option<GroupMap>>,
     /// The leader's last persisted map, to write only changes.
     persisted: Mutex<Vec<u8>>,
+    /// Host connections per gateway, from the last beacon this replica received.
+    connections: Mutex<std::collections::BTreeMap<String, Vec<proto::Connection>>>,
 }
 
 fn status(e: StoreError) -> Status {
@@ -120,6 +122,7 @@ impl ControlPlane {
             lease_until: Mutex::new(None),
             live: Mutex::new(None),
             persisted: Mutex::new(Vec::new()),
+            connections: Mutex::new(std::collections::BTreeMap::new()),
         });
         // Re-read on every notify, off the librados thread.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
@@ -454,6 +457,15 @@ impl ControlPlane {
         }
         let name = b.gateway.clone();
         let now = self.now_ms();
+        // Every replica keeps the connections it hears about (gateways beacon them all).
+        let mut conns = b.connections.clone();
+        for c in &mut conns {
+            c.gateway = name.clone();
+        }
+        self.connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.clone(), conns);
         self.feed(Event::Beacon {
             gateway: b.gateway,
             ana_group: b.ana_group,
@@ -796,6 +808,24 @@ impl proto::admin_server::Admin for AdminService {
                 String::new()
             },
         }))
+    }
+
+    async fn connection_list(
+        &self,
+        r: Request<proto::ConnectionListRequest>,
+    ) -> Result<Response<proto::ConnectionListReply>, Status> {
+        let nqn = r.into_inner().subsystem_nqn;
+        let connections = self
+            .0
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .flatten()
+            .filter(|c| nqn.is_empty() || c.subsystem_nqn == nqn)
+            .cloned()
+            .collect();
+        Ok(Response::new(proto::ConnectionListReply { connections }))
     }
 
     async fn ana_show(

@@ -77,6 +77,15 @@ async fn beacon(c: &mut GatewayControlClient<Channel>, gw: &str, group: u32, epo
         incarnation: u64::from(group),
         client_addrs: vec![format!("127.0.0.1:0/{group}")],
         applied_version: epoch,
+        connections: vec![proto::Connection {
+            gateway: String::new(),
+            subsystem_nqn: NQN.into(),
+            host_nqn: format!(
+                "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-00000000000{group}"
+            ),
+            cntlid: group * 2040 - 2039,
+            io_queues: 4,
+        }],
     })
     .await
     .expect("beacon");
@@ -388,6 +397,26 @@ async fn nvmeofctl_prints_tables_json_and_exit_codes() {
     assert_eq!(rc, 0);
     let v: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(v["subsystems"][0]["nqn"], NQN);
+    // Gateways, their info and the connections they report.
+    let mut g = GatewayControlClient::new(channel(&f.addr).await);
+    beacon(&mut g, "gw1", 1, 0).await;
+    beacon(&mut g, "gw2", 2, 0).await;
+    let (rc, out, _) = ctl(&["gateway", "info", "--name", "gw2"]);
+    assert_eq!(rc, 0);
+    assert!(out.contains("ANA group    2"), "{out}");
+    assert!(out.contains("optimized"), "{out}");
+    let (rc, _, err) = ctl(&["gateway", "info", "--name", "gw9"]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("gw9 not found"), "{err}");
+    let (rc, out, _) = ctl(&["-o", "json", "connection", "list"]);
+    assert_eq!(rc, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["connections"].as_array().map(Vec::len), Some(2), "{out}");
+    assert_eq!(v["connections"][1]["gateway"], "gw2");
+    assert_eq!(v["connections"][1]["cntlid"], 2041);
+    let (rc, out, _) = ctl(&["connection", "list", "-n", "nqn.2016-06.io.test:other"]);
+    assert_eq!(rc, 0);
+    assert!(out.contains("(none)"), "{out}");
     let (rc, _, _) = ctl(&["subsystem", "frobnicate"]);
     assert_eq!(rc, 2);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nvmeofctl"))

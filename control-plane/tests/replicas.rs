@@ -122,6 +122,7 @@ fn beacons(gw: &'static str, group: u32, addrs: Vec<String>) -> tokio::task::Joi
                         incarnation: 7,
                         client_addrs: vec![format!("127.0.0.1:0/{}", 900_000 + group)],
                         applied_version: 0,
+                        connections: vec![],
                     })
                     .await;
             }

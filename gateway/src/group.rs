@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use control_plane::proto::gateway_control_client::GatewayControlClient;
-use control_plane::proto::{Assignment, Beacon, JoinRequest};
+use control_plane::proto::{Assignment, Beacon, Connection, JoinRequest};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::config::{Config, NamespaceConfig, SubsystemConfig};
@@ -124,6 +124,7 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         "joining the gateway group"
     );
     let beacons = tokio::spawn(beacon_loop(
+        target.clone(),
         settings.clone(),
         channels.clone(),
         incarnation,
@@ -143,7 +144,31 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
     }
 }
 
+/// The host controllers of every NVM subsystem, for the beacon.
+fn connections(target: &Target) -> Vec<Connection> {
+    let mut out = Vec::new();
+    for s in target.subsystems() {
+        if s.is_discovery() {
+            continue;
+        }
+        for c in s.controllers() {
+            if c.is_torn_down() {
+                continue;
+            }
+            out.push(Connection {
+                gateway: String::new(),
+                subsystem_nqn: s.nqn().to_string(),
+                host_nqn: c.hostnqn.clone(),
+                cntlid: u32::from(c.cntlid),
+                io_queues: u32::from(c.io_queues_granted()),
+            });
+        }
+    }
+    out
+}
+
 async fn beacon_loop(
+    target: Arc<Target>,
     settings: GroupSettings,
     channels: Vec<(String, Channel)>,
     incarnation: u64,
@@ -165,6 +190,7 @@ async fn beacon_loop(
             incarnation,
             client_addrs: addrs,
             applied_version: applied.load(Ordering::SeqCst),
+            connections: connections(&target),
         };
         let sends = channels.iter().map(|(addr, ch)| {
             let mut client = GatewayControlClient::new(ch.clone());

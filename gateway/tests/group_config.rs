@@ -268,6 +268,26 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
     let (h_admin, h_io) = connect(port).await;
     wait_for_namespaces(&h_admin, &[1]).await;
     wait_optimized(&h_admin, 1).await;
+    // The gateway reports the host's controller in its beacons.
+    let started = Instant::now();
+    loop {
+        let c = admin
+            .connection_list(proto::ConnectionListRequest::default())
+            .await
+            .expect("connections")
+            .into_inner();
+        if c.connections
+            .iter()
+            .any(|c| c.gateway == "gw1" && c.host_nqn == HOSTNQN && c.cntlid >= 1)
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "connection not reported: {c:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
     h_io.write(1, 0, data.clone(), 512)
         .await
@@ -346,6 +366,7 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
                         incarnation: 99,
                         client_addrs: vec![fake_addr.clone()],
                         applied_version: u64::MAX,
+                        connections: vec![],
                     })
                     .await;
                 tokio::time::sleep(Duration::from_millis(200)).await;

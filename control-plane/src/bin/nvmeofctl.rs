@@ -54,6 +54,9 @@ enum Cmd {
     /// Gateways of the group.
     #[command(subcommand)]
     Gateway(GatewayCmd),
+    /// Host connections, as the gateways report them.
+    #[command(subcommand)]
+    Connection(ConnectionCmd),
     /// ANA groups and states.
     #[command(subcommand)]
     Ana(AnaCmd),
@@ -199,6 +202,19 @@ enum HostCmd {
 #[derive(Debug, Subcommand)]
 enum GatewayCmd {
     List,
+    /// One gateway: state, addresses and the ANA state it reports for every group.
+    Info {
+        #[arg(long)]
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConnectionCmd {
+    List {
+        #[arg(long, short = 'n', default_value = "")]
+        subsystem: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -583,6 +599,73 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         println!("(answered by a replica that does not lead: no beacon times)");
                     }
                 }
+            }
+        }
+        Cmd::Gateway(GatewayCmd::Info { name }) => {
+            let gws = c
+                .gateway_list(proto::Empty {})
+                .await
+                .map_err(refused)?
+                .into_inner();
+            let Some(g) = gws.gateways.into_iter().find(|g| g.name == name) else {
+                return Err(Failure::Refused(tonic::Status::not_found(format!(
+                    "gateway {name} not found"
+                ))));
+            };
+            let ana = c
+                .ana_show(proto::Empty {})
+                .await
+                .map_err(refused)?
+                .into_inner();
+            let states: Vec<&proto::GatewayAnaState> =
+                ana.states.iter().filter(|s| s.gateway == name).collect();
+            match out {
+                Output::Json => json(&serde_json::json!({ "gateway": g, "ana_states": states })),
+                Output::Table => {
+                    println!("gateway      {}", g.name);
+                    println!("ANA group    {}", g.ana_group);
+                    println!("state        {}", g.availability);
+                    println!("controllers  {}-{}", g.cntlid_min, g.cntlid_max);
+                    if !gws.leader.is_empty() {
+                        println!("last beacon  {} ms ago", g.last_beacon_ms_ago);
+                    }
+                    println!("clients      {}", g.client_addrs.join(" "));
+                    println!();
+                    table(
+                        &["ANA GROUP", "STATE"],
+                        states
+                            .iter()
+                            .map(|s| vec![s.ana_group.to_string(), ana_name(s.state)])
+                            .collect(),
+                    );
+                }
+            }
+        }
+        Cmd::Connection(ConnectionCmd::List { subsystem }) => {
+            let r = c
+                .connection_list(proto::ConnectionListRequest {
+                    subsystem_nqn: subsystem,
+                })
+                .await
+                .map_err(refused)?
+                .into_inner();
+            match out {
+                Output::Json => json(&r),
+                Output::Table => table(
+                    &["GATEWAY", "SUBSYSTEM", "HOST", "CNTLID", "IO QUEUES"],
+                    r.connections
+                        .iter()
+                        .map(|c| {
+                            vec![
+                                c.gateway.clone(),
+                                c.subsystem_nqn.clone(),
+                                c.host_nqn.clone(),
+                                c.cntlid.to_string(),
+                                c.io_queues.to_string(),
+                            ]
+                        })
+                        .collect(),
+                ),
             }
         }
         Cmd::Ana(AnaCmd::Show) => {
