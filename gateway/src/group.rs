@@ -279,8 +279,11 @@ async fn assignment_loop(
                                 apply_config(&target, config, &a).await;
                                 apply_listeners(&target, &a);
                             }
-                            apply(&target, &a).await;
-                            applied.store(a.version, Ordering::SeqCst);
+                            // Acknowledged only when every state is in force (a failback
+                            // drain waits for this).
+                            if apply(&target, &a).await {
+                                applied.store(a.version, Ordering::SeqCst);
+                            }
                         }
                         Ok(None) => break,
                         Err(s) => {
@@ -470,8 +473,10 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
 }
 
 /// Applies one assignment's ANA states to every NVM subsystem: first every group leaving
-/// optimized, then (after refreshing the osdmap) every group becoming optimized.
-pub async fn apply(target: &Target, a: &Assignment) {
+/// optimized, then (after refreshing the osdmap) every group becoming optimized. Returns
+/// whether all of them are in force (false: the osdmap could not be refreshed, the groups to
+/// promote stay as they were).
+pub async fn apply(target: &Target, a: &Assignment) -> bool {
     let subsystems: Vec<_> = target
         .subsystems()
         .into_iter()
@@ -504,7 +509,7 @@ pub async fn apply(target: &Target, a: &Assignment) {
         }
     }
     if promote.is_empty() {
-        return;
+        return true;
     }
     if a.wait_for_osdmap {
         let started = std::time::Instant::now();
@@ -521,11 +526,11 @@ pub async fn apply(target: &Target, a: &Assignment) {
                 tracing::error!(
                     "cannot refresh the osdmap ({e}); groups {promote:?} stay as they are"
                 );
-                return;
+                return false;
             }
             Err(e) => {
                 tracing::error!("osdmap refresh task failed: {e}");
-                return;
+                return false;
             }
         }
     }
@@ -535,6 +540,7 @@ pub async fn apply(target: &Target, a: &Assignment) {
             s.set_ana_state(g, ana::OPTIMIZED);
         }
     }
+    true
 }
 
 #[cfg(test)]
