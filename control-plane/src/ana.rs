@@ -128,6 +128,10 @@ pub struct GatewayEntry {
     pub fenced_incarnation: Option<u64>,
     /// The map epoch whose ANA states the gateway last reported applied.
     pub applied_epoch: u64,
+    /// Announced that it is shutting down: its groups move away (drain, fence, then
+    /// optimized elsewhere) and it takes none over. Cleared by a new incarnation.
+    #[serde(default)]
+    pub leaving: bool,
     /// Not persisted: a new leader starts every gateway's grace at its first tick.
     #[serde(skip)]
     pub last_beacon_ms: Option<u64>,
@@ -211,6 +215,11 @@ pub enum Event {
     FenceFailed {
         fence: u64,
     },
+    /// The gateway is shutting down (planned): move its groups away first.
+    Leave {
+        gateway: String,
+        now_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,6 +262,8 @@ pub enum MapError {
     NoFreeGroup,
     #[error("unknown fence {0}")]
     UnknownFence(u64),
+    #[error("unknown gateway {0}")]
+    UnknownGateway(String),
 }
 
 /// The group's gateways and ANA groups. Serialisable: the leader persists it in RADOS.
@@ -280,6 +291,17 @@ impl GroupMap {
         self.gateways
             .get(gateway)
             .is_some_and(|g| g.availability == Availability::Available)
+    }
+
+    /// Available and not leaving: may take groups.
+    fn can_take(&self, gateway: &str) -> bool {
+        self.gateways
+            .get(gateway)
+            .is_some_and(|g| g.availability == Availability::Available && !g.leaving)
+    }
+
+    fn leaving(&self, gateway: &str) -> bool {
+        self.gateways.get(gateway).is_some_and(|g| g.leaving)
     }
 
     /// The ANA state `gateway` reports for `group`.
@@ -310,7 +332,7 @@ impl GroupMap {
     fn held_counts(&self) -> BTreeMap<&str, usize> {
         let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
         for g in self.gateways.values() {
-            if g.availability == Availability::Available {
+            if g.availability == Availability::Available && !g.leaving {
                 counts.insert(&g.name, 0);
             }
         }
@@ -326,7 +348,7 @@ impl GroupMap {
     /// available gateway holding the fewest groups (ties: name order).
     fn takeover_target(&self, group: u32, exclude: &str) -> Option<String> {
         let grp = self.groups.get(&group)?;
-        if grp.owner != exclude && self.available(&grp.owner) {
+        if grp.owner != exclude && self.can_take(&grp.owner) {
             return Some(grp.owner.clone());
         }
         self.held_counts()
@@ -382,6 +404,17 @@ impl GroupMap {
             Event::Tick { now_ms } => self.tick(now_ms, &mut actions),
             Event::Fenced { fence } => self.fenced(fence, &mut actions)?,
             Event::FenceFailed { fence } => self.fence_failed(fence, &mut actions)?,
+            Event::Leave { gateway, now_ms } => {
+                let gw = self
+                    .gateways
+                    .get_mut(&gateway)
+                    .ok_or_else(|| MapError::UnknownGateway(gateway.clone()))?;
+                if !gw.leaving {
+                    tracing::info!(gateway = %gateway, "gateway leaving: moving its groups away");
+                    gw.leaving = true;
+                }
+                self.advance(now_ms, &mut actions);
+            }
         }
         Ok(actions)
     }
@@ -431,6 +464,7 @@ impl GroupMap {
                     availability: Availability::Available,
                     fenced_incarnation: None,
                     applied_epoch: 0,
+                    leaving: false,
                     last_beacon_ms: Some(now_ms),
                     available_since_ms: Some(now_ms),
                 },
@@ -454,6 +488,7 @@ impl GroupMap {
         if gw.incarnation != incarnation {
             gw.incarnation = incarnation;
             gw.applied_epoch = applied_epoch;
+            gw.leaving = false;
         }
         gw.addrs = addrs;
         let became_available = match gw.availability {
@@ -509,6 +544,20 @@ impl GroupMap {
                 Phase::Active => {
                     if !holder_ok {
                         self.start_failover(id, actions);
+                    } else if self.leaving(&grp.holder) {
+                        // Planned move: drain on the leaving holder, fence it, then optimized
+                        // on the target (the same steps as a failback).
+                        if let Some(to) = self.takeover_target(id, &grp.holder) {
+                            tracing::info!(group = id, from = %grp.holder, to = %to, "planned move: draining");
+                            self.set_phase(
+                                id,
+                                Phase::FailbackDraining {
+                                    to,
+                                    epoch: self.epoch + 1,
+                                },
+                            );
+                            self.bump(actions);
+                        }
                     } else if grp.owner != grp.holder && self.owner_ready(&grp.owner, now_ms) {
                         // Failback: drain on the survivor first.
                         self.set_phase(
@@ -539,8 +588,8 @@ impl GroupMap {
                 Phase::FailbackDraining { to, epoch } => {
                     if !holder_ok {
                         self.start_failover(id, actions);
-                    } else if !self.available(&to) {
-                        tracing::info!(group = id, owner = %to, "failback cancelled: owner gone");
+                    } else if !self.can_take(&to) {
+                        tracing::info!(group = id, to = %to, "move cancelled: its target is gone");
                         self.set_phase(id, Phase::Active);
                         self.bump(actions);
                     } else if self
@@ -556,14 +605,27 @@ impl GroupMap {
                                 fence,
                             },
                         );
-                        // The holder's clients are shared by its groups until librados
-                        // contexts are sharded per group: nothing group-specific to fence.
+                        // A leaving holder is fenced whole (it is going away). Otherwise its
+                        // clients are shared by its groups until librados contexts are
+                        // sharded per group: nothing group-specific to fence yet.
+                        let leaving = self.leaving(&grp.holder);
                         actions.push(Action::Fence {
                             fence,
                             group: id,
                             gateway: grp.holder.clone(),
-                            addrs: Vec::new(),
-                            scope: FenceScope::Group,
+                            addrs: if leaving {
+                                self.gateways
+                                    .get(&grp.holder)
+                                    .map(|g| g.addrs.clone())
+                                    .unwrap_or_default()
+                            } else {
+                                Vec::new()
+                            },
+                            scope: if leaving {
+                                FenceScope::Gateway
+                            } else {
+                                FenceScope::Group
+                            },
                         });
                     }
                 }
@@ -579,6 +641,7 @@ impl GroupMap {
     fn owner_ready(&self, owner: &str, now_ms: u64) -> bool {
         self.gateways.get(owner).is_some_and(|g| {
             g.availability == Availability::Available
+                && !g.leaving
                 && g.available_since_ms
                     .is_some_and(|t| now_ms.saturating_sub(t) >= self.timing.failback_delay_ms)
         })
@@ -673,7 +736,14 @@ impl GroupMap {
                 }
             }
             Phase::FailbackWaitFence { to, .. } => {
-                if self.available(&to) {
+                if self.leaving(&grp.holder) {
+                    if let Some(gw) = self.gateways.get_mut(&grp.holder) {
+                        gw.availability = Availability::Fenced;
+                        gw.fenced_incarnation = Some(gw.incarnation);
+                        gw.available_since_ms = None;
+                    }
+                }
+                if self.can_take(&to) {
                     self.give(id, to, actions);
                 } else {
                     // The owner left meanwhile; the survivor's context for the group is fenced,
@@ -707,6 +777,13 @@ impl GroupMap {
         };
         let (addrs, scope) = match grp.phase {
             Phase::FailoverWaitFence { .. } => (
+                self.gateways
+                    .get(&grp.holder)
+                    .map(|g| g.addrs.clone())
+                    .unwrap_or_default(),
+                FenceScope::Gateway,
+            ),
+            _ if self.leaving(&grp.holder) => (
                 self.gateways
                     .get(&grp.holder)
                     .map(|g| g.addrs.clone())

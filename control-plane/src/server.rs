@@ -880,6 +880,39 @@ impl proto::gateway_control_server::GatewayControl for GatewayService {
         Ok(Response::new(self.0.beacon(r.into_inner()).await?))
     }
 
+    async fn leave(
+        &self,
+        r: Request<proto::LeaveRequest>,
+    ) -> Result<Response<proto::BeaconReply>, Status> {
+        let r = r.into_inner();
+        let current = self
+            .0
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|m| m.gateways.get(&r.gateway).map(|g| g.incarnation));
+        if current != Some(r.incarnation) {
+            return Err(Status::failed_precondition(format!(
+                "gateway {} incarnation {} is not the registered one",
+                r.gateway, r.incarnation
+            )));
+        }
+        let now = self.0.now_ms();
+        self.0
+            .feed(Event::Leave {
+                gateway: r.gateway.clone(),
+                now_ms: now,
+            })
+            .await?;
+        tracing::info!(gateway = %r.gateway, "gateway leaving (planned)");
+        Ok(Response::new(proto::BeaconReply {
+            ana_group: 0,
+            leader: self.0.id.clone(),
+            fenced: false,
+        }))
+    }
+
     type JoinStream = AssignmentStream;
 
     async fn join(

@@ -47,6 +47,8 @@ pub struct GroupAgent {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     applied: Arc<AtomicU64>,
     pub incarnation: u64,
+    gateway: String,
+    channels: Vec<(String, Channel)>,
 }
 
 impl Drop for GroupAgent {
@@ -58,6 +60,58 @@ impl Drop for GroupAgent {
 }
 
 impl GroupAgent {
+    /// A planned shutdown: asks the control plane to move this gateway's groups away (drain,
+    /// fence, optimized elsewhere) and waits until no group is optimized or changing here,
+    /// at most `timeout` (a group nobody can take stays until then).
+    pub async fn leave(&self, target: &Target, timeout: Duration) {
+        let started = std::time::Instant::now();
+        let mut asked = false;
+        for (addr, ch) in &self.channels {
+            let mut c = GatewayControlClient::new(ch.clone());
+            match c
+                .leave(control_plane::proto::LeaveRequest {
+                    gateway: self.gateway.clone(),
+                    incarnation: self.incarnation,
+                })
+                .await
+            {
+                Ok(_) => asked = true,
+                Err(s) => tracing::debug!(control_plane = %addr, "leave: {}", s.message()),
+            }
+        }
+        if !asked {
+            tracing::warn!(
+                "no control plane took the leave request: stopping without moving groups"
+            );
+            return;
+        }
+        let serving = || {
+            target
+                .subsystems()
+                .iter()
+                .filter(|s| !s.is_discovery())
+                .flat_map(|s| s.ana_groups())
+                .filter(|(_, st)| *st == ana::OPTIMIZED || *st == ana::CHANGE)
+                .map(|(g, _)| g)
+                .collect::<std::collections::BTreeSet<u32>>()
+        };
+        loop {
+            let left = serving();
+            if left.is_empty() {
+                tracing::info!(
+                    ms = started.elapsed().as_millis() as u64,
+                    "groups moved away; stopping"
+                );
+                return;
+            }
+            if started.elapsed() >= timeout {
+                tracing::warn!(groups = ?left, "groups still served here after the leave timeout; stopping anyway");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The epoch of the last assignment applied (0: none yet).
     pub fn applied_epoch(&self) -> u64 {
         self.applied.load(Ordering::SeqCst)
@@ -130,10 +184,11 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         incarnation,
         applied.clone(),
     ));
+    let gateway = settings.gateway.clone();
     let assignments = tokio::spawn(assignment_loop(
         target,
         settings,
-        channels,
+        channels.clone(),
         incarnation,
         applied.clone(),
     ));
@@ -141,6 +196,8 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         tasks: vec![beacons, assignments],
         applied,
         incarnation,
+        gateway,
+        channels,
     }
 }
 

@@ -108,6 +108,10 @@ async fn serve(config: Config) -> Result<(), String> {
         );
     }
     wait_for_signal().await;
+    if let Some(agent) = &_group {
+        // Planned: let the group move this gateway's ANA groups away before connections close.
+        agent.leave(&target, Duration::from_secs(10)).await;
+    }
     tracing::info!("shutting down: closing connections");
     let _ = shutdown_tx.send(true);
     while servers.join_next().await.is_some() {}

@@ -491,7 +491,45 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         ms[ms.len() - 1],
         ms
     );
-    let gw1_addrs = fenced_addrs;
+    let mut gw1_addrs = fenced_addrs;
+
+    // Planned shutdown (SIGTERM) of the owner: it asks the control plane to move group 1
+    // (drain, fence, optimized on gw2) before it closes its connections, and exits 0.
+    gw1_addrs.extend(
+        cp.state()
+            .map
+            .and_then(|m| m.gateways.get("gw1").map(|g| g.addrs.clone()))
+            .unwrap_or_default(),
+    );
+    let stopping = Instant::now();
+    gw1.signal("-TERM");
+    wait_for_states(&h2.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(15)).await;
+    let moved = stopping.elapsed();
+    h2.io
+        .write(1, 0, pattern(30), BLOCK)
+        .await
+        .expect("write via gw2 after the planned move");
+    let exited = loop {
+        if let Some(status) = gw1.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            stopping.elapsed() < Duration::from_secs(20),
+            "gw1 did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exited.success(), "gw1 exited with {exited}");
+    eprintln!(
+        "planned move (SIGTERM): group 1 optimized on gw2 {} ms after the signal, gw1 exited after {} ms",
+        moved.as_millis(),
+        stopping.elapsed().as_millis()
+    );
+    let log = std::fs::read_to_string(&gw1.log).unwrap_or_default();
+    assert!(
+        log.contains("groups moved away"),
+        "gw1 did not wait for the move"
+    );
 
     // Clean up: processes, blocklist entries, images, state object.
     drop(h1);

@@ -384,6 +384,74 @@ fn failback_is_cancelled_when_the_owner_dies_while_draining() {
 }
 
 #[test]
+fn a_leaving_gateway_drains_is_fenced_and_its_group_moves() {
+    let mut s = two_gateways();
+    s.now += 100;
+    let epoch = s.map.epoch;
+    let a = s
+        .event(Event::Leave {
+            gateway: "gw1".into(),
+            now_ms: s.now,
+        })
+        .expect("leave");
+    assert!(a.contains(&Action::Push {
+        gateway: "gw1".into()
+    }));
+    assert_eq!(s.state("gw1", 1), AnaState::Change);
+    assert_eq!(s.state("gw2", 1), AnaState::Inaccessible);
+    // Nothing is fenced before gw1 applied the drain ...
+    s.event(Event::Beacon {
+        gateway: "gw1".into(),
+        ana_group: 1,
+        incarnation: 11,
+        addrs: vec!["127.0.0.1:0/11".into()],
+        applied_epoch: epoch,
+        now_ms: s.now,
+    })
+    .expect("beacon");
+    assert!(s.fences.is_empty());
+    // ... then gw1 is fenced whole (it is going away) and group 1 moves to gw2.
+    let a = s.beacon("gw1", 1, 11);
+    assert!(
+        matches!(a.as_slice(), [Action::Fence { gateway, group: 1, scope: FenceScope::Gateway, addrs, .. }] if gateway == "gw1" && addrs == &vec!["127.0.0.1:0/11".to_string()]),
+        "{a:?}"
+    );
+    s.complete_fence();
+    assert_eq!(s.state("gw2", 1), AnaState::Optimized);
+    assert_eq!(s.state("gw2", 2), AnaState::Optimized);
+    assert_eq!(s.map.gateways["gw1"].availability, Availability::Fenced);
+    // It restarts: failback as usual.
+    s.now += 100;
+    s.beacon("gw1", 1, 12);
+    assert!(!s.map.gateways["gw1"].leaving);
+    s.now += DELAY;
+    s.beacon("gw1", 1, 12);
+    s.beacon("gw2", 2, 22);
+    s.complete_fence();
+    assert_eq!(s.state("gw1", 1), AnaState::Optimized);
+}
+
+#[test]
+fn a_leaving_gateway_takes_nothing_over_and_keeps_its_group_without_a_target() {
+    let mut s = Sim::new();
+    s.beacon("gw1", 1, 1);
+    s.event(Event::Leave {
+        gateway: "gw1".into(),
+        now_ms: 0,
+    })
+    .expect("leave");
+    // No one to move to: it keeps serving.
+    assert_eq!(s.state("gw1", 1), AnaState::Optimized);
+    assert_eq!(
+        s.event(Event::Leave {
+            gateway: "nobody".into(),
+            now_ms: 0
+        }),
+        Err(MapError::UnknownGateway("nobody".into()))
+    );
+}
+
+#[test]
 fn the_only_gateway_dying_orphans_its_group_and_gets_it_back_unfenced() {
     let mut s = Sim::new();
     s.beacon("gw1", 1, 1);
@@ -485,6 +553,8 @@ fn random_run(seed: u64) -> (GroupMap, Vec<Action>) {
     let names = ["gw1", "gw2", "gw3"];
     let mut alive = [true; 3];
     let mut inc = [100u64, 200, 300];
+    // Rounds a leaving gateway still runs before it exits.
+    let mut leaving = [0u32; 3];
     for (i, n) in names.iter().enumerate() {
         s.beacon(n, i as u32 + 1, inc[i]);
     }
@@ -496,6 +566,17 @@ fn random_run(seed: u64) -> (GroupMap, Vec<Action>) {
                 alive[i] = !alive[i];
                 if alive[i] && rng.below(2) == 0 {
                     inc[i] += 1; // restarted rather than resumed
+                }
+            }
+            3 => {
+                // A planned shutdown: the gateway leaves, then stops (and later restarts).
+                let i = rng.below(3) as usize;
+                if alive[i] {
+                    let _ = s.event(Event::Leave {
+                        gateway: names[i].into(),
+                        now_ms: s.now,
+                    });
+                    leaving[i] = 8;
                 }
             }
             1 | 2 if !s.fences.is_empty() => {
@@ -511,6 +592,13 @@ fn random_run(seed: u64) -> (GroupMap, Vec<Action>) {
             _ => {}
         }
         for i in 0..3 {
+            if leaving[i] > 0 {
+                leaving[i] -= 1;
+                if leaving[i] == 0 {
+                    alive[i] = false;
+                    inc[i] += 1; // it exits; it restarts as a new process
+                }
+            }
             if alive[i] {
                 s.beacon(names[i], i as u32 + 1, inc[i]);
             }
@@ -525,7 +613,8 @@ fn random_run(seed: u64) -> (GroupMap, Vec<Action>) {
             s.complete_fence();
         }
         for (i, n) in names.iter().enumerate() {
-            if s.map.gateways[*n].availability == Availability::Fenced {
+            if s.map.gateways[*n].availability == Availability::Fenced || s.map.gateways[*n].leaving
+            {
                 inc[i] += 1;
             }
             s.beacon(n, i as u32 + 1, inc[i]);
