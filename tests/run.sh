@@ -16,6 +16,8 @@
 #             when missing), the RbdDevice tests and the gateway's RBD end-to-end tests against it
 #   e2e-vm    tests/vm/run-in-vm.sh -t 900 -w target/vm-logs tests/vm/e2e-tcp.sh target/release/nvmeof-gateway
 #             (the real Linux NVMe/TCP initiator in a QEMU/TCG guest against our gateway)
+#   e2e-rdma  tests/vm/e2e-rdma.sh in the VM: Soft-RoCE (rdma_rxe), the gateway inside the guest,
+#             the Linux nvme-rdma initiator (fio verify, ext4, bad connect requests, counters)
 #   e2e-rbd   tests/vm/e2e-rbd.sh target/release/nvmeof-gateway: a micro Ceph and the gateway on
 #             the host, the Linux initiator in the VM (rbd export byte compare, rbd resize seen,
 #             discard/write-zeroes, OSD killed for 10 s under fio verify, missing image)
@@ -66,7 +68,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy test build ceph e2e-vm e2e-rbd fuzz)
+ALL_STAGES=(deps fmt clippy test build ceph e2e-vm e2e-rbd e2e-rdma fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -143,6 +145,24 @@ e2e_rbd() {
   return $rc
 }
 
+e2e_rdma() {
+  local probe=$TARGET_DIR/release/examples/cm_probe
+  [ -x "$GATEWAY_BIN" ] || { echo "no gateway binary at $GATEWAY_BIN"; return 1; }
+  [ -x "$probe" ] || { echo "no rdma_cm probe at $probe"; return 1; }
+  mkdir -p "$TARGET_DIR/vm-logs"
+  echo "+ tests/vm/run-in-vm.sh -t $E2E_TIMEOUT -w $TARGET_DIR/vm-logs tests/vm/e2e-rdma.sh $GATEWAY_BIN $probe"
+  E2E_LOG_DIR=$TARGET_DIR/vm-logs tests/vm/run-in-vm.sh -t "$E2E_TIMEOUT" -w "$TARGET_DIR/vm-logs" \
+    -e E2E_LOG_DIR tests/vm/e2e-rdma.sh "$GATEWAY_BIN" "$probe"
+  local rc=$?
+  echo "(logs: $TARGET_DIR/vm-logs/e2e-rdma/)"
+  return $rc
+}
+
+# The gateway, and the rdma_cm probe that e2e-rdma uses to send malformed connect requests.
+build_release() {
+  cargo build --release -p nvmeof-gateway && cargo build --release -p rdma-transport --example cm_probe
+}
+
 # ----------------------------------------------------------------- fuzz --
 SKIP_REASON=""
 FUZZ_CARGO=()
@@ -187,7 +207,7 @@ stage deps deps
 stage fmt cargo fmt --all -- --check
 stage clippy cargo clippy --workspace --all-targets -- -D warnings
 stage test cargo test --workspace
-stage build cargo build --release -p nvmeof-gateway
+stage build build_release
 if [ $QUICK = 1 ]; then skipped ceph "--quick"
 else stage ceph bash rbd-backend/tests/ceph-tests.sh; fi
 
@@ -196,6 +216,9 @@ else stage e2e-vm e2e_vm; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-rbd "--quick"
 else stage e2e-rbd e2e_rbd; fi
+
+if [ $QUICK = 1 ]; then skipped e2e-rdma "--quick"
+else stage e2e-rdma e2e_rdma; fi
 
 if [ $FUZZ = 0 ]; then skipped fuzz "$([ $QUICK = 1 ] && echo --quick || echo --no-fuzz)"
 elif [ ! -d "$FUZZ_DIR/fuzz" ]; then skipped fuzz "no $FUZZ_DIR/fuzz directory"

@@ -12,6 +12,7 @@ PKGS=(
   cpio kmod         # building the initramfs, resolving module dependencies
   nvme-cli fio      # initiator tooling + I/O verification
   e2fsprogs iproute2 python3
+  rdma-core ibverbs-providers libibverbs1 librdmacm1 ibverbs-utils  # Soft-RoCE (rxe) for e2e-rdma.sh
 )
 need=()
 for p in "${PKGS[@]}"; do
