@@ -24,6 +24,7 @@ use rdma_transport::{
     WorkCompletion,
 };
 use tokio::sync::{mpsc, watch, Notify};
+use tracing::Instrument;
 
 use super::{rdma_caps, stats, Device, IN_CAPSULE_DATA_SIZE};
 use crate::core::command::SQE_LEN;
@@ -222,9 +223,14 @@ impl RdmaConnection {
     }
 
     /// Serves the queue pair until the host disconnects, a fatal error, or `shutdown`.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self, shutdown: watch::Receiver<bool>) {
+        // Attached to the future rather than entered across awaits, so log lines of one queue
+        // pair never carry another's span.
         let span = tracing::info_span!("nvme-rdma", peer = %self.peer, cntlid = tracing::field::Empty, qid = tracing::field::Empty);
-        let _enter = span.enter();
+        self.serve(shutdown, span.clone()).instrument(span).await
+    }
+
+    async fn serve(mut self, mut shutdown: watch::Receiver<bool>, span: tracing::Span) {
         let fd = match self.channel.async_fd() {
             Ok(fd) => fd,
             Err(e) => {
