@@ -9,7 +9,10 @@
 //! | `subsystem/<nqn>` | JSON [`SubsystemEntry`] |
 //! | `namespace/<nqn>/<nsid, 10 digits>` | JSON [`NamespaceEntry`] |
 //! | `listener/<nqn>/<gateway>/<transport>/<address>/<port>` | JSON [`ListenerEntry`] |
-//! | `host/<nqn>/<host nqn>` | empty |
+//! | `host/<nqn>/<host nqn>` | JSON `[nqn, host nqn]` |
+//!
+//! Key parts are escaped (`%` → `%25`, `/` → `%2F`): NQNs may contain `/`. Items are decoded
+//! from their values, never from their keys.
 //! | `groupmap` | JSON [`GroupMap`] (written by the leader) |
 //!
 //! Everything here is pure: no I/O.
@@ -208,11 +211,10 @@ impl GroupState {
                 let l: ListenerEntry =
                     serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?;
                 st.listeners.insert(l);
-            } else if let Some(rest) = k.strip_prefix("host/") {
-                let (nqn, host) = rest
-                    .split_once('/')
-                    .ok_or_else(|| corrupt(k, "no host part".into()))?;
-                st.hosts.insert((nqn.to_string(), host.to_string()));
+            } else if k.starts_with("host/") {
+                let (nqn, host): (String, String) =
+                    serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?;
+                st.hosts.insert((nqn, host));
             }
         }
         Ok(st)
@@ -222,11 +224,11 @@ impl GroupState {
     pub fn to_omap(&self) -> Omap {
         let mut m = Omap::new();
         for s in self.subsystems.values() {
-            m.insert(format!("subsystem/{}", s.nqn), json(s));
+            m.insert(format!("subsystem/{}", key_part(&s.nqn)), json(s));
         }
         for n in self.namespaces.values() {
             m.insert(
-                format!("namespace/{}/{:010}", n.subsystem_nqn, n.nsid),
+                format!("namespace/{}/{:010}", key_part(&n.subsystem_nqn), n.nsid),
                 json(n),
             );
         }
@@ -234,7 +236,10 @@ impl GroupState {
             m.insert(listener_key(l), json(l));
         }
         for (nqn, host) in &self.hosts {
-            m.insert(format!("host/{nqn}/{host}"), Vec::new());
+            m.insert(
+                format!("host/{}/{}", key_part(nqn), key_part(host)),
+                json(&(nqn, host)),
+            );
         }
         if let Some(map) = &self.map {
             m.insert("groupmap".into(), json(map));
@@ -506,8 +511,17 @@ pub fn image_spec(ns: &NamespaceEntry) -> String {
 fn listener_key(l: &ListenerEntry) -> String {
     format!(
         "listener/{}/{}/{}/{}/{}",
-        l.subsystem_nqn, l.gateway, l.transport, l.address, l.port
+        key_part(&l.subsystem_nqn),
+        key_part(&l.gateway),
+        key_part(&l.transport),
+        key_part(&l.address),
+        l.port
     )
+}
+
+/// One component of an omap key: `%` and `/` escaped, so components never run together.
+fn key_part(s: &str) -> String {
+    s.replace('%', "%25").replace('/', "%2F")
 }
 
 #[cfg(test)]
@@ -725,6 +739,20 @@ mod tests {
         assert!(set[0].0.starts_with("namespace/"));
         assert_eq!(remove.len(), 1);
         assert!(remove[0].starts_with("host/"));
+        // NQNs with '/' (allowed by the spec) neither break decoding nor collide.
+        let mut slashes = GroupState::default();
+        let (a, b) = ("nqn.2016-06.io.test:x/y", "nqn.2016-06.io.test:x");
+        slashes.add_subsystem(a, "", false, 0).expect("a");
+        slashes.add_subsystem(b, "", false, 0).expect("b");
+        slashes
+            .add_host(a, "nqn.2016-06.io.test:h")
+            .expect("host a");
+        slashes
+            .add_host(b, "nqn.2016-06.io.test:y/nqn.2016-06.io.test:h")
+            .expect("host b");
+        let back = GroupState::from_omap(&slashes.to_omap()).expect("decode");
+        assert_eq!(back.hosts, slashes.hosts);
+        assert_eq!(back.hosts.len(), 2);
         let mut bad = Omap::new();
         bad.insert("subsystem/x".into(), b"{".to_vec());
         assert!(matches!(
