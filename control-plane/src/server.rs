@@ -883,7 +883,7 @@ impl proto::gateway_control_server::GatewayControl for GatewayService {
     async fn leave(
         &self,
         r: Request<proto::LeaveRequest>,
-    ) -> Result<Response<proto::BeaconReply>, Status> {
+    ) -> Result<Response<proto::LeaveReply>, Status> {
         let r = r.into_inner();
         let current = self
             .0
@@ -905,12 +905,22 @@ impl proto::gateway_control_server::GatewayControl for GatewayService {
                 now_ms: now,
             })
             .await?;
-        tracing::info!(gateway = %r.gateway, "gateway leaving (planned)");
-        Ok(Response::new(proto::BeaconReply {
-            ana_group: 0,
-            leader: self.0.id.clone(),
-            fenced: false,
-        }))
+        let moving: Vec<u32> = self
+            .0
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|m| {
+                m.groups
+                    .values()
+                    .filter(|g| g.holder == r.gateway && g.phase != ana::Phase::Active)
+                    .map(|g| g.id)
+                    .collect()
+            })
+            .unwrap_or_default();
+        tracing::info!(gateway = %r.gateway, ?moving, "gateway leaving (planned)");
+        Ok(Response::new(proto::LeaveReply { moving }))
     }
 
     type JoinStream = AssignmentStream;

@@ -65,7 +65,7 @@ impl GroupAgent {
     /// at most `timeout` (a group nobody can take stays until then).
     pub async fn leave(&self, target: &Target, timeout: Duration) {
         let started = std::time::Instant::now();
-        let mut asked = false;
+        let mut moving = None;
         for (addr, ch) in &self.channels {
             let mut c = GatewayControlClient::new(ch.clone());
             match c
@@ -75,23 +75,33 @@ impl GroupAgent {
                 })
                 .await
             {
-                Ok(_) => asked = true,
+                Ok(r) => {
+                    moving = Some(r.into_inner().moving);
+                    break;
+                }
                 Err(s) => tracing::debug!(control_plane = %addr, "leave: {}", s.message()),
             }
         }
-        if !asked {
+        let Some(moving) = moving else {
             tracing::warn!(
                 "no control plane took the leave request: stopping without moving groups"
             );
             return;
+        };
+        if moving.is_empty() {
+            tracing::info!("no group to move away; stopping");
+            return;
         }
+        tracing::info!(groups = ?moving, "waiting for the groups to move away");
         let serving = || {
             target
                 .subsystems()
                 .iter()
                 .filter(|s| !s.is_discovery())
                 .flat_map(|s| s.ana_groups())
-                .filter(|(_, st)| *st == ana::OPTIMIZED || *st == ana::CHANGE)
+                .filter(|(g, st)| {
+                    moving.contains(g) && (*st == ana::OPTIMIZED || *st == ana::CHANGE)
+                })
                 .map(|(g, _)| g)
                 .collect::<std::collections::BTreeSet<u32>>()
         };
