@@ -6,5 +6,6 @@ pub mod events;
 pub mod group;
 pub mod host;
 pub mod rdma;
+pub mod signals;
 pub mod spec;
 pub mod tcp;

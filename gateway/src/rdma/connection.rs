@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rbd_backend::{IoBuf, IoCompletion, IoDone};
@@ -23,14 +23,15 @@ use rdma_transport::{
     BufferPool, CmEventKind, CmId, CompletionChannel, CompletionQueue, Lent, Remote, WcOpcode,
     WorkCompletion,
 };
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use super::{rdma_caps, stats, Device, IN_CAPSULE_DATA_SIZE};
 use crate::core::command::SQE_LEN;
 use crate::core::{
-    Action, BufferSource, Command, Completion, Queue, QueueNotifier, Status, Target, TeardownReason,
+    Action, BufferSource, Command, Completion, Queue, Status, Target, TeardownReason,
 };
+use crate::signals::QueueSignals;
 use crate::spec::{sc, sgl};
 
 /// Completions handled per wake-up before yielding to other tasks.
@@ -47,29 +48,6 @@ const TAG_SEND: u64 = 3;
 
 fn tag(kind: u64, value: u64) -> u64 {
     (kind << TAG_SHIFT) | value
-}
-
-/// Device completions and controller wake-ups for one queue pair.
-#[derive(Default)]
-struct Signals {
-    completed: Mutex<Vec<IoDone>>,
-    notify: Notify,
-}
-
-impl IoCompletion for Signals {
-    fn complete(&self, done: IoDone) {
-        self.completed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(done);
-        self.notify.notify_one();
-    }
-}
-
-impl QueueNotifier for Signals {
-    fn wake(&self) {
-        self.notify.notify_one();
-    }
 }
 
 /// The core's buffers: registered memory from the pool. A buffer reserved for the command
@@ -125,7 +103,9 @@ pub struct RdmaConnection {
     channel: Arc<CompletionChannel>,
     device: Arc<Device>,
     queue: Queue,
-    signals: Arc<Signals>,
+    signals: Arc<QueueSignals>,
+    /// Completions taken from `signals`, kept to reuse its allocation.
+    completed: Vec<IoDone>,
     completion_sink: Arc<dyn IoCompletion>,
     events: mpsc::UnboundedReceiver<CmEventKind>,
     stash: Arc<Mutex<Option<Vec<u8>>>>,
@@ -157,12 +137,7 @@ impl RdmaConnection {
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|| "unknown".into());
-        let signals = Arc::new(Signals::default());
-        let notifier: Weak<dyn QueueNotifier> = {
-            let strong: Arc<dyn QueueNotifier> = signals.clone();
-            Arc::downgrade(&strong)
-        };
-        let completion_sink: Arc<dyn IoCompletion> = signals.clone();
+        let (signals, completion_sink, notifier) = QueueSignals::new();
         let stash = Arc::new(Mutex::new(None));
         let mut queue = Queue::new(target, rdma_caps(), notifier);
         queue.set_buffer_source(Box::new(PoolSource {
@@ -178,6 +153,7 @@ impl RdmaConnection {
             device,
             queue,
             signals,
+            completed: Vec::new(),
             completion_sink,
             events,
             stash,
@@ -635,20 +611,17 @@ impl RdmaConnection {
     fn drain_completions(&mut self) -> Flow {
         let mut flow = Flow::Continue;
         loop {
-            let done: Vec<IoDone> = std::mem::take(
-                &mut *self
-                    .signals
-                    .completed
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()),
-            );
+            let mut done = std::mem::take(&mut self.completed);
+            self.signals.take_completed(&mut done);
             if done.is_empty() {
+                self.completed = done;
                 break;
             }
             let mut actions = std::mem::take(&mut self.actions);
-            for d in done {
+            for d in done.drain(..) {
                 self.queue.complete_io(d, &mut actions);
             }
+            self.completed = done;
             if let Flow::Close = self.run_actions(&mut actions) {
                 flow = Flow::Close;
             }
@@ -712,13 +685,8 @@ impl RdmaConnection {
         // Wait for the device to finish what it started: its buffers belong to the pool.
         let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
         while self.queue.in_flight() > 0 && tokio::time::Instant::now() < deadline {
-            let done: Vec<IoDone> = std::mem::take(
-                &mut *self
-                    .signals
-                    .completed
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()),
-            );
+            let mut done = Vec::new();
+            self.signals.take_completed(&mut done);
             if done.is_empty() {
                 let _ = tokio::time::timeout(
                     Duration::from_millis(100),

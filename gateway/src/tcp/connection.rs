@@ -8,13 +8,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rbd_backend::{IoBuf, IoCompletion, IoDone};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::pdu::{
@@ -23,9 +23,9 @@ use super::pdu::{
 };
 use crate::core::command::SQE_LEN;
 use crate::core::{
-    Action, Command, Completion, Queue, QueueNotifier, Status, Target, TeardownReason,
-    TransportCaps,
+    Action, Command, Completion, Queue, Status, Target, TeardownReason, TransportCaps,
 };
+use crate::signals::QueueSignals;
 use crate::spec::sc;
 
 /// Bytes of data a command capsule may carry on I/O and admin queues.
@@ -41,30 +41,6 @@ pub fn tcp_caps() -> TransportCaps {
     TransportCaps {
         in_capsule_data_size: IN_CAPSULE_DATA_SIZE,
         keyed_sgls: false,
-    }
-}
-
-/// Device completions and controller wake-ups for one connection, shared with devices
-/// (which may complete on their own threads) and with the controller.
-#[derive(Default)]
-struct Signals {
-    completed: Mutex<Vec<IoDone>>,
-    notify: Notify,
-}
-
-impl IoCompletion for Signals {
-    fn complete(&self, done: IoDone) {
-        self.completed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(done);
-        self.notify.notify_one();
-    }
-}
-
-impl QueueNotifier for Signals {
-    fn wake(&self) {
-        self.notify.notify_one();
     }
 }
 
@@ -116,7 +92,9 @@ pub struct Connection {
     stream: TcpStream,
     peer: String,
     queue: Queue,
-    signals: Arc<Signals>,
+    signals: Arc<QueueSignals>,
+    /// Completions taken from `signals`, kept to reuse its allocation.
+    completed: Vec<IoDone>,
     completion_sink: Arc<dyn IoCompletion>,
     decoder: PduDecoder,
     encoder: PduEncoder,
@@ -136,19 +114,15 @@ impl Connection {
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "unknown".into());
         let _ = stream.set_nodelay(true);
-        let signals = Arc::new(Signals::default());
-        let notifier: Weak<dyn QueueNotifier> = {
-            let strong: Arc<dyn QueueNotifier> = signals.clone();
-            Arc::downgrade(&strong)
-        };
+        let (signals, completion_sink, notifier) = QueueSignals::new();
         let mut cfg = DecoderConfig::new(Role::Target);
         cfg.max_pdu_len = MAX_H2C_DATA + 4096;
-        let completion_sink: Arc<dyn IoCompletion> = signals.clone();
         Self {
             stream,
             peer,
             queue: Queue::new(target, tcp_caps(), notifier),
             signals,
+            completed: Vec::new(),
             completion_sink,
             decoder: PduDecoder::new(cfg),
             encoder: PduEncoder::new(false, false, 0),
@@ -535,20 +509,17 @@ impl Connection {
     fn drain_completions(&mut self) -> Flow {
         let mut flow = Flow::Continue;
         loop {
-            let done: Vec<IoDone> = std::mem::take(
-                &mut *self
-                    .signals
-                    .completed
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()),
-            );
+            let mut done = std::mem::take(&mut self.completed);
+            self.signals.take_completed(&mut done);
             if done.is_empty() {
+                self.completed = done;
                 break;
             }
             let mut actions = std::mem::take(&mut self.actions);
-            for d in done {
+            for d in done.drain(..) {
                 self.queue.complete_io(d, &mut actions);
             }
+            self.completed = done;
             if let Flow::Close = self.run_actions(&mut actions) {
                 flow = Flow::Close;
             }
