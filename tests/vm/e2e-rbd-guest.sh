@@ -48,33 +48,8 @@ mkdir -p "$LOGDIR"
 # --ctrl-loss-tmo: a broken target fails a step within a minute instead of hanging for 10 min
 COPTS=(-t tcp -a "$ADDR" -s "$PORT" --ctrl-loss-tmo=60 --reconnect-delay=1)
 
-now() { local u _; read -r u _ < /proc/uptime; echo "$u"; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}'; }
-T_ALL=$(now)
-PASS=0 FAIL=0 RESULTS=()
-say() { echo "    $*"; }
-step() { # NAME DESCRIPTION cmd...
-  local name=$1 desc=$2; shift 2
-  local t0 rc dt
-  echo "=== [$name] $desc"
-  t0=$(now)
-  "$@"
-  rc=$?
-  dt=$(since "$t0")
-  if [ $rc -eq 0 ]; then
-    echo "PASS [$name] (${dt}s)"
-    PASS=$((PASS + 1)); RESULTS+=("$(printf 'PASS  %-28s %8ss' "$name" "$dt")")
-  else
-    echo "FAIL [$name] rc=$rc (${dt}s): $desc"
-    FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  %-28s %8ss  rc=%s' "$name" "$dt" "$rc")")
-    dmesg | grep -iE 'nvme' | tail -n 8 | sed 's/^/    dmesg: /'
-  fi
-  return $rc
-}
-skip() {
-  echo "FAIL [$1] not run: $2"
-  FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  %-28s %8s   not run: %s' "$1" - "$2")")
-}
+. "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+on_step_failure() { dmesg | grep -iE 'nvme' | tail -n 8 | sed 's/^/    dmesg: /'; }
 
 # ask SECONDS WORDS...: a request to the host (see e2e-rbd.sh); prints the answer, returns 0 on "ok"
 REQ=0

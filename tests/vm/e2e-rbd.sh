@@ -50,32 +50,9 @@ MISSING=e2e-missing
 export NO_COLOR=1
 exec 3>&1  # the terminal, for progress lines printed while an answer is being written
 
-now() { echo "${EPOCHREALTIME}"; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}'; }
-say() { echo "    $*"; }
-T_ALL=$(now)
-PASS=0 FAIL=0 RESULTS=()
-step() { # NAME DESCRIPTION cmd...
-  local name=$1 desc=$2; shift 2
-  local t0 rc dt
-  echo "=== [host:$name] $desc"
-  t0=$(now)
-  "$@"
-  rc=$?
-  dt=$(since "$t0")
-  if [ $rc -eq 0 ]; then
-    echo "PASS [host:$name] (${dt}s)"
-    PASS=$((PASS + 1)); RESULTS+=("$(printf 'PASS  host:%-26s %8ss' "$name" "$dt")")
-  else
-    echo "FAIL [host:$name] rc=$rc (${dt}s): $desc"
-    FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  host:%-26s %8ss  rc=%s' "$name" "$dt" "$rc")")
-  fi
-  return $rc
-}
-skip() {
-  echo "FAIL [host:$1] not run: $2"
-  FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  host:%-26s %8s   not run: %s' "$1" - "$2")")
-}
+# shellcheck disable=SC2034  # read by steps.sh
+STEP_PREFIX=host:
+. "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 
 # ------------------------------------------------------------- cleanup --
 WORK="" CEPHDIR="" GWPID="" VMPID=""

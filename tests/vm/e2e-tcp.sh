@@ -59,42 +59,18 @@ mkdir -p "$LOGDIR" 2>/dev/null && rm -f "$LOGDIR"/* 2>/dev/null
 # connect options: fail fast instead of retrying for 10 min if the target breaks
 COPTS=(-t tcp -a "$ADDR" -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1)
 
-now() { local u _; read -r u _ < /proc/uptime; echo "$u"; }
-T_ALL=$(now)
-PASS=0 FAIL=0 RESULTS=()
 GWPID=""
+. "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 
 gwlog_tail() { # n: tail of the gateway log (current run)
   [ -s "$GWLOG" ] || return 0
   echo "    --- gateway log (last ${1} lines of $GWLOG) ---"
   tail -n "$1" "$GWLOG" | sed 's/\x1b\[[0-9;]*m//g; s/^/    | /'
 }
-# step NAME DESCRIPTION cmd... : run, time, record PASS/FAIL; returns cmd's status
-step() {
-  local name=$1 desc=$2; shift 2
-  local t0 rc dt
-  echo "=== [$name] $desc"
-  t0=$(now)
-  "$@"
-  rc=$?
-  dt=$(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}')
-  if [ $rc -eq 0 ]; then
-    echo "PASS [$name] (${dt}s)"
-    PASS=$((PASS + 1)); RESULTS+=("$(printf 'PASS  %-28s %8ss' "$name" "$dt")")
-  else
-    echo "FAIL [$name] rc=$rc (${dt}s): $desc"
-    FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  %-28s %8ss  rc=%s' "$name" "$dt" "$rc")")
-    gwlog_tail 15
-    dmesg | grep -iE 'nvme|nvmet' | tail -n 8 | sed 's/^/    dmesg: /'
-  fi
-  return $rc
+on_step_failure() {
+  gwlog_tail 15
+  dmesg | grep -iE 'nvme|nvmet' | tail -n 8 | sed 's/^/    dmesg: /'
 }
-# skip NAME REASON: a step that could not run because an earlier one failed
-skip() {
-  echo "FAIL [$1] not run: $2"
-  FAIL=$((FAIL + 1)); RESULTS+=("$(printf 'FAIL  %-28s %8s   not run: %s' "$1" - "$2")")
-}
-say() { echo "    $*"; }
 
 # ---------------------------------------------------------------- target --
 write_config() {
