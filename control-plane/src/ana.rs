@@ -121,8 +121,13 @@ pub struct GatewayEntry {
     pub name: String,
     pub ana_group: u32,
     pub incarnation: u64,
-    /// librados client addresses (`rados_getaddrs`) last reported.
+    /// librados client addresses (`rados_getaddrs`) last reported: the whole gateway.
     pub addrs: Vec<String>,
+    /// The addresses per ANA group, when the gateway shards its connections per group (each
+    /// group's images use clients of their own): a fence of one group blocklists only these.
+    /// None: not reported (every fence blocklists `addrs`).
+    #[serde(default)]
+    pub group_addrs: Option<BTreeMap<u32, Vec<String>>>,
     pub availability: Availability,
     /// The incarnation that was fenced; beacons carrying it do not make the gateway available.
     pub fenced_incarnation: Option<u64>,
@@ -200,6 +205,8 @@ pub enum Event {
         ana_group: u32,
         incarnation: u64,
         addrs: Vec<String>,
+        /// The addresses per ANA group (see [`GatewayEntry::group_addrs`]).
+        group_addrs: Option<BTreeMap<u32, Vec<String>>>,
         applied_epoch: u64,
         now_ms: u64,
     },
@@ -224,9 +231,9 @@ pub enum Event {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FenceScope {
-    /// The whole gateway is dead: every client address it reported.
+    /// Every client address the gateway reported (it does not report them per group).
     Gateway,
-    /// Only the gateway's context for one group (failback of a live survivor).
+    /// Only the gateway's clients for one group: its other groups keep working there.
     Group,
 }
 
@@ -390,13 +397,14 @@ impl GroupMap {
                 ana_group,
                 incarnation,
                 addrs,
+                group_addrs,
                 applied_epoch,
                 now_ms,
             } => self.beacon(
                 gateway,
                 ana_group,
                 incarnation,
-                addrs,
+                (addrs, group_addrs),
                 applied_epoch,
                 now_ms,
                 &mut actions,
@@ -425,7 +433,7 @@ impl GroupMap {
         gateway: String,
         ana_group: u32,
         incarnation: u64,
-        addrs: Vec<String>,
+        (addrs, group_addrs): (Vec<String>, Option<BTreeMap<u32, Vec<String>>>),
         applied_epoch: u64,
         now_ms: u64,
         actions: &mut Vec<Action>,
@@ -461,6 +469,7 @@ impl GroupMap {
                     ana_group: group,
                     incarnation,
                     addrs: addrs.clone(),
+                    group_addrs: group_addrs.clone(),
                     availability: Availability::Available,
                     fenced_incarnation: None,
                     applied_epoch: 0,
@@ -491,6 +500,7 @@ impl GroupMap {
             gw.leaving = false;
         }
         gw.addrs = addrs;
+        gw.group_addrs = group_addrs;
         let became_available = match gw.availability {
             Availability::Available => false,
             Availability::Unavailable => true,
@@ -605,27 +615,18 @@ impl GroupMap {
                                 fence,
                             },
                         );
-                        // A leaving holder is fenced whole (it is going away). Otherwise its
-                        // clients are shared by its groups until librados contexts are
-                        // sharded per group: nothing group-specific to fence yet.
+                        // The holder's clients for this group only (its other groups keep
+                        // working there); a holder that does not report them per group:
+                        // nothing if it stays (its clients serve its own group too), all of
+                        // them if it is leaving.
                         let leaving = self.leaving(&grp.holder);
+                        let (addrs, scope) = self.fence_addrs(&grp.holder, id, leaving);
                         actions.push(Action::Fence {
                             fence,
                             group: id,
                             gateway: grp.holder.clone(),
-                            addrs: if leaving {
-                                self.gateways
-                                    .get(&grp.holder)
-                                    .map(|g| g.addrs.clone())
-                                    .unwrap_or_default()
-                            } else {
-                                Vec::new()
-                            },
-                            scope: if leaving {
-                                FenceScope::Gateway
-                            } else {
-                                FenceScope::Group
-                            },
+                            addrs,
+                            scope,
                         });
                     }
                 }
@@ -669,11 +670,12 @@ impl GroupMap {
         // One fence per dead gateway in flight is enough, but a fence per group keeps each
         // group's progress independent; blocklisting the same address twice is harmless.
         let fence = self.new_fence();
-        let (addrs, incarnation) = self
+        let incarnation = self
             .gateways
             .get(&grp.holder)
-            .map(|g| (g.addrs.clone(), g.incarnation))
+            .map(|g| g.incarnation)
             .unwrap_or_default();
+        let (addrs, scope) = self.fence_addrs(&grp.holder, id, true);
         tracing::warn!(group = id, holder = %grp.holder, fence, "failover: fencing the holder");
         let was_change = matches!(
             grp.phase,
@@ -689,8 +691,30 @@ impl GroupMap {
             group: id,
             gateway: grp.holder,
             addrs,
-            scope: FenceScope::Gateway,
+            scope,
         });
+    }
+
+    /// What fencing `gateway` for `group` blocklists: its clients for that group when it
+    /// reports them per group (none: it has no connection for the group, nothing can write
+    /// it there); otherwise all its clients when `whole_if_unsharded`, else nothing.
+    fn fence_addrs(
+        &self,
+        gateway: &str,
+        group: u32,
+        whole_if_unsharded: bool,
+    ) -> (Vec<String>, FenceScope) {
+        let Some(gw) = self.gateways.get(gateway) else {
+            return (Vec::new(), FenceScope::Group);
+        };
+        match &gw.group_addrs {
+            Some(per_group) => (
+                per_group.get(&group).cloned().unwrap_or_default(),
+                FenceScope::Group,
+            ),
+            None if whole_if_unsharded => (gw.addrs.clone(), FenceScope::Gateway),
+            None => (Vec::new(), FenceScope::Group),
+        }
     }
 
     /// Makes `to` the holder of `id`, optimized.
@@ -775,23 +799,11 @@ impl GroupMap {
         else {
             return Err(MapError::UnknownFence(fence));
         };
-        let (addrs, scope) = match grp.phase {
-            Phase::FailoverWaitFence { .. } => (
-                self.gateways
-                    .get(&grp.holder)
-                    .map(|g| g.addrs.clone())
-                    .unwrap_or_default(),
-                FenceScope::Gateway,
-            ),
-            _ if self.leaving(&grp.holder) => (
-                self.gateways
-                    .get(&grp.holder)
-                    .map(|g| g.addrs.clone())
-                    .unwrap_or_default(),
-                FenceScope::Gateway,
-            ),
-            _ => (Vec::new(), FenceScope::Group),
+        let whole = match grp.phase {
+            Phase::FailoverWaitFence { .. } => true,
+            _ => self.leaving(&grp.holder),
         };
+        let (addrs, scope) = self.fence_addrs(&grp.holder, id, whole);
         actions.push(Action::Fence {
             fence,
             group: id,

@@ -452,6 +452,16 @@ impl ControlPlane {
     }
 
     pub async fn beacon(self: &Arc<Self>, b: proto::Beacon) -> Result<proto::BeaconReply, Status> {
+        self.beacon_with_groups(b, None).await
+    }
+
+    /// A beacon; `group_addrs`: the gateway's client addresses per ANA group (None: it does
+    /// not shard its connections per group, so every fence takes all of `client_addrs`).
+    pub async fn beacon_with_groups(
+        self: &Arc<Self>,
+        b: proto::Beacon,
+        group_addrs: Option<std::collections::BTreeMap<u32, Vec<String>>>,
+    ) -> Result<proto::BeaconReply, Status> {
         if b.gateway.is_empty() {
             return Err(Status::invalid_argument("beacon without a gateway name"));
         }
@@ -471,6 +481,7 @@ impl ControlPlane {
             ana_group: b.ana_group,
             incarnation: b.incarnation,
             addrs: b.client_addrs,
+            group_addrs,
             applied_epoch: b.applied_version,
             now_ms: now,
         })
@@ -878,6 +889,23 @@ impl proto::gateway_control_server::GatewayControl for GatewayService {
         r: Request<proto::Beacon>,
     ) -> Result<Response<proto::BeaconReply>, Status> {
         Ok(Response::new(self.0.beacon(r.into_inner()).await?))
+    }
+
+    async fn send_group_beacon(
+        &self,
+        r: Request<proto::GroupBeacon>,
+    ) -> Result<Response<proto::BeaconReply>, Status> {
+        let r = r.into_inner();
+        let beacon = r
+            .beacon
+            .ok_or_else(|| Status::invalid_argument("group beacon without a beacon"))?;
+        let mut groups = std::collections::BTreeMap::<u32, Vec<String>>::new();
+        for g in r.group_clients {
+            groups.entry(g.ana_group).or_default().extend(g.addrs);
+        }
+        Ok(Response::new(
+            self.0.beacon_with_groups(beacon, Some(groups)).await?,
+        ))
     }
 
     async fn leave(

@@ -539,6 +539,7 @@ mod tests {
                 ana_group: g,
                 incarnation: 1,
                 addrs: vec![],
+                group_addrs: None,
                 applied_epoch: 0,
                 now_ms: 0,
             })

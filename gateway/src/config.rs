@@ -433,6 +433,10 @@ fn attach_namespace(
     subsystem.add_namespace(namespace);
 }
 
+/// How long start-up waits for the next RBD image to open before serving without the ones
+/// still opening (see `Config::open_rbd_devices`).
+pub const OPEN_STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -693,7 +697,13 @@ impl Config {
         self.build_target_report().map(|(target, _)| target)
     }
 
-    /// Opens every `backend = "rbd"` namespace's image, several at a time.
+    /// Opens every `backend = "rbd"` namespace's image, several at a time, each on its ANA
+    /// group's cluster connections (see [`ClusterPool`]).
+    ///
+    /// Never waits forever: `rbd_open` blocks while an OSD holding the image header is down
+    /// (librbd waits for it). When no open has finished for [`OPEN_STALL_TIMEOUT`], the images
+    /// still opening (or not started) are reported as not opened yet; the caller serves the
+    /// others and [`Config::spawn_namespace_retry`] keeps trying them in the background.
     fn open_rbd_devices(&self) -> HashMap<(usize, usize), Result<RbdDevice, RbdError>> {
         let mut wanted = Vec::new();
         for (i, s) in self.subsystems.iter().enumerate() {
@@ -701,7 +711,7 @@ impl Config {
                 if ns.backend == "rbd" {
                     let nfield = format!("subsystem[{i}].namespace[{j}]");
                     if let Ok(spec) = rbd_spec(&nfield, ns) {
-                        wanted.push(((i, j), spec));
+                        wanted.push(((i, j), spec, ns.ana_group));
                     }
                 }
             }
@@ -717,26 +727,69 @@ impl Config {
             images = wanted.len(),
             "opening RBD images"
         );
-        let pool = ClusterPool::new(settings);
+        let pool = ClusterPool::shared(settings);
         const PARALLEL_OPENS: usize = 8;
-        for batch in wanted.chunks(PARALLEL_OPENS) {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = batch
-                    .iter()
-                    .map(|(key, spec)| {
-                        let pool = &pool;
-                        (*key, scope.spawn(move || pool.open(spec)))
-                    })
-                    .collect();
-                for (key, handle) in handles {
-                    let result = handle.join().unwrap_or_else(|_| {
-                        Err(RbdError::Config(
-                            "the thread opening the image panicked".into(),
-                        ))
-                    });
+        let all: Vec<((usize, usize), String)> = wanted
+            .iter()
+            .map(|(key, spec, _)| (*key, spec.to_string()))
+            .collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut queue = wanted.into_iter();
+        let mut running = 0usize;
+        let mut stalled = false;
+        loop {
+            while running < PARALLEL_OPENS && !stalled {
+                let Some((key, spec, group)) = queue.next() else {
+                    break;
+                };
+                let (pool, tx2) = (pool.clone(), tx.clone());
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("rbd-open".into())
+                        .spawn(move || {
+                            let _ = tx2.send((key, pool.open_in_group(&spec, group)));
+                        });
+                match spawned {
+                    Ok(_) => running += 1,
+                    Err(e) => {
+                        opened.insert(
+                            key,
+                            Err(RbdError::Config(format!(
+                                "cannot start a thread to open the image: {e}"
+                            ))),
+                        );
+                    }
+                }
+            }
+            if running == 0 {
+                break;
+            }
+            match rx.recv_timeout(OPEN_STALL_TIMEOUT) {
+                Ok((key, result)) => {
+                    running -= 1;
                     opened.insert(key, result);
                 }
-            });
+                Err(_) => {
+                    // Leave the stuck threads behind (their devices close when they finish)
+                    // and the rest to the background retry.
+                    tracing::warn!(
+                        still_opening = running,
+                        secs = OPEN_STALL_TIMEOUT.as_secs(),
+                        "RBD images still opening (cluster slow or an OSD down): serving the \
+                         others, retrying these in the background"
+                    );
+                    stalled = true;
+                    break;
+                }
+            }
+        }
+        if stalled {
+            for (key, image) in all {
+                opened.entry(key).or_insert(Err(RbdError::OpenTimedOut {
+                    image,
+                    secs: OPEN_STALL_TIMEOUT.as_secs(),
+                }));
+            }
         }
         opened
     }
@@ -770,7 +823,7 @@ impl Config {
         let spawned = std::thread::Builder::new()
             .name("ns-retry".into())
             .spawn(move || {
-                let pool = ClusterPool::new(config.ceph.clone().unwrap_or_default().settings());
+                let pool = ClusterPool::shared(config.ceph.clone().unwrap_or_default().settings());
                 while !pending.is_empty() {
                     std::thread::sleep(interval);
                     let Some(target) = target.upgrade() else {
@@ -786,7 +839,7 @@ impl Config {
                         let Ok(spec) = rbd_spec(field, ns) else {
                             return false;
                         };
-                        match pool.open(&spec) {
+                        match pool.open_in_group(&spec, ns.ana_group) {
                             Ok(device) => {
                                 let Some(subsystem) = target.subsystem(&s.nqn) else {
                                     return false;

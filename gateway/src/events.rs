@@ -5,6 +5,7 @@ use std::sync::{Arc, Weak};
 use rbd_backend::{DeviceEvent, DeviceEventSink};
 
 use crate::core::Subsystem;
+use crate::spec::ana;
 
 /// Forwards a namespace's device events to every controller of its subsystem: a resize
 /// becomes a Namespace Attribute Changed notice and an entry in the Changed Namespace List.
@@ -36,6 +37,23 @@ impl DeviceEventSink for NamespaceEvents {
                     "namespace resized"
                 );
                 subsystem.notify_namespace_changed(self.nsid);
+            }
+            DeviceEvent::Fenced => {
+                // Every namespace of the group shares the fenced client: the whole group is
+                // inaccessible through this gateway until the control plane gives it back
+                // (and the group agent reopens its images on a fresh client).
+                let Some(ns) = subsystem.namespace(self.nsid) else {
+                    return;
+                };
+                if subsystem.ana_state(ns.ana_group) != ana::INACCESSIBLE {
+                    tracing::error!(
+                        subsystem = subsystem.nqn(),
+                        nsid = self.nsid,
+                        ana_group = ns.ana_group,
+                        "fenced: ANA group reported inaccessible"
+                    );
+                    subsystem.set_ana_state(ns.ana_group, ana::INACCESSIBLE);
+                }
             }
         }
     }

@@ -88,6 +88,11 @@ pub enum IoError {
     ReadOnly,
     #[error("device I/O error: {0}")]
     Device(String),
+    /// The cluster client serving this device was blocklisted (fenced by the gateway group's
+    /// control plane, librbd's -EBLOCKLISTED/-ESHUTDOWN): nothing was or will be written
+    /// through it. Another gateway serves the data now; the host must use another path.
+    #[error("fenced: {0}")]
+    Fenced(String),
 }
 
 /// A finished op, handed back with its buffers.
@@ -111,6 +116,9 @@ pub trait IoCompletion: Send + Sync {
 pub enum DeviceEvent {
     /// The device now has `new_size` bytes (for RBD: `rbd resize` from anywhere).
     Resized { new_size: u64 },
+    /// The device's cluster client was blocklisted (fenced): every further op fails with
+    /// [`IoError::Fenced`] until the device is replaced by one on a fresh client.
+    Fenced,
 }
 
 /// Receives device events; the core turns them into NVMe asynchronous events.
@@ -131,4 +139,10 @@ pub trait BlockDevice: Send + Sync {
 
     /// Registers the sink for [`DeviceEvent`]s, replacing any earlier one.
     fn set_event_sink(&self, sink: Arc<dyn DeviceEventSink>);
+
+    /// The concrete device, for callers that manage a backend's own features (reopening an
+    /// RBD image on a fresh cluster client). `None`: nothing beyond this trait.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }

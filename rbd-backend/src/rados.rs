@@ -11,7 +11,7 @@ use std::time::Duration;
 
 pub use crate::ffi::WatchEvent;
 use crate::ffi::{self, FfiError};
-use crate::rbd::{CephSettings, RbdError};
+use crate::rbd::{CephSettings, ClientHealth, RbdError};
 
 const ENOENT: i32 = 2;
 const EEXIST: i32 = 17;
@@ -56,7 +56,7 @@ impl Client {
     /// Connects with the same settings and precedence as the image connections.
     pub fn connect(settings: &CephSettings) -> Result<Client, RadosError> {
         let rados = Arc::new(crate::rbd::connect_rados(settings)?);
-        register_client(&rados);
+        register_client(&rados, None);
         Ok(Client { rados })
     }
 
@@ -285,20 +285,24 @@ pub type Watch = ffi::Watch;
 
 // ------------------------------------------------------------------ this process's clients
 
-static CLIENTS: Mutex<Vec<Weak<ffi::Rados>>> = Mutex::new(Vec::new());
+/// Every cluster connection of this process; image connections carry their health (ANA
+/// group, blocklisted, retired), [`Client`]s none.
+static CLIENTS: Mutex<Vec<RegisteredClient>> = Mutex::new(Vec::new());
 
-pub(crate) fn register_client(rados: &Arc<ffi::Rados>) {
+type RegisteredClient = (Weak<ffi::Rados>, Option<Arc<ClientHealth>>);
+
+pub(crate) fn register_client(rados: &Arc<ffi::Rados>, health: Option<Arc<ClientHealth>>) {
     let mut all = CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
-    all.retain(|w| w.strong_count() > 0);
-    all.push(Arc::downgrade(rados));
+    all.retain(|(w, _)| w.strong_count() > 0);
+    all.push((Arc::downgrade(rados), health));
 }
 
-fn live_clients() -> Vec<Arc<ffi::Rados>> {
+fn live_clients() -> Vec<(Arc<ffi::Rados>, Option<Arc<ClientHealth>>)> {
     CLIENTS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .filter_map(Weak::upgrade)
+        .filter_map(|(w, h)| Some((w.upgrade()?, h.clone())))
         .collect()
 }
 
@@ -307,16 +311,42 @@ fn live_clients() -> Vec<Arc<ffi::Rados>> {
 pub fn process_client_addrs() -> Vec<String> {
     live_clients()
         .iter()
-        .filter_map(|r| r.getaddrs().ok())
+        .filter_map(|(r, _)| r.getaddrs().ok())
         .filter(|a| !a.is_empty())
         .collect()
 }
 
-/// Refreshes the osdmap of every connection of this process (blocking): afterwards, every
-/// blocklist committed before the call is known to all of them.
+/// The addresses of the image connections serving each ANA group (group 1 and up; retired
+/// connections left out): what fencing one group on this gateway means blocklisting. A group
+/// with no open image has no connection and is absent.
+pub fn client_addrs_by_group() -> BTreeMap<u32, Vec<String>> {
+    let mut out: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for (rados, health) in live_clients() {
+        let Some(h) = health else { continue };
+        if h.group() == 0 || h.is_retired() {
+            continue;
+        }
+        if let Ok(a) = rados.getaddrs() {
+            if !a.is_empty() {
+                out.entry(h.group()).or_default().push(a);
+            }
+        }
+    }
+    out
+}
+
+/// Refreshes the osdmap of every usable connection of this process (blocking): afterwards,
+/// every blocklist committed before the call is known to all of them. Connections found
+/// blocklisted or retired are skipped: they serve nothing any more.
 pub fn wait_for_latest_osdmap_all() -> Result<usize, RadosError> {
-    let clients = live_clients();
-    for c in &clients {
+    let clients: Vec<_> = live_clients()
+        .into_iter()
+        .filter(|(_, h)| {
+            h.as_ref()
+                .is_none_or(|h| !h.is_blocklisted() && !h.is_retired())
+        })
+        .collect();
+    for (c, _) in &clients {
         c.wait_for_latest_osdmap()?;
     }
     Ok(clients.len())

@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -153,6 +153,10 @@ pub enum RbdError {
     ImageNotFound { image: String },
     #[error("cannot open image {image}: {source}")]
     Open { image: String, source: FfiError },
+    #[error(
+        "image {image}: rbd_open did not finish within {secs} s (cluster slow or an OSD down)"
+    )]
+    OpenTimedOut { image: String, secs: u64 },
     #[error("{what} on image {image}: {source}")]
     Image {
         what: &'static str,
@@ -168,6 +172,47 @@ struct Connection {
     /// One context per (pool, namespace), shared by the images on this connection (librbd
     /// duplicates it per image anyway).
     ioctxs: Mutex<HashMap<(String, String), Arc<ffi::IoCtx>>>,
+    health: Arc<ClientHealth>,
+}
+
+/// What the gateway knows about one cluster connection (`rados_t`): the ANA group it serves
+/// and whether the cluster blocklisted it.
+#[derive(Debug)]
+pub struct ClientHealth {
+    group: u32,
+    /// librbd answered -ESHUTDOWN (-EBLOCKLISTED) on this connection: it is fenced for good.
+    blocklisted: AtomicBool,
+    /// Replaced by a fresh connection for its group ([`ClusterPool::retire_group`]); it stays
+    /// only until the images still open on it are closed.
+    retired: AtomicBool,
+}
+
+impl ClientHealth {
+    fn new(group: u32) -> Self {
+        Self {
+            group,
+            blocklisted: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// The ANA group this connection serves (0: none, tools and tests).
+    pub fn group(&self) -> u32 {
+        self.group
+    }
+
+    pub fn is_blocklisted(&self) -> bool {
+        self.blocklisted.load(Ordering::SeqCst)
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
+    }
+
+    /// Returns whether this call was the first to mark it.
+    fn mark_blocklisted(&self) -> bool {
+        !self.blocklisted.swap(true, Ordering::SeqCst)
+    }
 }
 
 struct Shard {
@@ -186,35 +231,19 @@ impl Drop for ShardLease {
     }
 }
 
-/// A bounded set of cluster connections that images are spread over.
-pub struct ClusterPool {
-    settings: CephSettings,
+/// The connections of one ANA group (bounded; images spread over them).
+struct ShardSet {
+    group: u32,
     shards: Vec<Arc<Shard>>,
     /// Serialises only the choice of shard (a few loads), never I/O or connects.
     assign: Mutex<()>,
-    /// The last failed connect, to fail fast for a while (see `CONNECT_RETRY_AFTER`).
-    last_failure: Mutex<Option<(Instant, RbdError)>>,
 }
 
-/// How long a failed connect is reported again without trying.
-const CONNECT_RETRY_AFTER: Duration = Duration::from_secs(5);
-
-impl std::fmt::Debug for ClusterPool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClusterPool")
-            .field("client", &self.settings.entity_name())
-            .field("max_connections", &self.shards.len())
-            .field("connected", &self.connected())
-            .finish()
-    }
-}
-
-impl ClusterPool {
-    /// A pool that connects lazily, on the first image of each shard.
-    pub fn new(settings: CephSettings) -> Arc<Self> {
-        let n = settings.max_connections.max(1);
+impl ShardSet {
+    fn new(group: u32, n: usize) -> Arc<Self> {
         Arc::new(Self {
-            shards: (0..n)
+            group,
+            shards: (0..n.max(1))
                 .map(|index| {
                     Arc::new(Shard {
                         index,
@@ -223,30 +252,8 @@ impl ClusterPool {
                     })
                 })
                 .collect(),
-            settings,
             assign: Mutex::new(()),
-            last_failure: Mutex::new(None),
         })
-    }
-
-    pub fn settings(&self) -> &CephSettings {
-        &self.settings
-    }
-
-    /// Connections established so far.
-    pub fn connected(&self) -> usize {
-        self.shards
-            .iter()
-            .filter(|s| s.conn.lock().map(|c| c.is_some()).unwrap_or(false))
-            .count()
-    }
-
-    /// Images currently assigned to each shard.
-    pub fn images_per_connection(&self) -> Vec<usize> {
-        self.shards
-            .iter()
-            .map(|s| s.images.load(Ordering::SeqCst))
-            .collect()
     }
 
     fn lease_shard(&self) -> ShardLease {
@@ -268,7 +275,163 @@ impl ClusterPool {
         ShardLease(shard)
     }
 
-    fn connection(&self, shard: &Shard) -> Result<Arc<Connection>, RbdError> {
+    fn connections(&self) -> Vec<Arc<Connection>> {
+        self.shards
+            .iter()
+            .filter_map(|s| s.conn.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .collect()
+    }
+}
+
+/// Cluster connections that images are spread over, sharded per ANA group.
+///
+/// Every ANA group has its own bounded set of connections (up to `max_connections`), used by
+/// that group's images only, so blocklisting the addresses of one group's connections (the
+/// gateway group's fence) stops exactly that group's I/O on this gateway. Group 0 is for
+/// images outside any ANA group (tools, tests).
+pub struct ClusterPool {
+    settings: CephSettings,
+    groups: Mutex<HashMap<u32, Arc<ShardSet>>>,
+    /// The last failed connect, to fail fast for a while (see `CONNECT_RETRY_AFTER`).
+    last_failure: Mutex<Option<(Instant, RbdError)>>,
+}
+
+/// How long a failed connect is reported again without trying.
+const CONNECT_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+impl std::fmt::Debug for ClusterPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterPool")
+            .field("client", &self.settings.entity_name())
+            .field("max_connections", &self.settings.max_connections.max(1))
+            .field("connected", &self.connected())
+            .finish()
+    }
+}
+
+/// The process-wide pools, one per distinct setting (see [`ClusterPool::shared`]).
+static SHARED_POOLS: Mutex<Vec<(CephSettings, Weak<ClusterPool>)>> = Mutex::new(Vec::new());
+
+impl ClusterPool {
+    /// A pool that connects lazily, on the first image of each shard.
+    pub fn new(settings: CephSettings) -> Arc<Self> {
+        Arc::new(Self {
+            settings,
+            groups: Mutex::new(HashMap::new()),
+            last_failure: Mutex::new(None),
+        })
+    }
+
+    /// The process's pool for `settings` (created on first use, kept while any of its images
+    /// is open): the gateway opens every image through it, at start, on retries and when the
+    /// control plane pushes namespaces, so one ANA group never has more than
+    /// `max_connections` connections and a group's fence covers all of them.
+    pub fn shared(settings: CephSettings) -> Arc<Self> {
+        let mut all = SHARED_POOLS.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(pool) = all
+            .iter()
+            .find(|(s, _)| *s == settings)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return pool;
+        }
+        let pool = Self::new(settings.clone());
+        all.push((settings, Arc::downgrade(&pool)));
+        pool
+    }
+
+    fn shard_set(&self, group: u32) -> Arc<ShardSet> {
+        self.groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(group)
+            .or_insert_with(|| ShardSet::new(group, self.settings.max_connections))
+            .clone()
+    }
+
+    fn sets_in_order(&self) -> Vec<Arc<ShardSet>> {
+        let mut sets: Vec<_> = self
+            .groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        sets.sort_by_key(|s| s.group);
+        sets
+    }
+
+    /// Replaces `group`'s connections by fresh ones (connected on the next open): images
+    /// opened from now on use clients the cluster has never seen, so a blocklist of the old
+    /// ones does not apply to them. Images still open on the old connections keep them until
+    /// they are closed; their ops keep failing if those were blocklisted. Returns how many
+    /// connections were retired.
+    pub fn retire_group(&self, group: u32) -> usize {
+        let old = self
+            .groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(group, ShardSet::new(group, self.settings.max_connections));
+        let Some(old) = old else {
+            return 0;
+        };
+        let conns = old.connections();
+        for c in &conns {
+            c.health.retired.store(true, Ordering::SeqCst);
+        }
+        tracing::info!(
+            group,
+            connections = conns.len(),
+            "cluster connections of the ANA group retired; new opens use fresh clients"
+        );
+        conns.len()
+    }
+
+    /// Whether one of `group`'s current connections was found blocklisted.
+    pub fn group_blocklisted(&self, group: u32) -> bool {
+        self.groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&group)
+            .is_some_and(|set| set.connections().iter().any(|c| c.health.is_blocklisted()))
+    }
+
+    /// The addresses (`rados_getaddrs`) of `group`'s current connections (blocking: local).
+    pub fn group_addrs(&self, group: u32) -> Vec<String> {
+        self.shard_set(group)
+            .connections()
+            .iter()
+            .filter_map(|c| c.rados.getaddrs().ok())
+            .collect()
+    }
+
+    pub fn settings(&self) -> &CephSettings {
+        &self.settings
+    }
+
+    /// Connections established so far (every group).
+    pub fn connected(&self) -> usize {
+        self.sets_in_order()
+            .iter()
+            .map(|set| set.connections().len())
+            .sum()
+    }
+
+    /// Images currently assigned to each shard (every group, in group order).
+    pub fn images_per_connection(&self) -> Vec<usize> {
+        self.sets_in_order()
+            .iter()
+            .flat_map(|set| {
+                set.shards
+                    .iter()
+                    .map(|s| s.images.load(Ordering::SeqCst))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn connection(&self, group: u32, shard: &Shard) -> Result<Arc<Connection>, RbdError> {
         let mut slot = shard.conn.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
@@ -288,6 +451,7 @@ impl ClusterPool {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(
+                    group,
                     shard = shard.index,
                     ms = started.elapsed().as_millis() as u64,
                     "{e}"
@@ -298,17 +462,21 @@ impl ClusterPool {
             }
         };
         *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        tracing::info!(
-            shard = shard.index,
-            client = %self.settings.entity_name(),
-            ms = started.elapsed().as_millis() as u64,
-            "connected to the Ceph cluster"
-        );
+        let health = Arc::new(ClientHealth::new(group));
         let conn = Arc::new(Connection {
             rados: Arc::new(rados),
             ioctxs: Mutex::new(HashMap::new()),
+            health: health.clone(),
         });
-        crate::rados::register_client(&conn.rados);
+        tracing::info!(
+            group,
+            shard = shard.index,
+            client = %self.settings.entity_name(),
+            addrs = %conn.rados.getaddrs().unwrap_or_default(),
+            ms = started.elapsed().as_millis() as u64,
+            "connected to the Ceph cluster"
+        );
+        crate::rados::register_client(&conn.rados, Some(health));
         *slot = Some(conn.clone());
         Ok(conn)
     }
@@ -358,8 +526,8 @@ impl ClusterPool {
     /// A pool context on the least-loaded connection, for tools and tests (create, remove and
     /// resize images). Blocking.
     pub fn admin(&self, pool: &str, namespace: Option<&str>) -> Result<PoolAdmin, RbdError> {
-        let lease = self.lease_shard();
-        let conn = self.connection(&lease.0)?;
+        let lease = self.shard_set(0).lease_shard();
+        let conn = self.connection(0, &lease.0)?;
         let ioctx = self.ioctx(&conn, pool, namespace)?;
         Ok(PoolAdmin {
             ioctx,
@@ -370,22 +538,33 @@ impl ClusterPool {
     /// The value of a Ceph option as the first connection sees it (connects if needed).
     pub fn conf_get(&self, option: &str) -> Result<String, RbdError> {
         let shard = self
+            .shard_set(0)
             .shards
             .first()
             .cloned()
             .ok_or_else(|| RbdError::Config("no connections configured".into()))?;
-        let conn = self.connection(&shard)?;
+        let conn = self.connection(0, &shard)?;
         conn.rados
             .conf_get(option)
             .map_err(|e| RbdError::Config(format!("{option}: {e}")))
     }
 
-    /// Opens an image (blocking: connects the chosen shard if needed, then `rbd_open`).
+    /// Opens an image outside any ANA group (group 0; tools and tests). Blocking.
     pub fn open(self: &Arc<Self>, spec: &ImageSpec) -> Result<RbdDevice, RbdError> {
+        self.open_in_group(spec, 0)
+    }
+
+    /// Opens an image on one of `group`'s connections (blocking: connects the chosen shard if
+    /// needed, then `rbd_open`).
+    pub fn open_in_group(
+        self: &Arc<Self>,
+        spec: &ImageSpec,
+        group: u32,
+    ) -> Result<RbdDevice, RbdError> {
         let started = Instant::now();
         let name = spec.to_string();
-        let lease = self.lease_shard();
-        let conn = self.connection(&lease.0)?;
+        let lease = self.shard_set(group).lease_shard();
+        let conn = self.connection(group, &lease.0)?;
         let ioctx = self.ioctx(&conn, &spec.pool, spec.namespace.as_deref())?;
         let image = ffi::Image::open(&ioctx, &spec.image).map_err(|source| {
             if source.errno() == Some(ENOENT) {
@@ -417,6 +596,8 @@ impl ClusterPool {
             sink: Mutex::new(None),
             gate: Arc::new(WriteGate::default()),
             caw_lock: Mutex::new(None),
+            client: conn.health.clone(),
+            fence_reported: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&state);
         state
@@ -427,6 +608,7 @@ impl ClusterPool {
             image = %name,
             size,
             object_size,
+            group,
             shard = lease.0.index,
             ms = started.elapsed().as_millis() as u64,
             "rbd image open"
@@ -434,6 +616,9 @@ impl ClusterPool {
         Ok(RbdDevice {
             state,
             _lease: lease,
+            pool: self.clone(),
+            spec: spec.clone(),
+            group,
         })
     }
 }
@@ -578,7 +763,8 @@ pub fn wait_for_closes(timeout: Duration) -> bool {
 
 // ------------------------------------------------------------------ resize events
 
-struct DeviceState {
+/// The shared state of an open image (what in-flight requests hold on to).
+pub struct DeviceState {
     name: String,
     image: Arc<ffi::Image>,
     size: AtomicU64,
@@ -588,9 +774,32 @@ struct DeviceState {
     /// Whether this handle holds the exclusive lock in exclusive mode (taken for the first
     /// emulated compare-and-write); `Some(false)`: the image has no exclusive-lock feature.
     caw_lock: Mutex<Option<bool>>,
+    /// The cluster connection the image is open on.
+    client: Arc<ClientHealth>,
+    /// Whether the fence was reported to the sink already (once per device).
+    fence_reported: AtomicBool,
 }
 
 impl DeviceState {
+    /// The connection was blocklisted: mark it (no op goes through it again) and tell the
+    /// sink once, so the gateway reports the path inaccessible.
+    fn fenced(&self) {
+        if self.client.mark_blocklisted() {
+            tracing::error!(
+                image = %self.name,
+                group = self.client.group,
+                "the cluster blocklisted this gateway's client for the ANA group (fenced): \
+                 no more I/O through it until the group is given back on a fresh client"
+            );
+        }
+        if !self.fence_reported.swap(true, Ordering::SeqCst) {
+            let sink = self.sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(sink) = sink {
+                sink.device_event(DeviceEvent::Fenced);
+            }
+        }
+    }
+
     /// Re-reads the size (blocking) and reports a change.
     fn refresh_size(&self) {
         let new_size = match self.image.size() {
@@ -650,6 +859,9 @@ fn start_event_thread() -> Option<Mutex<mpsc::Sender<Weak<DeviceState>>>> {
 pub struct RbdDevice {
     state: Arc<DeviceState>,
     _lease: ShardLease,
+    pool: Arc<ClusterPool>,
+    spec: ImageSpec,
+    group: u32,
 }
 
 impl std::fmt::Debug for RbdDevice {
@@ -665,6 +877,28 @@ impl RbdDevice {
     /// The RADOS object size of the image.
     pub fn object_size(&self) -> u64 {
         self.state.object_size
+    }
+
+    /// The image this device serves.
+    pub fn spec(&self) -> &ImageSpec {
+        &self.spec
+    }
+
+    /// The ANA group whose connections the image is open on.
+    pub fn group(&self) -> u32 {
+        self.group
+    }
+
+    /// The connection the image is open on.
+    pub fn client(&self) -> &Arc<ClientHealth> {
+        &self.state.client
+    }
+
+    /// Opens the same image again on `group`'s current connections (blocking): after
+    /// [`ClusterPool::retire_group`] that is a fresh client; after a namespace moved to
+    /// another ANA group, that group's clients.
+    pub fn reopen_in_group(&self, group: u32) -> Result<RbdDevice, RbdError> {
+        self.pool.open_in_group(&self.spec, group)
     }
 
     /// Re-reads the size from the cluster now (blocking), reporting a change like a watch
@@ -742,7 +976,7 @@ fn op_result(req: &AioRequest, rv: i64) -> Result<(), IoError> {
             offset_in_range: mismatch_in_range(req.mismatch_off, *offset, write.len() as u64),
         },
         (_, EROFS) => IoError::ReadOnly,
-        (_, ESHUTDOWN) => IoError::Device(format!(
+        (_, ESHUTDOWN) => IoError::Fenced(format!(
             "{what}: this client was blocklisted by the cluster (errno {errno})"
         )),
         (_, ETIMEDOUT) => IoError::Device(format!(
@@ -769,6 +1003,10 @@ fn mismatch_in_range(mismatch_off: u64, offset: u64, len: u64) -> u64 {
 /// Completion of one librbd request, on the librbd callback thread.
 fn on_aio_done(mut req: Box<AioRequest>, rv: i64) {
     let result = op_result(&req, rv);
+    if matches!(result, Err(IoError::Fenced(_))) {
+        // Before the host hears of it: the path is reported inaccessible first.
+        req.device.fenced();
+    }
     if result.is_ok()
         && req.action == AioAction::Op
         && matches!(req.op, IoOp::Write { fua: true, .. })
@@ -780,7 +1018,14 @@ fn on_aio_done(mut req: Box<AioRequest>, rv: i64) {
             Ok(()) => return,
             Err((r, e)) => {
                 req = r;
-                return finish(req, Err(IoError::Device(format!("FUA flush: {e}"))));
+                let err = match e.errno() {
+                    Some(ESHUTDOWN) => {
+                        req.device.fenced();
+                        IoError::Fenced(format!("FUA flush: {e}"))
+                    }
+                    _ => IoError::Device(format!("FUA flush: {e}")),
+                };
+                return finish(req, Err(err));
             }
         }
     }
@@ -809,9 +1054,21 @@ fn finish(req: Box<AioRequest>, result: Result<(), IoError>) {
 
 /// Hands a request to librbd; a request librbd refuses completes with the error.
 fn start(req: Box<AioRequest>) {
+    if req.device.client.is_blocklisted() {
+        // Queued behind the gate before the fence was seen: never sent.
+        req.device.fenced();
+        return finish(req, Err(IoError::Fenced("client blocklisted".into())));
+    }
     if let Err((req, e)) = ffi::submit(req) {
         tracing::warn!(tag = req.tag, "cannot start an rbd request: {e}");
-        finish(req, Err(IoError::Device(e.to_string())));
+        let err = match e.errno() {
+            Some(ESHUTDOWN) => {
+                req.device.fenced();
+                IoError::Fenced(e.to_string())
+            }
+            _ => IoError::Device(e.to_string()),
+        };
+        finish(req, Err(err));
     }
 }
 
@@ -971,7 +1228,14 @@ fn spawn_caw(job: CawJob) {
                     mut op,
                     completion,
                 } = job;
-                let result = emulate_compare_and_write(&state, &mut op);
+                let result = if state.client.is_blocklisted() {
+                    Err(IoError::Fenced("client blocklisted".into()))
+                } else {
+                    emulate_compare_and_write(&state, &mut op)
+                };
+                if matches!(result, Err(IoError::Fenced(_))) {
+                    state.fenced();
+                }
                 completion.complete(IoDone { tag, op, result });
                 state.gate.caw_done();
             }
@@ -1021,7 +1285,10 @@ fn emulate_compare_and_write(state: &DeviceState, op: &mut IoOp) -> Result<(), I
     let n = state
         .image
         .read_blocking(*offset, &mut current)
-        .map_err(|e| IoError::Device(format!("compare-and-write (read): {e}")))?;
+        .map_err(|e| match e.errno() {
+            Some(ESHUTDOWN) => IoError::Fenced(format!("compare-and-write (read): {e}")),
+            _ => IoError::Device(format!("compare-and-write (read): {e}")),
+        })?;
     if n != current.len() {
         return Err(IoError::Device(format!(
             "compare-and-write (read): {n} of {} bytes",
@@ -1042,6 +1309,7 @@ fn emulate_compare_and_write(state: &DeviceState, op: &mut IoOp) -> Result<(), I
         .write_blocking(*offset, write.as_slice())
         .map_err(|e| match e.errno() {
             Some(EROFS) => IoError::ReadOnly,
+            Some(ESHUTDOWN) => IoError::Fenced(format!("compare-and-write (write): {e}")),
             _ => IoError::Device(format!("compare-and-write (write): {e}")),
         })?;
     if n != write.len() {
@@ -1063,6 +1331,16 @@ impl BlockDevice for RbdDevice {
     }
 
     fn submit(&self, tag: u64, op: IoOp, completion: &Arc<dyn IoCompletion>) {
+        if self.state.client.is_blocklisted() {
+            // Fenced: nothing goes through this client again, not even a read.
+            self.state.fenced();
+            return Self::fail(
+                tag,
+                op,
+                completion,
+                IoError::Fenced("client blocklisted".into()),
+            );
+        }
         if let Err(e) = self.precheck(&op) {
             return Self::fail(tag, op, completion, e);
         }
@@ -1109,6 +1387,7 @@ impl BlockDevice for RbdDevice {
             mismatch_off: 0,
             on_done: on_aio_done,
             gate: is_write.then(|| self.state.gate.clone()),
+            device: self.state.clone(),
         });
         if is_write {
             if let Some(req) = self.state.gate.admit_write(req) {
@@ -1121,6 +1400,10 @@ impl BlockDevice for RbdDevice {
 
     fn set_event_sink(&self, sink: Arc<dyn DeviceEventSink>) {
         *self.state.sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }
 

@@ -83,6 +83,7 @@ impl Sim {
             ana_group: group,
             incarnation: inc,
             addrs: vec![format!("127.0.0.1:0/{inc}")],
+            group_addrs: None,
             applied_epoch: applied,
             now_ms: self.now,
         })
@@ -172,6 +173,7 @@ fn bad_beacons_are_refused_and_change_nothing() {
         ana_group: 1,
         incarnation: inc,
         addrs: vec![],
+        group_addrs: None,
         applied_epoch: 0,
         now_ms: 0,
     });
@@ -187,6 +189,7 @@ fn bad_beacons_are_refused_and_change_nothing() {
         ana_group: 2,
         incarnation: 11,
         addrs: vec![],
+        group_addrs: None,
         applied_epoch: 0,
         now_ms: 0,
     });
@@ -196,6 +199,7 @@ fn bad_beacons_are_refused_and_change_nothing() {
         ana_group: MAX_ANA_GROUP + 1,
         incarnation: 1,
         addrs: vec![],
+        group_addrs: None,
         applied_epoch: 0,
         now_ms: 0,
     });
@@ -335,6 +339,7 @@ fn failback_drains_the_survivor_fences_it_then_optimizes_the_owner() {
         ana_group: 1,
         incarnation: 11,
         addrs: vec![],
+        group_addrs: None,
         applied_epoch: epoch_before,
         now_ms: s.now,
     })
@@ -374,6 +379,7 @@ fn failback_is_cancelled_when_the_owner_dies_while_draining() {
         ana_group: 1,
         incarnation: 11,
         addrs: vec![],
+        group_addrs: None,
         applied_epoch: 0,
         now_ms: s.now,
     })
@@ -405,6 +411,7 @@ fn a_leaving_gateway_drains_is_fenced_and_its_group_moves() {
         ana_group: 1,
         incarnation: 11,
         addrs: vec!["127.0.0.1:0/11".into()],
+        group_addrs: None,
         applied_epoch: epoch,
         now_ms: s.now,
     })
@@ -690,4 +697,112 @@ fn ana_codes_are_the_spec_values() {
         assert_eq!(AnaState::from_code(s.code()), Some(s));
     }
     assert_eq!(AnaState::from_code(0), None);
+}
+
+/// A gateway's clients for groups 1 and 2 as it reports them when its librados connections
+/// are sharded per ANA group.
+fn sharded_addrs(inc: u64) -> BTreeMap<u32, Vec<String>> {
+    (1..=2)
+        .map(|g| (g, vec![format!("127.0.0.1:0/{inc}{g}")]))
+        .collect()
+}
+
+impl Sim {
+    fn sharded_beacon(&mut self, gw: &str, group: u32, inc: u64) -> Vec<Action> {
+        let applied = self.map.epoch;
+        self.event(Event::Beacon {
+            gateway: gw.into(),
+            ana_group: group,
+            incarnation: inc,
+            addrs: vec![format!("127.0.0.1:0/{inc}")],
+            group_addrs: Some(sharded_addrs(inc)),
+            applied_epoch: applied,
+            now_ms: self.now,
+        })
+        .expect("beacon")
+    }
+}
+
+fn fences_of(actions: &[Action]) -> Vec<(u32, String, Vec<String>, FenceScope)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Fence {
+                group,
+                gateway,
+                addrs,
+                scope,
+                ..
+            } => Some((*group, gateway.clone(), addrs.clone(), scope.clone())),
+            Action::Push { .. } => None,
+        })
+        .collect()
+}
+
+#[test]
+fn sharded_gateways_are_fenced_only_for_the_group_that_moves() {
+    let mut s = Sim::new();
+    s.sharded_beacon("gw1", 1, 11);
+    s.sharded_beacon("gw2", 2, 22);
+    // gw1 dies: only its clients for group 1 are blocklisted.
+    let mut fences = Vec::new();
+    while s.now < GRACE + 500 {
+        s.now += 250;
+        s.sharded_beacon("gw2", 2, 22);
+        fences.extend(fences_of(&s.tick()));
+    }
+    assert_eq!(
+        fences,
+        vec![(
+            1,
+            "gw1".to_string(),
+            vec!["127.0.0.1:0/111".to_string()],
+            FenceScope::Group
+        )]
+    );
+    s.complete_fence();
+    assert_eq!(s.holder(1), "gw2");
+    // gw1 restarts: failback fences gw2's clients for group 1 only, never those of its own
+    // group 2 (which keeps serving there).
+    let mut fences = Vec::new();
+    for _ in 0..20 {
+        s.now += 250;
+        fences.extend(fences_of(&s.sharded_beacon("gw1", 1, 12)));
+        fences.extend(fences_of(&s.sharded_beacon("gw2", 2, 22)));
+        fences.extend(fences_of(&s.tick()));
+    }
+    assert_eq!(
+        fences,
+        vec![(
+            1,
+            "gw2".to_string(),
+            vec!["127.0.0.1:0/221".to_string()],
+            FenceScope::Group
+        )]
+    );
+    s.complete_fence();
+    assert_eq!(s.holder(1), "gw1");
+    assert_eq!(s.state("gw1", 1), AnaState::Optimized);
+    assert_eq!(s.state("gw2", 2), AnaState::Optimized);
+    assert_eq!(s.state("gw2", 1), AnaState::Inaccessible);
+}
+
+#[test]
+fn a_gateway_that_does_not_shard_is_fenced_whole_on_failover() {
+    let mut s = two_gateways();
+    let mut fences = Vec::new();
+    while s.now < GRACE + 500 {
+        s.now += 250;
+        s.beacon("gw2", 2, 22);
+        fences.extend(fences_of(&s.tick()));
+    }
+    assert_eq!(
+        fences,
+        vec![(
+            1,
+            "gw1".to_string(),
+            vec!["127.0.0.1:0/11".to_string()],
+            FenceScope::Gateway
+        )]
+    );
 }

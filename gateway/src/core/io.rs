@@ -23,6 +23,12 @@ fn device_error_status(err: &IoError) -> Status {
         IoError::ReadOnly => Status::error(sc::READ_ONLY),
         // The backend may recover (a Ceph OSD coming back): let the host retry.
         IoError::Device(_) => Status::retryable(sc::INTERNAL),
+        // This gateway's cluster client was blocklisted: the group is served elsewhere now.
+        // A path-related status (SCT 3h, DNR clear) makes a multipath host fail the command
+        // over to another path and re-read the ANA log, where this group is inaccessible
+        // (the device reported the fence before completing the op). Generic Internal Error
+        // would be retried on this same path until the host gives up with an I/O error.
+        IoError::Fenced(_) => Status::retryable(sc::ANA_INACCESSIBLE),
     }
 }
 
@@ -412,6 +418,48 @@ impl Queue {
                 }
                 self.respond(out, cid, status);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+
+    /// Linux `nvme_is_path_error()`: status code type 3h (path related).
+    fn is_path_error(status: Status) -> bool {
+        status.raw() & 0x700 == 0x300
+    }
+
+    /// Linux `NVME_STATUS_DNR` (0x4000): the host never retries such a command.
+    fn has_dnr(status: Status) -> bool {
+        status.raw() & 0x4000 != 0
+    }
+
+    #[test]
+    fn a_fenced_device_fails_over_to_another_path() {
+        let s = device_error_status(&IoError::Fenced("client blocklisted".into()));
+        assert_eq!(s.raw(), 0x302, "ANA inaccessible");
+        assert!(is_path_error(s));
+        assert!(!has_dnr(s), "a fenced write must be retried elsewhere");
+    }
+
+    #[test]
+    fn device_errors_are_retried_and_media_checks_are_final() {
+        let s = device_error_status(&IoError::Device("timeout".into()));
+        assert!(!has_dnr(s) && !is_path_error(s));
+        for e in [
+            IoError::ReadOnly,
+            IoError::Miscompare { offset_in_range: 0 },
+            IoError::OutOfRange {
+                offset: 0,
+                len: 1,
+                size: 0,
+            },
+        ] {
+            let s = device_error_status(&e);
+            assert!(has_dnr(s), "{e}");
+            assert!(!is_path_error(s), "{e}");
         }
     }
 }

@@ -643,6 +643,9 @@ pub struct AioRequest {
     pub on_done: fn(Box<AioRequest>, i64),
     /// For writes: the device's write gate, released when the request finishes.
     pub gate: Option<Arc<crate::rbd::WriteGate>>,
+    /// The device the request belongs to: a blocklisted result marks its cluster client (no
+    /// further op goes through it) and reports the fence to the device's event sink.
+    pub device: Arc<crate::rbd::DeviceState>,
 }
 
 /// Starts `req` on its image. On success `req.on_done` runs later, exactly once, on a librbd
