@@ -38,6 +38,9 @@ fn generate() {
         "ibv_query_device",
         "ibv_create_srq",
         "ibv_destroy_srq",
+        "ibv_get_async_event",
+        "ibv_ack_async_event",
+        "ibv_event_type_str",
         "ibv_wc_status_str",
         "rdma_create_event_channel",
         "rdma_destroy_event_channel",
@@ -56,6 +59,8 @@ fn generate() {
         "rdma_resolve_addr",
         "rdma_resolve_route",
         "rdma_connect",
+        "rdma_get_devices",
+        "rdma_free_devices",
     ];
     const TYPES: &[&str] = &[
         "ibv_send_wr",
@@ -66,6 +71,8 @@ fn generate() {
         "ibv_qp_init_attr",
         "ibv_device_attr",
         "ibv_srq_init_attr",
+        "ibv_async_event",
+        "ibv_event_type",
         "rdma_cm_event",
         "rdma_conn_param",
         "ibv_wr_opcode",

@@ -13,9 +13,10 @@ pub mod ffi;
 pub mod pool;
 
 pub use ffi::{
-    available, CmEvent, CmEventKind, CmId, CmIdRef, CompletionChannel, CompletionQueue, ConnParams,
-    DeviceContext, DeviceLimits, Error, EventChannel, Lent, MemoryRegion, ProtectionDomain, QpCaps,
-    QpInfo, QueuePair, Remote, WcOpcode, WorkCompletion,
+    available, live_objects, release_removed_devices, AsyncEvent, AsyncEventKind, CmEvent,
+    CmEventKind, CmId, CmIdRef, CompletionChannel, CompletionQueue, ConnParams, DeviceContext,
+    DeviceLimits, Error, EventChannel, Lent, LiveObjects, MemoryRegion, ProtectionDomain, QpCaps,
+    QpInfo, QueuePair, Remote, SharedReceiveQueue, WcOpcode, WorkCompletion,
 };
 pub use pool::{
     BufferPool, PoolConfig, PoolCounters, PoolStats, Registrar, Registration, VerbsRegistrar, Waker,

@@ -26,7 +26,7 @@ use rdma_transport::{
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
-use super::{rdma_caps, stats, Device, IN_CAPSULE_DATA_SIZE};
+use super::{rdma_caps, stats, Device, RECV_LEN};
 use crate::core::command::SQE_LEN;
 use crate::core::{
     Action, BufferSource, Command, Completion, Queue, Status, Target, TeardownReason,
@@ -96,6 +96,17 @@ enum Flow {
     Close,
 }
 
+/// What the listener tells a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnEvent {
+    /// An `rdma_cm` event on the connection's ID.
+    Cm(CmEventKind),
+    /// An asynchronous event put the queue pair in the error state (QP fatal, access error).
+    QpFatal,
+    /// The device is going away: close without a disconnect exchange.
+    DeviceRemoved,
+}
+
 pub struct RdmaConnection {
     id: CmId,
     peer: String,
@@ -107,7 +118,7 @@ pub struct RdmaConnection {
     /// Completions taken from `signals`, kept to reuse its allocation.
     completed: Vec<IoDone>,
     completion_sink: Arc<dyn IoCompletion>,
-    events: mpsc::UnboundedReceiver<CmEventKind>,
+    events: mpsc::UnboundedReceiver<ConnEvent>,
     stash: Arc<Mutex<Option<Vec<u8>>>>,
     recv_len: usize,
     /// Keyed SGL commands waiting for a registered buffer, in arrival order.
@@ -131,7 +142,7 @@ impl RdmaConnection {
         channel: Arc<CompletionChannel>,
         device: Arc<Device>,
         target: Arc<Target>,
-        events: mpsc::UnboundedReceiver<CmEventKind>,
+        events: mpsc::UnboundedReceiver<ConnEvent>,
     ) -> Self {
         let peer = id
             .peer_addr()
@@ -144,7 +155,7 @@ impl RdmaConnection {
             pool: device.pool.clone(),
             stash: stash.clone(),
         }));
-        let recv_len = SQE_LEN + IN_CAPSULE_DATA_SIZE as usize;
+        let recv_len = RECV_LEN;
         Self {
             id,
             peer,
@@ -172,7 +183,7 @@ impl RdmaConnection {
     /// Posts `count` receives on `id`'s queue pair, before the connection is accepted. On
     /// failure the caller destroys the QP, which returns the posted buffers.
     pub fn post_receives(id: &mut CmId, device: &Device, count: u32) -> Result<(), String> {
-        let recv_len = SQE_LEN + IN_CAPSULE_DATA_SIZE as usize;
+        let recv_len = RECV_LEN;
         let qp = id.qp().ok_or("no queue pair")?;
         for i in 0..count {
             let Some((buf, lkey)) = device.recv_pool.take(recv_len) else {
@@ -224,9 +235,18 @@ impl RdmaConnection {
                 biased;
                 _ = shutdown.changed() => Flow::Close,
                 ev = self.events.recv() => match ev {
-                    Some(CmEventKind::Established) | Some(CmEventKind::Other(_)) => Flow::Continue,
-                    Some(kind) => {
+                    Some(ConnEvent::Cm(CmEventKind::Established | CmEventKind::Other(_))) => Flow::Continue,
+                    Some(ConnEvent::Cm(kind)) => {
                         tracing::debug!(?kind, "connection event: closing");
+                        self.disconnected = true;
+                        Flow::Close
+                    }
+                    Some(ConnEvent::QpFatal) => {
+                        tracing::warn!("queue pair fatal error (asynchronous event): closing");
+                        Flow::Close
+                    }
+                    Some(ConnEvent::DeviceRemoved) => {
+                        tracing::info!("RDMA device removed: closing");
                         self.disconnected = true;
                         Flow::Close
                     }
@@ -327,6 +347,17 @@ impl RdmaConnection {
     }
 
     fn on_completion(&mut self, wc: WorkCompletion) -> Flow {
+        if let Some(srq) = self.device.srq.clone() {
+            if let Some((_, buf)) = srq.reap(&wc) {
+                if !wc.is_ok() {
+                    // A flushed receive's buffer is intact: it serves the other queues.
+                    self.device.repost_shared(buf);
+                    self.wc_error(&wc);
+                    return Flow::Close;
+                }
+                return self.on_recv(None, buf, wc.byte_len as usize);
+            }
+        }
         let Some(qp) = self.id.qp() else {
             return Flow::Close;
         };
@@ -346,7 +377,9 @@ impl RdmaConnection {
         }
         let value = tag & ((1 << TAG_SHIFT) - 1);
         match (tag >> TAG_SHIFT, wc.opcode, buf) {
-            (TAG_RECV, WcOpcode::Recv, Some(buf)) => self.on_recv(value, buf, wc.byte_len as usize),
+            (TAG_RECV, WcOpcode::Recv, Some(buf)) => {
+                self.on_recv(Some(value), buf, wc.byte_len as usize)
+            }
             (TAG_READ, WcOpcode::RdmaRead, Some(buf)) => {
                 let cid = value as u16;
                 match self.reading.remove(&cid) {
@@ -382,8 +415,9 @@ impl RdmaConnection {
         }
     }
 
-    /// A command capsule arrived in receive buffer `slot`.
-    fn on_recv(&mut self, slot: u64, buf: Vec<u8>, len: usize) -> Flow {
+    /// A command capsule arrived in receive buffer `slot` of this QP's own receive queue, or
+    /// (`None`) in a buffer of the device's shared receive queue.
+    fn on_recv(&mut self, slot: Option<u64>, buf: Vec<u8>, len: usize) -> Flow {
         let flow = if len < SQE_LEN || len > buf.len() {
             tracing::warn!(len, "capsule shorter than a command: closing");
             Flow::Close
@@ -393,6 +427,10 @@ impl RdmaConnection {
             self.on_capsule(Command::from_bytes(&sqe), &buf[SQE_LEN..len])
         };
         // Re-post the receive now that the capsule is copied out.
+        let Some(slot) = slot else {
+            self.device.repost_shared(buf);
+            return flow;
+        };
         let lkey = self.device.recv_pool.lkey(&buf);
         let mut buf = buf;
         buf.resize(self.recv_len, 0);
@@ -721,6 +759,13 @@ impl RdmaConnection {
         for (_, buf) in self.id.destroy_qp() {
             self.device.give_back(buf);
         }
+        // Shared receives this QP consumed and whose completions were not polled yet are
+        // only known from its CQ: reap them, or their buffers would stay counted as posted.
+        self.drain_destroyed_cq();
+        let topped_up = self.device.replenish_srq();
+        if topped_up > 0 {
+            tracing::debug!(topped_up, "shared receive queue topped up");
+        }
         if let Some(buf) = self.stash.lock().unwrap_or_else(|e| e.into_inner()).take() {
             self.device.give_back(buf);
         }
@@ -731,9 +776,31 @@ impl RdmaConnection {
         tracing::info!(
             rdma = %stats().summary(),
             pool = %super::pool_summary(&self.device.pool),
-            recv = %super::recv_summary(&self.device.recv_pool),
+            recv = %super::recv_summary(&self.device),
             "queue pair closed"
         );
+    }
+}
+
+impl RdmaConnection {
+    /// After the QP is destroyed: polls its CQ empty, returning shared receives to the SRQ.
+    fn drain_destroyed_cq(&mut self) {
+        let Some(srq) = self.device.srq.clone() else {
+            return;
+        };
+        let mut wcs = Vec::with_capacity(64);
+        loop {
+            wcs.clear();
+            match self.cq.poll(&mut wcs, 64) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            for wc in &wcs {
+                if let Some((_, buf)) = srq.reap(wc) {
+                    self.device.repost_shared(buf);
+                }
+            }
+        }
     }
 }
 

@@ -27,7 +27,9 @@ pub mod wire;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rdma_transport::{BufferPool, DeviceContext, DeviceLimits, PoolConfig, ProtectionDomain};
+use rdma_transport::{
+    BufferPool, DeviceContext, DeviceLimits, Lent, PoolConfig, ProtectionDomain, SharedReceiveQueue,
+};
 
 use crate::core::TransportCaps;
 
@@ -55,6 +57,35 @@ pub struct Device {
     pub recv_pool: Arc<BufferPool>,
     /// Woken when a buffer returns to a pool that refused a request.
     pub buffers_returned: Arc<tokio::sync::Notify>,
+    /// The receives for command capsules, shared by every queue pair on the device (when the
+    /// device has SRQs and they are not turned off): receive memory stays
+    /// `depth x RECV_LEN` whatever the number of queues. Without it each queue pair posts
+    /// `HSQSIZE + 1` receives of its own.
+    pub srq: Option<Arc<SharedReceiveQueue>>,
+}
+
+/// Bytes of one receive: a command capsule with in-capsule data.
+pub const RECV_LEN: usize = crate::core::command::SQE_LEN + IN_CAPSULE_DATA_SIZE as usize;
+
+/// Receives in a device's shared receive queue by default (Linux nvmet's `srq_size` default;
+/// SPDK defaults to 4096): ~8 MiB of 8 KiB receive buffers for any number of queues. A host
+/// that sends while every receive is in use gets an RNR NAK and retries (flow control, no
+/// error).
+pub const DEFAULT_SRQ_DEPTH: u32 = 1024;
+
+/// The shared receive queue's depth: `NVMEOF_RDMA_SRQ_DEPTH=N`, or `0` for one receive queue
+/// per queue pair (`NVMEOF_RDMA_SRQ=0` too); default [`DEFAULT_SRQ_DEPTH`].
+pub fn srq_depth_from_env() -> u32 {
+    if std::env::var("NVMEOF_RDMA_SRQ").is_ok_and(|v| v.trim() == "0") {
+        return 0;
+    }
+    match std::env::var("NVMEOF_RDMA_SRQ_DEPTH") {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            tracing::warn!(value = %v, "NVMEOF_RDMA_SRQ_DEPTH: not a number; using the default");
+            DEFAULT_SRQ_DEPTH
+        }),
+        Err(_) => DEFAULT_SRQ_DEPTH,
+    }
 }
 
 struct NotifyWaker(Arc<tokio::sync::Notify>);
@@ -69,6 +100,7 @@ impl Device {
     pub fn open(
         context: DeviceContext,
         pool: &PoolConfig,
+        srq_depth: u32,
     ) -> Result<Arc<Self>, rdma_transport::Error> {
         let limits = context.query()?;
         let pd = ProtectionDomain::new(context)?;
@@ -85,14 +117,89 @@ impl Device {
         )?);
         let buffers_returned = Arc::new(tokio::sync::Notify::new());
         pool.set_waker(Arc::new(NotifyWaker(buffers_returned.clone())));
-        Ok(Arc::new(Self {
+        let depth = srq_depth.min(limits.max_srq_wr);
+        let srq = if depth == 0 || limits.max_srq == 0 {
+            None
+        } else {
+            match SharedReceiveQueue::new(&pd, depth) {
+                Ok(srq) => Some(srq),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no shared receive queue: one receive queue per queue pair");
+                    None
+                }
+            }
+        };
+        let device = Arc::new(Self {
             context,
             limits,
             pd,
             pool,
             recv_pool,
             buffers_returned,
-        }))
+            srq,
+        });
+        device.replenish_srq();
+        Ok(device)
+    }
+
+    /// Tops the shared receive queue up to its depth (at start, and after receives were lost
+    /// with a queue pair or could not be re-posted). Returns the receives posted now.
+    pub fn replenish_srq(&self) -> usize {
+        let Some(srq) = &self.srq else {
+            return 0;
+        };
+        let mut posted = 0;
+        while srq.posted() < srq.capacity() as usize {
+            let Some((buf, lkey)) = self.recv_pool.take(RECV_LEN) else {
+                tracing::warn!("no registered memory for the shared receive queue");
+                break;
+            };
+            if let Err((e, buf)) = srq.post_recv(0, Lent { buf, lkey }) {
+                tracing::warn!(error = %e, "cannot post a shared receive");
+                let _ = self.recv_pool.give_back(buf);
+                break;
+            }
+            posted += 1;
+        }
+        posted
+    }
+
+    /// Re-posts a consumed receive buffer to the shared receive queue, or returns it to the
+    /// receive pool when that fails (the SRQ is full or destroyed).
+    pub fn repost_shared(&self, mut buf: Vec<u8>) {
+        let Some(srq) = &self.srq else {
+            let _ = self.recv_pool.give_back(buf);
+            return;
+        };
+        let Some(lkey) = self.recv_pool.lkey(&buf) else {
+            let _ = self.recv_pool.give_back(buf);
+            return;
+        };
+        buf.resize(RECV_LEN, 0);
+        if let Err((e, buf)) = srq.post_recv(0, Lent { buf, lkey }) {
+            tracing::debug!(error = %e, "shared receive not re-posted");
+            let _ = self.recv_pool.give_back(buf);
+        }
+    }
+
+    /// Destroys the shared receive queue (every queue pair on the device must be gone) and
+    /// returns its buffers to the receive pool. Returns false when the provider refused.
+    pub fn release_srq(&self) -> bool {
+        let Some(srq) = &self.srq else {
+            return true;
+        };
+        match srq.destroy() {
+            Ok(bufs) => {
+                for (_, buf) in bufs {
+                    let _ = self.recv_pool.give_back(buf);
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot destroy the shared receive queue");
+                false
+            }
+        }
     }
 
     /// Returns a buffer to the pool it came from.
@@ -161,6 +268,8 @@ pub struct RdmaStats {
     pub wc_errors: AtomicU64,
     /// Buffers still owned by a device when a connection gave up waiting (leaked, not reused).
     pub abandoned_buffers: AtomicU64,
+    /// Queue pair error events (QP fatal, request or access error) from the device.
+    pub qp_fatal_events: AtomicU64,
 }
 
 static STATS: RdmaStats = RdmaStats {
@@ -177,6 +286,7 @@ static STATS: RdmaStats = RdmaStats {
     buffer_waits: AtomicU64::new(0),
     wc_errors: AtomicU64::new(0),
     abandoned_buffers: AtomicU64::new(0),
+    qp_fatal_events: AtomicU64::new(0),
 };
 
 pub fn stats() -> &'static RdmaStats {
@@ -187,7 +297,7 @@ impl RdmaStats {
     pub fn summary(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "connect_requests={} accepted={} rejected={} live_qps={} commands={} rdma_reads={} rdma_writes={} send_inv={} payload_copies={} unregistered_buffers={} buffer_waits={} wc_errors={} abandoned_buffers={}",
+            "connect_requests={} accepted={} rejected={} live_qps={} commands={} rdma_reads={} rdma_writes={} send_inv={} payload_copies={} unregistered_buffers={} buffer_waits={} wc_errors={} abandoned_buffers={} qp_fatal_events={}",
             g(&self.connect_requests),
             g(&self.accepted),
             g(&self.rejected),
@@ -201,16 +311,31 @@ impl RdmaStats {
             g(&self.buffer_waits),
             g(&self.wc_errors),
             g(&self.abandoned_buffers),
+            g(&self.qp_fatal_events),
         )
     }
 }
 
-/// The receive pool's counters, with names that do not collide with the data pool's.
-pub fn recv_summary(pool: &BufferPool) -> String {
-    let s = pool.stats();
+/// The receive side's counters, with names that do not collide with the data pool's:
+/// registered receive memory (`recv_bytes`), receives on loan (posted or being handled) and
+/// the shared receive queue's fill (`srq_posted`/`srq_depth`, 0/0 without one).
+pub fn recv_summary(device: &Device) -> String {
+    let s = device.recv_pool.stats();
+    let (posted, depth) = device
+        .srq
+        .as_ref()
+        .map(|q| (q.posted(), q.capacity()))
+        .unwrap_or((0, 0));
     format!(
-        "recv_registrations={} recv_hits={} recv_on_loan={}",
-        s.registrations, s.cache_hits, s.on_loan
+        "recv_registrations={} recv_deregistrations={} recv_live_registrations={} recv_hits={} recv_on_loan={} recv_bytes={} srq_posted={} srq_depth={}",
+        s.registrations,
+        s.deregistrations,
+        s.live_registrations,
+        s.cache_hits,
+        s.on_loan,
+        s.cache_bytes,
+        posted,
+        depth
     )
 }
 

@@ -210,6 +210,60 @@ impl Default for ibv_device_attr {
         }
     }
 }
+pub const IBV_EVENT_CQ_ERR: ibv_event_type = 0;
+pub const IBV_EVENT_QP_FATAL: ibv_event_type = 1;
+pub const IBV_EVENT_QP_REQ_ERR: ibv_event_type = 2;
+pub const IBV_EVENT_QP_ACCESS_ERR: ibv_event_type = 3;
+pub const IBV_EVENT_COMM_EST: ibv_event_type = 4;
+pub const IBV_EVENT_SQ_DRAINED: ibv_event_type = 5;
+pub const IBV_EVENT_PATH_MIG: ibv_event_type = 6;
+pub const IBV_EVENT_PATH_MIG_ERR: ibv_event_type = 7;
+pub const IBV_EVENT_DEVICE_FATAL: ibv_event_type = 8;
+pub const IBV_EVENT_PORT_ACTIVE: ibv_event_type = 9;
+pub const IBV_EVENT_PORT_ERR: ibv_event_type = 10;
+pub const IBV_EVENT_LID_CHANGE: ibv_event_type = 11;
+pub const IBV_EVENT_PKEY_CHANGE: ibv_event_type = 12;
+pub const IBV_EVENT_SM_CHANGE: ibv_event_type = 13;
+pub const IBV_EVENT_SRQ_ERR: ibv_event_type = 14;
+pub const IBV_EVENT_SRQ_LIMIT_REACHED: ibv_event_type = 15;
+pub const IBV_EVENT_QP_LAST_WQE_REACHED: ibv_event_type = 16;
+pub const IBV_EVENT_CLIENT_REREGISTER: ibv_event_type = 17;
+pub const IBV_EVENT_GID_CHANGE: ibv_event_type = 18;
+pub const IBV_EVENT_WQ_FATAL: ibv_event_type = 19;
+pub type ibv_event_type = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_async_event {
+    pub element: ibv_async_event__bindgen_ty_1,
+    pub event_type: ibv_event_type,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union ibv_async_event__bindgen_ty_1 {
+    pub cq: *mut ibv_cq,
+    pub qp: *mut ibv_qp,
+    pub srq: *mut ibv_srq,
+    pub wq: *mut ibv_wq,
+    pub port_num: ::std::os::raw::c_int,
+}
+impl Default for ibv_async_event__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ibv_async_event {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 pub const IBV_WC_SUCCESS: ibv_wc_status = 0;
 pub const IBV_WC_LOC_LEN_ERR: ibv_wc_status = 1;
 pub const IBV_WC_LOC_QP_OP_ERR: ibv_wc_status = 2;
@@ -447,6 +501,13 @@ impl Default for ibv_srq_init_attr {
         }
     }
 }
+pub const IBV_WQT_RQ: ibv_wq_type = 0;
+pub type ibv_wq_type = ::std::os::raw::c_uint;
+pub const IBV_WQS_RESET: ibv_wq_state = 0;
+pub const IBV_WQS_RDY: ibv_wq_state = 1;
+pub const IBV_WQS_ERR: ibv_wq_state = 2;
+pub const IBV_WQS_UNKNOWN: ibv_wq_state = 3;
+pub type ibv_wq_state = ::std::os::raw::c_uint;
 pub const IBV_QPT_RC: ibv_qp_type = 2;
 pub const IBV_QPT_UC: ibv_qp_type = 3;
 pub const IBV_QPT_UD: ibv_qp_type = 4;
@@ -715,6 +776,38 @@ pub struct ibv_srq {
     pub events_completed: u32,
 }
 impl Default for ibv_srq {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_wq {
+    pub context: *mut ibv_context,
+    pub wq_context: *mut ::std::os::raw::c_void,
+    pub pd: *mut ibv_pd,
+    pub cq: *mut ibv_cq,
+    pub wq_num: u32,
+    pub handle: u32,
+    pub state: ibv_wq_state,
+    pub wq_type: ibv_wq_type,
+    pub post_recv: ::std::option::Option<
+        unsafe extern "C" fn(
+            current: *mut ibv_wq,
+            recv_wr: *mut ibv_recv_wr,
+            bad_recv_wr: *mut *mut ibv_recv_wr,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+    pub comp_mask: u32,
+}
+impl Default for ibv_wq {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -1312,6 +1405,11 @@ pub struct RdmaLib {
     __library: ::libloading::Library,
     pub ibv_wc_status_str:
         unsafe extern "C" fn(status: ibv_wc_status) -> *const ::std::os::raw::c_char,
+    pub ibv_get_async_event: unsafe extern "C" fn(
+        context: *mut ibv_context,
+        event: *mut ibv_async_event,
+    ) -> ::std::os::raw::c_int,
+    pub ibv_ack_async_event: unsafe extern "C" fn(event: *mut ibv_async_event),
     pub ibv_query_device: unsafe extern "C" fn(
         context: *mut ibv_context,
         device_attr: *mut ibv_device_attr,
@@ -1348,6 +1446,8 @@ pub struct RdmaLib {
         srq_init_attr: *mut ibv_srq_init_attr,
     ) -> *mut ibv_srq,
     pub ibv_destroy_srq: unsafe extern "C" fn(srq: *mut ibv_srq) -> ::std::os::raw::c_int,
+    pub ibv_event_type_str:
+        unsafe extern "C" fn(event: ibv_event_type) -> *const ::std::os::raw::c_char,
     pub rdma_create_event_channel: unsafe extern "C" fn() -> *mut rdma_event_channel,
     pub rdma_destroy_event_channel: unsafe extern "C" fn(channel: *mut rdma_event_channel),
     pub rdma_create_id: unsafe extern "C" fn(
@@ -1398,6 +1498,9 @@ pub struct RdmaLib {
         event: *mut *mut rdma_cm_event,
     ) -> ::std::os::raw::c_int,
     pub rdma_ack_cm_event: unsafe extern "C" fn(event: *mut rdma_cm_event) -> ::std::os::raw::c_int,
+    pub rdma_get_devices:
+        unsafe extern "C" fn(num_devices: *mut ::std::os::raw::c_int) -> *mut *mut ibv_context,
+    pub rdma_free_devices: unsafe extern "C" fn(list: *mut *mut ibv_context),
     pub rdma_event_str:
         unsafe extern "C" fn(event: rdma_cm_event_type) -> *const ::std::os::raw::c_char,
 }
@@ -1415,6 +1518,8 @@ impl RdmaLib {
     {
         let __library = library.into();
         let ibv_wc_status_str = __library.get(b"ibv_wc_status_str\0").map(|sym| *sym)?;
+        let ibv_get_async_event = __library.get(b"ibv_get_async_event\0").map(|sym| *sym)?;
+        let ibv_ack_async_event = __library.get(b"ibv_ack_async_event\0").map(|sym| *sym)?;
         let ibv_query_device = __library.get(b"ibv_query_device\0").map(|sym| *sym)?;
         let ibv_alloc_pd = __library.get(b"ibv_alloc_pd\0").map(|sym| *sym)?;
         let ibv_dealloc_pd = __library.get(b"ibv_dealloc_pd\0").map(|sym| *sym)?;
@@ -1432,6 +1537,7 @@ impl RdmaLib {
         let ibv_ack_cq_events = __library.get(b"ibv_ack_cq_events\0").map(|sym| *sym)?;
         let ibv_create_srq = __library.get(b"ibv_create_srq\0").map(|sym| *sym)?;
         let ibv_destroy_srq = __library.get(b"ibv_destroy_srq\0").map(|sym| *sym)?;
+        let ibv_event_type_str = __library.get(b"ibv_event_type_str\0").map(|sym| *sym)?;
         let rdma_create_event_channel = __library
             .get(b"rdma_create_event_channel\0")
             .map(|sym| *sym)?;
@@ -1452,10 +1558,14 @@ impl RdmaLib {
         let rdma_disconnect = __library.get(b"rdma_disconnect\0").map(|sym| *sym)?;
         let rdma_get_cm_event = __library.get(b"rdma_get_cm_event\0").map(|sym| *sym)?;
         let rdma_ack_cm_event = __library.get(b"rdma_ack_cm_event\0").map(|sym| *sym)?;
+        let rdma_get_devices = __library.get(b"rdma_get_devices\0").map(|sym| *sym)?;
+        let rdma_free_devices = __library.get(b"rdma_free_devices\0").map(|sym| *sym)?;
         let rdma_event_str = __library.get(b"rdma_event_str\0").map(|sym| *sym)?;
         Ok(RdmaLib {
             __library,
             ibv_wc_status_str,
+            ibv_get_async_event,
+            ibv_ack_async_event,
             ibv_query_device,
             ibv_alloc_pd,
             ibv_dealloc_pd,
@@ -1469,6 +1579,7 @@ impl RdmaLib {
             ibv_ack_cq_events,
             ibv_create_srq,
             ibv_destroy_srq,
+            ibv_event_type_str,
             rdma_create_event_channel,
             rdma_destroy_event_channel,
             rdma_create_id,
@@ -1485,11 +1596,23 @@ impl RdmaLib {
             rdma_disconnect,
             rdma_get_cm_event,
             rdma_ack_cm_event,
+            rdma_get_devices,
+            rdma_free_devices,
             rdma_event_str,
         })
     }
     pub unsafe fn ibv_wc_status_str(&self, status: ibv_wc_status) -> *const ::std::os::raw::c_char {
         (self.ibv_wc_status_str)(status)
+    }
+    pub unsafe fn ibv_get_async_event(
+        &self,
+        context: *mut ibv_context,
+        event: *mut ibv_async_event,
+    ) -> ::std::os::raw::c_int {
+        (self.ibv_get_async_event)(context, event)
+    }
+    pub unsafe fn ibv_ack_async_event(&self, event: *mut ibv_async_event) {
+        (self.ibv_ack_async_event)(event)
     }
     pub unsafe fn ibv_query_device(
         &self,
@@ -1561,6 +1684,12 @@ impl RdmaLib {
     }
     pub unsafe fn ibv_destroy_srq(&self, srq: *mut ibv_srq) -> ::std::os::raw::c_int {
         (self.ibv_destroy_srq)(srq)
+    }
+    pub unsafe fn ibv_event_type_str(
+        &self,
+        event: ibv_event_type,
+    ) -> *const ::std::os::raw::c_char {
+        (self.ibv_event_type_str)(event)
     }
     pub unsafe fn rdma_create_event_channel(&self) -> *mut rdma_event_channel {
         (self.rdma_create_event_channel)()
@@ -1655,6 +1784,15 @@ impl RdmaLib {
     }
     pub unsafe fn rdma_ack_cm_event(&self, event: *mut rdma_cm_event) -> ::std::os::raw::c_int {
         (self.rdma_ack_cm_event)(event)
+    }
+    pub unsafe fn rdma_get_devices(
+        &self,
+        num_devices: *mut ::std::os::raw::c_int,
+    ) -> *mut *mut ibv_context {
+        (self.rdma_get_devices)(num_devices)
+    }
+    pub unsafe fn rdma_free_devices(&self, list: *mut *mut ibv_context) {
+        (self.rdma_free_devices)(list)
     }
     pub unsafe fn rdma_event_str(
         &self,

@@ -132,6 +132,71 @@ fn set_nonblocking(fd: c_int) -> Result<(), Error> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Live object counters
+// ---------------------------------------------------------------------------------------------
+
+/// Verbs and `rdma_cm` objects alive in this process, by kind: proof that a closed
+/// connection or a removed device returned everything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LiveObjects {
+    pub protection_domains: i64,
+    pub memory_regions: i64,
+    pub completion_channels: i64,
+    pub completion_queues: i64,
+    pub shared_receive_queues: i64,
+    pub queue_pairs: i64,
+    pub cm_ids: i64,
+}
+
+impl std::fmt::Display for LiveObjects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "live_pds={} live_mrs={} live_comp_channels={} live_cqs={} live_srqs={} live_qp_objects={} live_cm_ids={}",
+            self.protection_domains,
+            self.memory_regions,
+            self.completion_channels,
+            self.completion_queues,
+            self.shared_receive_queues,
+            self.queue_pairs,
+            self.cm_ids
+        )
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Pd,
+    Mr,
+    CompChannel,
+    Cq,
+    Srq,
+    Qp,
+    CmId,
+}
+
+static LIVE: [std::sync::atomic::AtomicI64; 7] =
+    [const { std::sync::atomic::AtomicI64::new(0) }; 7];
+
+fn live_add(kind: Kind, delta: i64) {
+    LIVE[kind as usize].fetch_add(delta, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The objects alive now (see [`LiveObjects`]).
+pub fn live_objects() -> LiveObjects {
+    let g = |k: Kind| LIVE[k as usize].load(std::sync::atomic::Ordering::Relaxed);
+    LiveObjects {
+        protection_domains: g(Kind::Pd),
+        memory_regions: g(Kind::Mr),
+        completion_channels: g(Kind::CompChannel),
+        completion_queues: g(Kind::Cq),
+        shared_receive_queues: g(Kind::Srq),
+        queue_pairs: g(Kind::Qp),
+        cm_ids: g(Kind::CmId),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Reactor registration of the channels' descriptors
 // ---------------------------------------------------------------------------------------------
 
@@ -146,6 +211,9 @@ pub struct ChannelFd {
 enum ChannelOwner {
     Completion(Arc<CompletionChannel>),
     Event(Arc<EventChannel>),
+    /// A device's async event fd: open while librdmacm keeps the context open (see
+    /// [`DeviceContext::async_fd`]).
+    Device(DeviceContext),
 }
 
 impl std::os::fd::AsRawFd for ChannelFd {
@@ -213,6 +281,10 @@ pub struct DeviceLimits {
     pub max_mr_size: u64,
     pub max_qp_rd_atom: u8,
     pub max_qp_init_rd_atom: u8,
+    /// Shared receive queues the device supports (0: none).
+    pub max_srq: u32,
+    /// Receives one shared receive queue may hold.
+    pub max_srq_wr: u32,
 }
 
 impl DeviceContext {
@@ -236,8 +308,124 @@ impl DeviceContext {
             max_mr_size: attr.max_mr_size,
             max_qp_rd_atom: u8::try_from(attr.max_qp_rd_atom).unwrap_or(u8::MAX),
             max_qp_init_rd_atom: u8::try_from(attr.max_qp_init_rd_atom).unwrap_or(u8::MAX),
+            max_srq: clamp(attr.max_srq),
+            max_srq_wr: clamp(attr.max_srq_wr),
         })
     }
+}
+
+/// What an asynchronous device event was about (`ibv_get_async_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEventKind {
+    /// The queue pair is in the error state (no completion will tell).
+    QpFatal,
+    QpRequestError,
+    QpAccessError,
+    /// A QP attached to an SRQ will consume no more of its receives (safe to destroy).
+    QpLastWqeReached,
+    CqError,
+    SrqError,
+    SrqLimitReached,
+    /// The device is unusable: release everything on it.
+    DeviceFatal,
+    PortActive,
+    PortError,
+    Other(u32),
+}
+
+/// One asynchronous event, copied out and acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncEvent {
+    pub kind: AsyncEventKind,
+    /// The queue pair's number, for QP events.
+    pub qp_num: Option<u32>,
+}
+
+impl DeviceContext {
+    /// Registers the device's asynchronous event descriptor with the current tokio reactor
+    /// (made non-blocking). The registration must be dropped before the device is released
+    /// ([`release_removed_devices`]): this handle does not keep the context open.
+    pub fn async_fd(&self) -> std::io::Result<tokio::io::unix::AsyncFd<ChannelFd>> {
+        // SAFETY: valid context; async_fd is the context's event descriptor.
+        let fd = unsafe { (*self.0).async_fd };
+        set_nonblocking(fd).map_err(|e| std::io::Error::other(e.to_string()))?;
+        register(ChannelFd {
+            fd,
+            _owner: ChannelOwner::Device(*self),
+        })
+    }
+
+    /// The next asynchronous event, if one is pending (non-blocking after
+    /// [`DeviceContext::async_fd`]).
+    pub fn next_async_event(&self) -> Result<Option<AsyncEvent>, Error> {
+        let lib = lib()?;
+        let mut ev = sys::ibv_async_event::default();
+        // SAFETY: valid context, out-parameter.
+        let rc = unsafe { lib.ibv_get_async_event(self.0, &mut ev) };
+        if rc != 0 {
+            let e = errno();
+            if e == libc::EAGAIN || e == libc::EWOULDBLOCK {
+                return Ok(None);
+            }
+            return Err(Error::Errno {
+                call: "ibv_get_async_event",
+                errno: e,
+            });
+        }
+        let kind = match ev.event_type {
+            sys::IBV_EVENT_QP_FATAL => AsyncEventKind::QpFatal,
+            sys::IBV_EVENT_QP_REQ_ERR => AsyncEventKind::QpRequestError,
+            sys::IBV_EVENT_QP_ACCESS_ERR => AsyncEventKind::QpAccessError,
+            sys::IBV_EVENT_QP_LAST_WQE_REACHED => AsyncEventKind::QpLastWqeReached,
+            sys::IBV_EVENT_CQ_ERR => AsyncEventKind::CqError,
+            sys::IBV_EVENT_SRQ_ERR => AsyncEventKind::SrqError,
+            sys::IBV_EVENT_SRQ_LIMIT_REACHED => AsyncEventKind::SrqLimitReached,
+            sys::IBV_EVENT_DEVICE_FATAL => AsyncEventKind::DeviceFatal,
+            sys::IBV_EVENT_PORT_ACTIVE => AsyncEventKind::PortActive,
+            sys::IBV_EVENT_PORT_ERR => AsyncEventKind::PortError,
+            o => AsyncEventKind::Other(o),
+        };
+        let qp_event = matches!(
+            kind,
+            AsyncEventKind::QpFatal
+                | AsyncEventKind::QpRequestError
+                | AsyncEventKind::QpAccessError
+                | AsyncEventKind::QpLastWqeReached
+        ) || ev.event_type == sys::IBV_EVENT_COMM_EST
+            || ev.event_type == sys::IBV_EVENT_SQ_DRAINED
+            || ev.event_type == sys::IBV_EVENT_PATH_MIG
+            || ev.event_type == sys::IBV_EVENT_PATH_MIG_ERR;
+        // SAFETY: for QP events the element is a QP that cannot be destroyed before this
+        // event is acknowledged (ibv_destroy_qp waits for it), so it is valid here; the union
+        // member read is the one the event type names.
+        let qp_num = unsafe {
+            let qp = ev.element.qp;
+            (qp_event && !qp.is_null()).then(|| (*qp).qp_num)
+        };
+        // SAFETY: acknowledging the event we took, once, after reading its element.
+        unsafe { lib.ibv_ack_async_event(&mut ev) };
+        Ok(Some(AsyncEvent { kind, qp_num }))
+    }
+}
+
+/// Lets librdmacm close the device contexts of removed devices: it keeps a context open
+/// while an ID uses it and notices a device is gone only when it re-reads the device list.
+/// Call after every ID, QP, CQ, SRQ, MR and PD of a removed device was destroyed; until the
+/// context is closed the kernel cannot finish removing a device whose driver cannot
+/// disassociate user contexts (rdma_rxe), and `rdma link delete` waits. Returns the number of
+/// RDMA devices present.
+pub fn release_removed_devices() -> Result<usize, Error> {
+    let lib = lib()?;
+    let mut n: c_int = 0;
+    // SAFETY: out-parameter; the returned list is freed right away with rdma_free_devices.
+    let list = unsafe { lib.rdma_get_devices(&mut n) };
+    if list.is_null() {
+        // No device at all (every one was removed): nothing is listed, but the re-read done.
+        return Ok(0);
+    }
+    // SAFETY: the list rdma_get_devices returned, freed once.
+    unsafe { lib.rdma_free_devices(list) };
+    Ok(usize::try_from(n).unwrap_or(0))
 }
 
 /// A protection domain.
@@ -259,6 +447,7 @@ impl ProtectionDomain {
         if pd.is_null() {
             return Err(errno_err("ibv_alloc_pd"));
         }
+        live_add(Kind::Pd, 1);
         Ok(Arc::new(Self { pd, context }))
     }
 
@@ -272,6 +461,7 @@ impl Drop for ProtectionDomain {
         if let Ok(lib) = lib() {
             // SAFETY: every MR and QP holds an Arc of this PD, so none is left.
             let rc = unsafe { lib.ibv_dealloc_pd(self.pd) };
+            live_add(Kind::Pd, -1);
             if rc != 0 {
                 tracing::warn!(rc, "ibv_dealloc_pd failed");
             }
@@ -312,6 +502,7 @@ impl MemoryRegion {
         if mr.is_null() {
             return Err(errno_err("ibv_reg_mr"));
         }
+        live_add(Kind::Mr, 1);
         Ok(Self {
             mr,
             _pd: pd.clone(),
@@ -329,6 +520,7 @@ impl Drop for MemoryRegion {
         if let Ok(lib) = lib() {
             // SAFETY: registered by us, deregistered once.
             let rc = unsafe { lib.ibv_dereg_mr(self.mr) };
+            live_add(Kind::Mr, -1);
             if rc != 0 {
                 tracing::warn!(rc, "ibv_dereg_mr failed");
             }
@@ -359,6 +551,7 @@ impl CompletionChannel {
         if ch.is_null() {
             return Err(errno_err("ibv_create_comp_channel"));
         }
+        live_add(Kind::CompChannel, 1);
         let me = Self { ch };
         set_nonblocking(me.fd())?;
         Ok(Arc::new(me))
@@ -372,6 +565,7 @@ impl CompletionChannel {
 
 impl Drop for CompletionChannel {
     fn drop(&mut self) {
+        live_add(Kind::CompChannel, -1);
         if let Ok(lib) = lib() {
             // SAFETY: CQs hold an Arc of their channel, so none is left.
             unsafe { lib.ibv_destroy_comp_channel(self.ch) };
@@ -446,6 +640,7 @@ impl CompletionQueue {
         if cq.is_null() {
             return Err(errno_err("ibv_create_cq"));
         }
+        live_add(Kind::Cq, 1);
         Ok(Arc::new(Self {
             cq,
             channel: channel.clone(),
@@ -558,6 +753,192 @@ impl Drop for CompletionQueue {
                     lib.ibv_ack_cq_events(self.cq, n);
                 }
                 lib.ibv_destroy_cq(self.cq);
+                live_add(Kind::Cq, -1);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared receive queue
+// ---------------------------------------------------------------------------------------------
+
+/// Work request IDs of shared receives: `SRQ_WR_ID_TAG << 32 | slot`. Queue pairs use small
+/// slot numbers and `u64::MAX` (unsignaled writes), so the three never collide, and a
+/// completion names its owner even when it was flushed (whose opcode is undefined).
+const SRQ_WR_ID_TAG: u64 = 0x5352_5130; // "SRQ0"
+
+/// A shared receive queue: receives posted once for every queue pair attached to it, so
+/// receive memory does not grow with the number of queue pairs. A receive's completion
+/// arrives on the CQ of the queue pair that consumed it; [`SharedReceiveQueue::reap`] hands
+/// its buffer back. Posted buffers are owned by this queue until reaped or until it is
+/// destroyed ([`SharedReceiveQueue::destroy`] or drop), so the adapter never writes into
+/// freed or reused memory. Posting and reaping may happen from any thread.
+pub struct SharedReceiveQueue {
+    srq: Mutex<SrqState>,
+    capacity: u32,
+    _pd: Arc<ProtectionDomain>,
+}
+
+struct SrqState {
+    /// Null once destroyed.
+    srq: *mut sys::ibv_srq,
+    /// Per slot: the caller's tag and the posted buffer.
+    slots: Vec<Option<(u64, Vec<u8>)>>,
+    free: Vec<usize>,
+    posted: usize,
+}
+
+// SAFETY: as for every verbs object; the handle and the slots are behind the mutex.
+unsafe impl Send for SharedReceiveQueue {}
+// SAFETY: as above.
+unsafe impl Sync for SharedReceiveQueue {}
+
+impl SharedReceiveQueue {
+    /// Creates a shared receive queue for up to `max_wr` receives of one scatter entry.
+    pub fn new(pd: &Arc<ProtectionDomain>, max_wr: u32) -> Result<Arc<Self>, Error> {
+        if max_wr == 0 {
+            return Err(Error::Invalid(
+                "a shared receive queue needs at least one entry",
+            ));
+        }
+        let lib = lib()?;
+        let mut attr = sys::ibv_srq_init_attr::default();
+        attr.attr.max_wr = max_wr;
+        attr.attr.max_sge = 1;
+        // SAFETY: valid PD; attr is read and updated with the actual sizes.
+        let srq = unsafe { lib.ibv_create_srq(pd.pd, &mut attr) };
+        if srq.is_null() {
+            return Err(errno_err("ibv_create_srq"));
+        }
+        live_add(Kind::Srq, 1);
+        Ok(Arc::new(Self {
+            srq: Mutex::new(SrqState {
+                srq,
+                slots: Vec::new(),
+                free: Vec::new(),
+                posted: 0,
+            }),
+            // The provider may round up; never post more than asked for.
+            capacity: max_wr.min(attr.attr.max_wr.max(1)),
+            _pd: pd.clone(),
+        }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SrqState> {
+        self.srq.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Receives this queue holds at most.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Receives posted and not yet reaped.
+    pub fn posted(&self) -> usize {
+        self.lock().posted
+    }
+
+    /// Posts a receive into `buf` (its whole length). Refused (the buffer comes back) when
+    /// the queue is full or destroyed.
+    pub fn post_recv(&self, tag: u64, buf: Lent) -> Result<(), (Error, Vec<u8>)> {
+        let mut st = self.lock();
+        if st.srq.is_null() {
+            return Err((Error::Invalid("shared receive queue destroyed"), buf.buf));
+        }
+        if st.posted >= self.capacity as usize {
+            return Err((Error::Invalid("shared receive queue full"), buf.buf));
+        }
+        let mut sge = match QueuePair::sge(&buf) {
+            Ok(s) => s,
+            Err(e) => return Err((e, buf.buf)),
+        };
+        let slot = match st.free.pop() {
+            Some(i) => i,
+            None => {
+                st.slots.push(None);
+                st.slots.len() - 1
+            }
+        };
+        let mut wr = sys::ibv_recv_wr {
+            wr_id: (SRQ_WR_ID_TAG << 32) | slot as u64,
+            next: null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad: *mut sys::ibv_recv_wr = null_mut();
+        let srq = st.srq;
+        // SAFETY: valid SRQ (not destroyed: checked under the lock held across the call); the
+        // buffer is owned by its slot from now until reaped or the SRQ is destroyed.
+        let rc = unsafe {
+            let ctx = (*srq).context;
+            match (*ctx).ops.post_srq_recv {
+                Some(f) => f(srq, &mut wr, &mut bad),
+                None => libc::ENOSYS,
+            }
+        };
+        match check_rc("ibv_post_srq_recv", rc) {
+            Ok(()) => {
+                st.slots[slot] = Some((tag, buf.buf));
+                st.posted += 1;
+                Ok(())
+            }
+            Err(e) => {
+                st.free.push(slot);
+                Err((e, buf.buf))
+            }
+        }
+    }
+
+    /// True when `wc` completes one of this kind of queue's receives (any SRQ's).
+    pub fn owns(wc: &WorkCompletion) -> bool {
+        wc.wr_id >> 32 == SRQ_WR_ID_TAG
+    }
+
+    /// The tag and buffer of a completed (or flushed) receive; `None` when the completion is
+    /// not a shared receive or was already reaped.
+    pub fn reap(&self, wc: &WorkCompletion) -> Option<(u64, Vec<u8>)> {
+        if !Self::owns(wc) {
+            return None;
+        }
+        let slot = usize::try_from(wc.wr_id & u64::from(u32::MAX)).ok()?;
+        let mut st = self.lock();
+        let taken = st.slots.get_mut(slot)?.take()?;
+        st.free.push(slot);
+        st.posted -= 1;
+        Some(taken)
+    }
+
+    /// Destroys the queue now and returns the buffers still posted. Every queue pair attached
+    /// to it must have been destroyed (the provider refuses otherwise: the error is returned
+    /// and the buffers stay posted).
+    pub fn destroy(&self) -> Result<Vec<(u64, Vec<u8>)>, Error> {
+        let mut st = self.lock();
+        if !st.srq.is_null() {
+            let lib = lib()?;
+            // SAFETY: valid SRQ, destroyed once (the pointer is cleared under the lock).
+            check_rc("ibv_destroy_srq", unsafe { lib.ibv_destroy_srq(st.srq) })?;
+            st.srq = null_mut();
+            live_add(Kind::Srq, -1);
+        }
+        st.posted = 0;
+        st.free.clear();
+        Ok(st.slots.drain(..).flatten().collect())
+    }
+
+    fn raw(&self) -> *mut sys::ibv_srq {
+        self.lock().srq
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        // Queue pairs hold an Arc of their SRQ, so none is attached any more.
+        if let Err(e) = self.destroy() {
+            tracing::error!(error = %e, "ibv_destroy_srq failed: leaking its posted buffers");
+            let mut st = self.lock();
+            for (_, buf) in st.slots.drain(..).flatten() {
+                std::mem::forget(buf);
             }
         }
     }
@@ -692,7 +1073,7 @@ impl EventChannel {
                 params.responder_resources = conn.responder_resources;
             }
             let new_id = (kind == CmEventKind::ConnectRequest).then(|| CmId {
-                id: e.id,
+                id: live_cm_id(e.id),
                 _channel: self.clone(),
                 qp: None,
             });
@@ -745,6 +1126,12 @@ impl Drop for EventChannel {
             unsafe { lib.rdma_destroy_event_channel(self.ch) };
         }
     }
+}
+
+/// Counts an ID that an owning [`CmId`] is about to hold.
+fn live_cm_id(id: *mut sys::rdma_cm_id) -> *mut sys::rdma_cm_id {
+    live_add(Kind::CmId, 1);
+    id
 }
 
 /// An `rdma_cm` ID (a listener, or one connection with its queue pair).
@@ -827,7 +1214,7 @@ impl CmId {
             lib.rdma_create_id(channel.ch, &mut id, null_mut(), sys::RDMA_PS_TCP)
         })?;
         let me = Self {
-            id,
+            id: live_cm_id(id),
             _channel: channel.clone(),
             qp: None,
         };
@@ -855,7 +1242,7 @@ impl CmId {
             lib.rdma_create_id(channel.ch, &mut id, null_mut(), sys::RDMA_PS_TCP)
         })?;
         let me = Self {
-            id,
+            id: live_cm_id(id),
             _channel: channel.clone(),
             qp: None,
         };
@@ -929,6 +1316,29 @@ impl CmId {
         cq: &Arc<CompletionQueue>,
         caps: QpCaps,
     ) -> Result<QpInfo, Error> {
+        self.create_qp_inner(pd, cq, caps, None)
+    }
+
+    /// Like [`CmId::create_qp`], but the queue pair takes its receives from `srq` (it has no
+    /// receive queue of its own: `caps.max_recv_wr` is ignored and
+    /// [`QueuePair::post_recv`] is refused). The QP keeps the SRQ alive.
+    pub fn create_qp_with_srq(
+        &mut self,
+        pd: &Arc<ProtectionDomain>,
+        cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+        srq: &Arc<SharedReceiveQueue>,
+    ) -> Result<QpInfo, Error> {
+        self.create_qp_inner(pd, cq, caps, Some(srq))
+    }
+
+    fn create_qp_inner(
+        &mut self,
+        pd: &Arc<ProtectionDomain>,
+        cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+        srq: Option<&Arc<SharedReceiveQueue>>,
+    ) -> Result<QpInfo, Error> {
         if self.qp.is_some() {
             return Err(Error::Invalid("the ID already has a queue pair"));
         }
@@ -943,11 +1353,21 @@ impl CmId {
         attr.cap.max_recv_wr = caps.max_recv_wr;
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
+        if let Some(srq) = srq {
+            let raw = srq.raw();
+            if raw.is_null() {
+                return Err(Error::Invalid("shared receive queue destroyed"));
+            }
+            attr.srq = raw;
+            attr.cap.max_recv_wr = 0;
+            attr.cap.max_recv_sge = 0;
+        }
         attr.cap.max_inline_data = caps.max_inline_data;
         // SAFETY: valid ID and PD; attr is read and updated with the actual caps.
         check_rc("rdma_create_qp", unsafe {
             lib.rdma_create_qp(self.id, pd.pd, &mut attr)
         })?;
+        live_add(Kind::Qp, 1);
         // SAFETY: rdma_create_qp set id->qp.
         let qp = unsafe { (*self.id).qp };
         let info = QpInfo {
@@ -959,6 +1379,7 @@ impl CmId {
             qp,
             _cq: cq.clone(),
             _pd: pd.clone(),
+            srq: srq.cloned(),
             slots: Vec::new(),
             free: Vec::new(),
             in_flight: 0,
@@ -1021,6 +1442,7 @@ impl CmId {
         if let Ok(lib) = lib() {
             // SAFETY: valid ID with a QP; rdma_destroy_qp destroys id->qp.
             unsafe { lib.rdma_destroy_qp(self.id) };
+            live_add(Kind::Qp, -1);
         }
         qp.qp = null_mut();
         qp.take_all()
@@ -1034,6 +1456,7 @@ impl Drop for CmId {
         if let Ok(lib) = lib() {
             // SAFETY: valid ID, destroyed once, after its QP.
             unsafe { lib.rdma_destroy_id(self.id) };
+            live_add(Kind::CmId, -1);
         }
     }
 }
@@ -1073,6 +1496,8 @@ pub struct QueuePair {
     qp: *mut sys::ibv_qp,
     _cq: Arc<CompletionQueue>,
     _pd: Arc<ProtectionDomain>,
+    /// The shared receive queue this QP takes its receives from (destroyed after the QP).
+    srq: Option<Arc<SharedReceiveQueue>>,
     /// Per posted request: the caller's tag and the buffer the adapter may access.
     slots: Vec<Option<(u64, Option<Vec<u8>>)>>,
     free: Vec<usize>,
@@ -1127,9 +1552,24 @@ impl QueuePair {
         s
     }
 
-    /// The tag and buffer of a completed work request (`wc.wr_id`).
+    /// The tag and buffer of a completed work request (`wc.wr_id`); `None` for a shared
+    /// receive (reap it from its [`SharedReceiveQueue`]).
     pub fn reap(&mut self, wc: &WorkCompletion) -> Option<(u64, Option<Vec<u8>>)> {
+        if SharedReceiveQueue::owns(wc) {
+            return None;
+        }
         self.unslot(usize::try_from(wc.wr_id).ok()?)
+    }
+
+    /// The QP number (names the QP in asynchronous events and work completions).
+    pub fn qp_num(&self) -> Option<u32> {
+        // SAFETY: valid QP while not destroyed.
+        (!self.qp.is_null()).then(|| unsafe { (*self.qp).qp_num })
+    }
+
+    /// The shared receive queue this QP takes its receives from.
+    pub fn srq(&self) -> Option<&Arc<SharedReceiveQueue>> {
+        self.srq.as_ref()
     }
 
     fn take_all(&mut self) -> Vec<(u64, Vec<u8>)> {
@@ -1175,6 +1615,12 @@ impl QueuePair {
     pub fn post_recv(&mut self, tag: u64, buf: Lent) -> Result<(), (Error, Vec<u8>)> {
         if self.qp.is_null() {
             return Err((Error::Invalid("queue pair destroyed"), buf.buf));
+        }
+        if self.srq.is_some() {
+            return Err((
+                Error::Invalid("the queue pair receives from a shared receive queue"),
+                buf.buf,
+            ));
         }
         let mut sge = match Self::sge(&buf) {
             Ok(s) => s,
@@ -1426,5 +1872,32 @@ impl Drop for QueuePair {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc(wr_id: u64) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status: sys::IBV_WC_WR_FLUSH_ERR,
+            opcode: WcOpcode::Other(0),
+            byte_len: 0,
+            invalidated_rkey: None,
+        }
+    }
+
+    #[test]
+    fn shared_receive_ids_never_collide_with_queue_pair_ids() {
+        // QP slots are small indices; unsignaled writes use u64::MAX.
+        assert!(!SharedReceiveQueue::owns(&wc(0)));
+        assert!(!SharedReceiveQueue::owns(&wc(4095)));
+        assert!(!SharedReceiveQueue::owns(&wc(u64::MAX)));
+        assert!(SharedReceiveQueue::owns(&wc(SRQ_WR_ID_TAG << 32)));
+        assert!(SharedReceiveQueue::owns(&wc(
+            (SRQ_WR_ID_TAG << 32) | u64::from(u32::MAX)
+        )));
     }
 }
