@@ -7,6 +7,7 @@ pub mod ana;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod tls;
 
 /// The generated gRPC types, clients and servers.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use control_plane::ana::Timing;
-use control_plane::server::{self, ControlPlane, Options};
+use control_plane::server::{ControlPlane, Options};
 use control_plane::store::{Backend, MemoryBackend, RadosBackend, Store};
+use control_plane::tls::{self, TlsFiles};
 use rbd_backend::rbd::CephSettings;
 
 #[derive(Debug, Parser)]
@@ -52,6 +53,17 @@ struct Args {
     /// exit). Default `rados`.
     #[arg(long, default_value = "rados")]
     store: String,
+    /// mTLS: this replica's certificate (PEM). With --tls-key and --tls-ca, gRPC is served
+    /// over TLS and only clients with a certificate signed by the CA are accepted.
+    #[arg(long, env = "NVMEOF_CONTROL_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// mTLS: the private key of --tls-cert (PEM).
+    #[arg(long, env = "NVMEOF_CONTROL_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// mTLS: the CA certificate(s) that clients' (gateways', nvmeofctl's) certificates must
+    /// chain to (PEM).
+    #[arg(long, env = "NVMEOF_CONTROL_TLS_CA")]
+    tls_ca: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -84,6 +96,13 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    // Checked first: a TLS mistake must not leave a replica serving in the clear.
+    let tls = tls::server_tls_config(&TlsFiles {
+        ca: args.tls_ca.clone(),
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+    })
+    .map_err(|e| e.to_string())?;
     let backend: Arc<dyn Backend> = match args.store.as_str() {
         "memory" => Arc::new(MemoryBackend::default()),
         "rados" => {
@@ -121,11 +140,19 @@ async fn run(args: Args) -> Result<(), String> {
     let cp = ControlPlane::start(Store::new(backend), id.clone(), opts)
         .await
         .map_err(|e| format!("cannot load the group state: {e}"))?;
-    tracing::info!(listen = %args.listen, replica = %id, "nvmeof-control serving");
+    tracing::info!(
+        listen = %args.listen,
+        replica = %id,
+        mtls = tls.is_some(),
+        "nvmeof-control serving"
+    );
     tokio::spawn(cp.clone().run());
-    server::serve(cp, listener, shutdown_signal())
+    tls::serve(cp, listener, tls, shutdown_signal())
         .await
-        .map_err(|e| format!("gRPC server: {e}"))?;
+        .map_err(|e| match std::error::Error::source(&e) {
+            Some(cause) => format!("gRPC server: {e}: {cause}"),
+            None => format!("gRPC server: {e}"),
+        })?;
     tracing::info!("stopped");
     Ok(())
 }

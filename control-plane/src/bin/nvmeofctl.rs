@@ -2,15 +2,18 @@
 //!
 //! Tables by default, `--output json` for scripts. Exit codes: 0 done, 1 refused by the
 //! control plane (the message says why; the state is unchanged), 2 bad usage, 3 no control
-//! plane reachable.
+//! plane reachable, 4 TLS refused (no certificate, one the control plane's CA did not sign,
+//! or a control-plane certificate that --tls-ca does not trust).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use control_plane::ana::AnaState;
 use control_plane::proto::{self, admin_client::AdminClient};
-use tonic::transport::{Channel, Endpoint};
+use control_plane::tls::{self, TlsFiles};
+use tonic::transport::{Channel, ClientTlsConfig};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "Manage an NVMe-oF gateway group")]
@@ -27,6 +30,20 @@ struct Cli {
     /// Output format.
     #[arg(long, short, value_enum, default_value_t = Output::Table)]
     output: Output,
+    /// mTLS: the CA that signed the control plane's certificate (PEM). Given: the connection
+    /// is TLS (https) and the server is verified against it.
+    #[arg(long, env = "NVMEOFCTL_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// mTLS: this client's certificate (PEM), signed by the control plane's client CA.
+    #[arg(long, env = "NVMEOFCTL_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// mTLS: the private key of --tls-cert (PEM).
+    #[arg(long, env = "NVMEOFCTL_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// mTLS: the name to verify in the control plane's certificate (default: the host part of
+    /// --server).
+    #[arg(long, env = "NVMEOFCTL_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -225,7 +242,12 @@ enum AnaCmd {
 enum Failure {
     Refused(tonic::Status),
     Unreachable(String),
+    Usage(String),
+    Tls(String),
 }
+
+/// The exit code for a TLS refusal (see the module docs).
+const EXIT_TLS: u8 = 4;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -245,6 +267,14 @@ fn main() -> ExitCode {
             eprintln!("nvmeofctl: {} ({:?})", s.message(), s.code());
             ExitCode::from(1)
         }
+        Err(Failure::Usage(m)) => {
+            eprintln!("nvmeofctl: {m}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Tls(m)) => {
+            eprintln!("nvmeofctl: {m}");
+            ExitCode::from(EXIT_TLS)
+        }
         Err(Failure::Unreachable(m)) => {
             eprintln!("nvmeofctl: {m}");
             ExitCode::from(3)
@@ -252,27 +282,68 @@ fn main() -> ExitCode {
     }
 }
 
-async fn connect(servers: &[String]) -> Result<AdminClient<Channel>, Failure> {
+/// A failed request: refused by the control plane (a status it sent), or the connection
+/// failed under it (a status made here from a transport error, which has a source). With TLS
+/// the latter is how a refused client certificate shows: in TLS 1.3 the client's side of the
+/// handshake is complete before the server checks the client's certificate, so the server's
+/// refusal arrives with (or, racing the first request, as a broken pipe instead of) the alert.
+fn classify(status: tonic::Status, tls_on: bool) -> Failure {
+    use std::error::Error as _;
+    if let Some(cause) = tls::tls_failure(&status) {
+        return Failure::Tls(tls_refused(&cause));
+    }
+    let Some(source) = status.source() else {
+        return Failure::Refused(status);
+    };
+    let cause = tls::chain(source);
+    if tls_on {
+        Failure::Tls(tls_refused(&format!(
+            "the control plane closed the connection after the TLS handshake ({cause})"
+        )))
+    } else {
+        Failure::Unreachable(format!(
+            "the connection to the control plane failed ({cause}); if it serves mTLS, give \
+             --tls-ca, --tls-cert and --tls-key"
+        ))
+    }
+}
+
+fn tls_refused(cause: &str) -> String {
+    if cause.contains("invalid peer certificate") {
+        return format!(
+            "TLS refused: {cause} (the control plane's certificate is not signed by the CA in \
+             --tls-ca, or does not name the address in --server: see --tls-server-name)"
+        );
+    }
+    format!(
+        "TLS refused: {cause} (the control plane accepts only a client certificate signed by \
+         its CA: check --tls-cert/--tls-key, and that --tls-ca signed its certificate)"
+    )
+}
+
+async fn connect(
+    servers: &[String],
+    tls_config: Option<&ClientTlsConfig>,
+) -> Result<AdminClient<Channel>, Failure> {
     let mut errors = Vec::new();
+    let mut tls_errors = Vec::new();
     for s in servers {
-        let url = if s.contains("://") {
-            s.clone()
-        } else {
-            format!("http://{s}")
-        };
-        let endpoint = match Endpoint::from_shared(url.clone()) {
+        let endpoint = match tls::client_endpoint(s, tls_config) {
             Ok(e) => e
                 .connect_timeout(Duration::from_secs(3))
                 .timeout(Duration::from_secs(30)),
-            Err(e) => {
-                errors.push(format!("{s}: {e}"));
-                continue;
-            }
+            Err(e) => return Err(Failure::Usage(e.to_string())),
         };
         match endpoint.connect().await {
             Ok(ch) => return Ok(AdminClient::new(ch)),
-            Err(e) => errors.push(format!("{s}: {e}")),
+            Err(e) => match tls::tls_failure(&e) {
+                Some(cause) => tls_errors.push(format!("{s}: {cause}")),
+                None => errors.push(format!("{s}: {}", tls::chain(&e))),
+            },
         }
+    }
+    if !tls_errors.is_empty() {
+        return Err(Failure::Tls(tls_refused(&tls_errors.join("; "))));
     }
     Err(Failure::Unreachable(format!(
         "no control plane reachable ({})",
@@ -330,9 +401,17 @@ fn ana_name(code: u32) -> String {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let mut c = connect(&cli.server).await?;
+    let files = TlsFiles {
+        ca: cli.tls_ca.clone(),
+        cert: cli.tls_cert.clone(),
+        key: cli.tls_key.clone(),
+    };
+    let tls_config = tls::client_tls_config(&files, cli.tls_server_name.as_deref())
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+    let mut c = connect(&cli.server, tls_config.as_ref()).await?;
     let out = cli.output;
-    let refused = Failure::Refused;
+    let tls_on = tls_config.is_some();
+    let refused = move |status| classify(status, tls_on);
     match cli.cmd {
         Cmd::Subsystem(SubsystemCmd::Add {
             nqn,
