@@ -82,6 +82,10 @@ on_step_failure() {
 
 # ------------------------------------------------------------------- rxe --
 rxe_setup() {
+  # ib_uverbs first, as when a NIC driver (mlx5_ib) loads it at boot: the kernel removes a
+  # device's clients in reverse order of registration, so rdma_cm (DEVICE_REMOVAL to the
+  # gateway) must come after uverbs (which waits for the gateway to close the device).
+  modprobe ib_uverbs && modprobe rdma_ucm || return 1
   modprobe -a nvme-core nvme-rdma nvme-tcp rdma_rxe || return 1
   local nd=eth0
   if ! ip link show eth0 > /dev/null 2>&1; then
@@ -89,6 +93,10 @@ rxe_setup() {
     nd=dummy0
   fi
   rdma link add rxe0 type rxe netdev $nd || return 1
+  # A second device (no address) for the removal step: librdmacm 44 re-reads its device list,
+  # and so closes a removed device's context, only while at least one device is present.
+  ip link add dummy1 type dummy 2>/dev/null; ip link set dummy1 up
+  rdma link add rxe1 type rxe netdev dummy1 || say "no second rxe device: the removal step will wait"
   rdma link show | sed 's/^/    /'
   ibv_devices 2>&1 | sed 's/^/    /'
   for _ in $(seq 50); do rdma link show rxe0/1 2>/dev/null | grep -q ACTIVE && return 0; sleep 0.1; done
@@ -161,7 +169,7 @@ stop_gateway() {
 last_counters() { grep 'queue pair closed' "$GWLOG" | tail -n 1 | sed 's/\x1b\[[0-9;]*m//g'; }
 counter() { # name [line]: value of name=N in the last counters line
   local line=${2:-$(last_counters)}
-  echo "$line" | sed -n "s/.* $1=\([0-9]*\).*/\1/p" | head -n 1
+  echo "$line" | sed -n "s/.*[ =]$1=\([0-9]*\).*/\1/p" | head -n 1
 }
 released_check() { # after every controller is gone: no QP alive, no pool buffer on loan
   local line q l
@@ -444,7 +452,7 @@ vanish_check() { # the host goes away mid-I/O: resources released, gateway keeps
 
 back_pressure() { # a tiny data pool: commands wait for buffers, none fails
   stop_gateway || return 1
-  GW_ENV=(NVMEOF_RDMA_POOL=4096x4,131072x2 NVMEOF_RDMA_CACHE_MIB=1)
+  GW_ENV=(NVMEOF_RDMA_POOL=4096x4,131072x2 NVMEOF_RDMA_CACHE_MIB=1 NVMEOF_RDMA_SRQ=0)
   say "restarting with ${GW_ENV[*]}"
   start_gateway tiny-pool 2 || return 1
   connect || return 1
@@ -461,6 +469,103 @@ back_pressure() { # a tiny data pool: commands wait for buffers, none fails
   return $rc
 }
 
+# ------------------------------------------------- shared receive queue --
+SRQ_CTRLS=${E2E_SRQ_CTRLS:-6}
+MEM_SRQ="" MEM_NOSRQ=""
+recv_memory() { # label: connect SRQ_CTRLS controllers (admin + I/O queues each), write on each, disconnect
+  local i n=0 line qps a0
+  a0=$(counter accepted)
+  for i in $(seq "$SRQ_CTRLS"); do
+    timeout -k 5 90 nvme connect "${COPTS[@]}" -D -n $NQN --hostnqn=$HOSTNQN --hostid=$HOSTID > $WORK/err 2>&1 ||
+      { say "connect $i failed: $(cat $WORK/err)"; break; }
+    n=$i
+  done
+  say "$n controllers connected: $(connected_ctrls $NQN | tr '\n' ' ')"
+  DEV=$(ns_dev) && fio_run "recv-$1" --rw=randwrite --bs=4k --size=4M --iodepth=16 || { disconnect_nqn $NQN > /dev/null; return 1; }
+  disconnect_nqn $NQN > /dev/null || return 1
+  sleep 1
+  line=$(last_counters)
+  qps=$(( $(counter accepted "$line") - ${a0:-0} ))
+  say "receive side after $n controllers ($qps queue pairs accepted): $(echo "$line" | grep -o 'recv_[a-z_]*=[0-9]*\|srq_[a-z]*=[0-9]*' | tr '\n' ' ')"
+  echo "$(counter recv_bytes "$line") $(counter recv_live_registrations "$line") $n $qps"
+  [ "$n" -eq "$SRQ_CTRLS" ]
+}
+srq_memory() { # the default gateway: receive memory stays at the SRQ's depth
+  local line0 r depth
+  line0=$(grep 'RDMA device ready' "$GWLOG" | tail -n 1)
+  depth=$(counter srq_depth "$line0")
+  [ "${depth:-0}" -gt 0 ] || { say "no shared receive queue on this device ($line0)"; return 1; }
+  say "at start: recv_bytes=$(counter recv_bytes "$line0") srq_depth=$depth srq_posted=$(counter srq_posted "$line0")"
+  r=$(recv_memory srq) || { echo "$r" | sed '$d'; return 1; }
+  echo "$r" | sed '$d'
+  MEM_SRQ=$(echo "$r" | tail -n 1)
+  local line; line=$(last_counters)
+  [ "$(counter srq_posted "$line")" = "$depth" ] || { say "srq_posted=$(counter srq_posted "$line") != depth $depth after every QP closed"; return 1; }
+  [ "$(counter recv_bytes "$line")" = "$(counter recv_bytes "$line0")" ] || { say "receive memory grew with the queues"; return 1; }
+}
+nosrq_memory() { # NVMEOF_RDMA_SRQ=0: one receive queue per QP, receive memory grows with the queues
+  local r b1 b0 n q
+  r=$(recv_memory nosrq) || { echo "$r" | sed '$d'; return 1; }
+  echo "$r" | sed '$d'
+  MEM_NOSRQ=$(echo "$r" | tail -n 1)
+  read -r b1 _ n q <<< "$MEM_NOSRQ"
+  if [ -n "$MEM_SRQ" ]; then
+    read -r b0 _ _ _ <<< "$MEM_SRQ"
+    say "receive memory with $n controllers ($q queue pairs): SRQ $((b0 / 1024)) KiB, per-QP receive queues $((b1 / 1024)) KiB ($(awk -v a="$b1" -v b="$b0" 'BEGIN{printf "%.1f", a/b}')x)"
+    [ "$b1" -gt "$b0" ] || { say "per-QP receives did not use more memory than the SRQ"; return 1; }
+  fi
+}
+
+# ------------------------------------------------------- device removal --
+DEL_PID=""
+device_removal() { # rdma link delete rxe0 with a host connected: everything released, TCP serves on
+  connect || return 1
+  (cd /tmp && timeout -k 5 60 fio --name=removal --filename="$DEV" --direct=1 --ioengine=libaio \
+     --rw=randwrite --bs=4k --iodepth=16 --time_based --runtime=20 > $WORK/fio-removal.log 2>&1) &
+  local fpid=$! t0 i line
+  sleep 2
+  t0=$(now)
+  rdma link delete rxe0 & DEL_PID=$!
+  for i in $(seq 600); do kill -0 $DEL_PID 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $DEL_PID 2>/dev/null; then
+    say "rdma link delete rxe0 still waiting after 60 s: the gateway did not release the device"
+    return 1
+  fi
+  wait $DEL_PID; local rc=$?; DEL_PID=""
+  say "rdma link delete rxe0: exit $rc after $(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}') s (the kernel waits until the gateway has closed the device)"
+  [ $rc -eq 0 ] || return 1
+  wait $fpid
+  for i in $(seq 100); do grep -q 'verbs objects after the removal' "$GWLOG" && break; sleep 0.1; done
+  grep -E 'RDMA device removed|RDMA device released|verbs objects after the removal|removed RDMA device handed back' "$GWLOG" | tail -n 4 | sed 's/\x1b\[[0-9;]*m//g; s/^.*INFO //; s/^.*WARN //; s/^/    /'
+  line=$(grep 'RDMA device released' "$GWLOG" | tail -n 1)
+  [ "$(counter on_loan "$line")" = 0 ] || { say "data buffers on loan at release"; return 1; }
+  [ "$(counter recv_on_loan "$line")" = 0 ] || { say "receive buffers on loan at release"; return 1; }
+  line=$(grep 'verbs objects after the removal' "$GWLOG" | tail -n 1)
+  for c in live_pds live_mrs live_comp_channels live_cqs live_srqs live_qp_objects live_cm_ids; do
+    [ "$(counter $c "$line")" = 0 ] || { say "$c=$(counter $c "$line") after the removal"; return 1; }
+  done
+  gw_alive || { say "gateway died"; return 1; }
+  for i in $(seq 150); do [ -z "$(connected_ctrls "$NQN")" ] && break; sleep 0.1; done
+}
+tcp_after_removal() {
+  connect -t tcp -a $TCPADDR -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1 || return 1
+  fio_run tcp-after-removal --rw=randwrite --bs=4k --size=4M --iodepth=8 || { disconnect_nqn $NQN > /dev/null; return 1; }
+  disconnect_nqn $NQN > /dev/null
+}
+device_readd() { # rdma link add rxe0 again: the listener comes back, a host connects and writes
+  rdma link add rxe0 type rxe netdev eth0 || return 1
+  local i
+  for i in $(seq 50); do rdma link show rxe0/1 2>/dev/null | grep -q ACTIVE && break; sleep 0.1; done
+  for i in $(seq 150); do grep -q 'NVMe/RDMA listener back' "$GWLOG" && break; sleep 0.1; done
+  grep -q 'NVMe/RDMA listener back' "$GWLOG" || { say "the listener did not come back within 15 s"; return 1; }
+  say "listener back after $(awk -v i="$i" 'BEGIN{printf "%.1f", i/10}') s"
+  connect || return 1
+  fio_run after-readd --rw=randwrite --bs=4k --size=4M --iodepth=8 || { disconnect_nqn $NQN > /dev/null; return 1; }
+  disconnect_nqn $NQN > /dev/null || return 1
+  sleep 1
+  released_check
+}
+
 cleanup() {
   for c in $(connected_ctrls $NQN); do echo 1 > /sys/class/nvme/$c/delete_controller 2>/dev/null; done
   if [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; then kill -KILL "$GWPID" 2>/dev/null; fi
@@ -474,7 +579,8 @@ echo "e2e-rdma: guest $(uname -r), $(nproc) vCPU, nvme-cli $(nvme version 2>/dev
 echo "e2e-rdma: gateway $GW${PROBE:+, probe $PROBE}"
 ALL=(a.discover b.connect x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256
   e1.disconnect e2.released e3.reconnect-persist i.idle-cpu p1.perf-rdma p2.perf-tcp r.bad-connect-requests
-  s.bad-sgls v.host-vanishes w.back-pressure h.shutdown)
+  s.bad-sgls v.host-vanishes m1.srq-memory y1.device-removal y2.tcp-after-removal y3.device-readd
+  w.back-pressure m2.no-srq-memory h.shutdown)
 skip_from() { local on=0 s; for s in "${ALL[@]}"; do [ "$s" = "$1" ] && on=1; [ $on = 1 ] && skip "$s" "$2"; done; }
 
 if [ "${E2E_ONLY:-}" = perf ]; then
@@ -523,7 +629,15 @@ elif step gateway.start "start the gateway: rdma $ADDR:$PORT + tcp $TCPADDR:$POR
   step r.bad-connect-requests "bad private data / queue sizes rejected with NVMe/RDMA codes, gateway alive" bad_connect_requests
   step s.bad-sgls "keyed SGL beyond MDTS refused (Invalid Field), bogus rkey drops only that QP, all released" bad_sgls
   step v.host-vanishes "controller deleted under fio: QPs and buffers released, gateway serves again" vanish_check
-  step w.back-pressure "restart with a tiny data pool: fio verify passes, commands waited for buffers" back_pressure
+  step m1.srq-memory "$SRQ_CTRLS controllers on the shared receive queue: receive memory does not grow, every receive back in the SRQ" srq_memory
+  if step y1.device-removal "rdma link delete rxe0 under fio: the kernel completes the removal, every PD/MR/CQ/SRQ/QP/ID released" device_removal; then
+    step y2.tcp-after-removal "TCP still serves after the RDMA device is gone (fio verify)" tcp_after_removal
+    step y3.device-readd "rdma link add rxe0 again: listener back, connect, fio verify, all released" device_readd
+  else
+    skip y2.tcp-after-removal "removal failed"; skip y3.device-readd "removal failed"
+  fi
+  step w.back-pressure "restart with a tiny data pool, no SRQ: fio verify passes, commands waited for buffers" back_pressure
+  step m2.no-srq-memory "NVMEOF_RDMA_SRQ=0, $SRQ_CTRLS controllers: receive memory per QP, compared with the SRQ" nosrq_memory
   step h.shutdown "SIGTERM: exit status 0" stop_gateway
 else
   skip_from a.discover "gateway did not start"
@@ -534,6 +648,7 @@ echo
 echo "================ e2e-rdma summary (guest $(uname -r), TCG, Soft-RoCE) ================"
 printf '%s\n' "${RESULTS[@]}"
 [ -n "$PERF_RDMA" ] && echo "perf (4K randread QD16; IOPS, gateway CPU us/IO total user system): rdma $PERF_RDMA; tcp $PERF_TCP"
+[ -n "$MEM_SRQ$MEM_NOSRQ" ] && echo "receive memory (bytes registered, registrations, controllers, queue pairs): srq $MEM_SRQ; per-QP $MEM_NOSRQ"
 echo "total $(awk -v a="$T_ALL" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}')s; logs: $LOGDIR"
 if [ $FAIL -gt 0 ] && [ -s "$GWLOG" ]; then
   echo "---- gateway log tail ($LOGDIR/gateway.log) ----"

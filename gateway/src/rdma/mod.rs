@@ -67,11 +67,13 @@ pub struct Device {
 /// Bytes of one receive: a command capsule with in-capsule data.
 pub const RECV_LEN: usize = crate::core::command::SQE_LEN + IN_CAPSULE_DATA_SIZE as usize;
 
-/// Receives in a device's shared receive queue by default (Linux nvmet's `srq_size` default;
-/// SPDK defaults to 4096): ~8 MiB of 8 KiB receive buffers for any number of queues. A host
-/// that sends while every receive is in use gets an RNR NAK and retries (flow control, no
-/// error).
-pub const DEFAULT_SRQ_DEPTH: u32 = 1024;
+/// Receives in a device's shared receive queue by default: 6 MiB of receive buffers (12 KiB
+/// registered each) for any number of queues. A receive is re-posted as soon as its capsule is
+/// copied out, not held for the command's I/O, so the depth covers capsules that arrive
+/// between two polls of a CQ, not every outstanding command (Linux nvmet uses 1024 per
+/// completion vector, SPDK 4096 per poll group). A host that sends while every receive is in
+/// use gets an RNR NAK and retries: flow control, not an error.
+pub const DEFAULT_SRQ_DEPTH: u32 = 512;
 
 /// The shared receive queue's depth: `NVMEOF_RDMA_SRQ_DEPTH=N`, or `0` for one receive queue
 /// per queue pair (`NVMEOF_RDMA_SRQ=0` too); default [`DEFAULT_SRQ_DEPTH`].
