@@ -844,6 +844,19 @@ impl Config {
                                 let Some(subsystem) = target.subsystem(&s.nqn) else {
                                     return false;
                                 };
+                                if config.group.is_some()
+                                    && !subsystem
+                                        .ana_groups()
+                                        .iter()
+                                        .any(|(g, _)| *g == ns.ana_group)
+                                {
+                                    // In a gateway group only the control plane makes a
+                                    // group optimized.
+                                    subsystem.set_ana_state(
+                                        ns.ana_group,
+                                        crate::spec::ana::INACCESSIBLE,
+                                    );
+                                }
                                 attach_namespace(&subsystem, s, ns, Arc::new(device));
                                 subsystem.notify_namespace_changed(ns.nsid);
                                 tracing::info!(

@@ -10,21 +10,30 @@
 //! - A group turning optimized on this gateway is applied only after every librados client of
 //!   this process has fetched the latest osdmap, so a blocklist that fenced the previous
 //!   holder is in force here first.
+//! - Librados connections are sharded per ANA group (`ClusterPool::open_in_group`): beacons
+//!   carry each group's client addresses, so the control plane fences exactly one group.
+//!   A group that was taken away from this gateway (its clients may have been fenced since)
+//!   or whose client was found blocklisted is given fresh clients before it turns optimized
+//!   here again: its connections are retired and its images reopened on new ones.
 //! - The data path never waits for the control plane: when it is unreachable the last
 //!   applied states stay.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use control_plane::proto::gateway_control_client::GatewayControlClient;
-use control_plane::proto::{Assignment, Beacon, Connection, JoinRequest};
+use control_plane::proto::{
+    Assignment, Beacon, Connection, GroupBeacon, GroupClients, JoinRequest,
+};
+use rbd_backend::rbd::{ClusterPool, RbdDevice};
+use rbd_backend::{BlockDevice, DeviceEvent, DeviceEventSink};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::config::{Config, NamespaceConfig, SubsystemConfig};
-use crate::core::{ListenerInfo, Target, TransportType};
+use crate::core::{ListenerInfo, Namespace, Subsystem, Target, TransportType};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
 
@@ -49,6 +58,40 @@ pub struct GroupAgent {
     pub incarnation: u64,
     gateway: String,
     channels: Vec<(String, Channel)>,
+    /// The ANA groups' cluster clients (kept alive with the agent).
+    pub clients: Arc<GroupClientsState>,
+}
+
+/// What the agent remembers about each ANA group's cluster clients between assignments.
+#[derive(Default)]
+pub struct GroupClientsState {
+    /// The process's image connections (None: no Ceph settings, nothing to reopen).
+    pool: Option<Arc<ClusterPool>>,
+    /// Groups that were served here (optimized or change) and then taken away: the control
+    /// plane may have fenced this gateway's clients for them since.
+    lost: Mutex<BTreeSet<u32>>,
+}
+
+impl GroupClientsState {
+    pub fn new(pool: Option<Arc<ClusterPool>>) -> Self {
+        Self {
+            pool,
+            lost: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    fn lost(&self) -> std::sync::MutexGuard<'_, BTreeSet<u32>> {
+        self.lost.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `group` must get fresh clients before it is served here again.
+    pub fn needs_fresh_clients(&self, group: u32) -> bool {
+        self.lost().contains(&group)
+            || self
+                .pool
+                .as_ref()
+                .is_some_and(|p| p.group_blocklisted(group))
+    }
 }
 
 impl Drop for GroupAgent {
@@ -176,6 +219,13 @@ pub fn start_inaccessible(target: &Target) {
 pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
     let incarnation = random_u64();
     let applied = Arc::new(AtomicU64::new(0));
+    // The pool every RBD image of this process is opened through (lazy: no connection
+    // until an image opens).
+    let pool = settings
+        .config
+        .as_ref()
+        .map(|c| ClusterPool::shared(c.ceph.clone().unwrap_or_default().settings()));
+    let clients = Arc::new(GroupClientsState::new(pool));
     let channels: Vec<(String, Channel)> = settings
         .control_plane
         .iter()
@@ -201,6 +251,7 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         channels.clone(),
         incarnation,
         applied.clone(),
+        clients.clone(),
     ));
     GroupAgent {
         tasks: vec![beacons, assignments],
@@ -208,6 +259,7 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         incarnation,
         gateway,
         channels,
+        clients,
     }
 }
 
@@ -248,22 +300,33 @@ async fn beacon_loop(
     loop {
         tick.tick().await;
         // Local calls (no cluster round trip), but librados: keep them off the runtime.
-        let addrs = tokio::task::spawn_blocking(rbd_backend::rados::process_client_addrs)
-            .await
-            .unwrap_or_default();
-        let beacon = Beacon {
-            gateway: settings.gateway.clone(),
-            ana_group: settings.ana_group,
-            incarnation,
-            client_addrs: addrs,
-            applied_version: applied.load(Ordering::SeqCst),
-            connections: connections(&target),
+        let (addrs, per_group) = tokio::task::spawn_blocking(|| {
+            (
+                rbd_backend::rados::process_client_addrs(),
+                rbd_backend::rados::client_addrs_by_group(),
+            )
+        })
+        .await
+        .unwrap_or_default();
+        let beacon = GroupBeacon {
+            beacon: Some(Beacon {
+                gateway: settings.gateway.clone(),
+                ana_group: settings.ana_group,
+                incarnation,
+                client_addrs: addrs,
+                applied_version: applied.load(Ordering::SeqCst),
+                connections: connections(&target),
+            }),
+            group_clients: per_group
+                .into_iter()
+                .map(|(ana_group, addrs)| GroupClients { ana_group, addrs })
+                .collect(),
         };
         let sends = channels.iter().map(|(addr, ch)| {
             let mut client = GatewayControlClient::new(ch.clone());
             let b = beacon.clone();
             let addr = addr.clone();
-            async move { (addr, client.send_beacon(b).await) }
+            async move { (addr, client.send_group_beacon(b).await) }
         });
         for (addr, result) in futures_join_all(sends).await {
             let was_failing = failing.get(&addr).copied().unwrap_or(false);
@@ -320,6 +383,7 @@ async fn assignment_loop(
     channels: Vec<(String, Channel)>,
     incarnation: u64,
     applied: Arc<AtomicU64>,
+    clients: Arc<GroupClientsState>,
 ) {
     if channels.is_empty() {
         return;
@@ -348,7 +412,7 @@ async fn assignment_loop(
                             }
                             // Acknowledged only when every state is in force (a failback
                             // drain waits for this).
-                            if apply(&target, &a).await {
+                            if apply_with_clients(&target, &a, &clients).await {
                                 applied.store(a.version, Ordering::SeqCst);
                             }
                         }
@@ -402,10 +466,12 @@ pub fn apply_listeners(target: &Target, a: &Assignment) {
 }
 
 /// Namespaces whose ANA group the control plane changed (`nvmeofctl namespace move`): the
-/// namespace is re-registered with the new group (same device) and hosts are told (Namespace
-/// Attribute Changed: they re-read ANAGRPID). A group new to the subsystem starts
-/// inaccessible; [`apply`] sets the pushed state right after.
-pub fn move_namespaces(target: &Target, a: &Assignment) {
+/// namespace is re-registered with the new group and hosts are told (Namespace Attribute
+/// Changed: they re-read ANAGRPID). An RBD image is reopened on the new group's cluster
+/// clients first, so fencing that group covers it (if that fails it stays on the old
+/// group's clients, logged). A group new to the subsystem starts inaccessible; [`apply`] sets
+/// the pushed state right after.
+pub async fn move_namespaces(target: &Target, a: &Assignment) {
     for n in &a.namespaces {
         let Some(sub) = target.subsystem(&n.subsystem_nqn) else {
             continue;
@@ -419,15 +485,20 @@ pub fn move_namespaces(target: &Target, a: &Assignment) {
         if !sub.ana_groups().iter().any(|(g, _)| *g == n.ana_group) {
             sub.set_ana_state(n.ana_group, ana::INACCESSIBLE);
         }
-        let moved = Arc::new(crate::core::Namespace {
-            nsid: ns.nsid,
-            device: ns.device.clone(),
-            lba_shift: ns.lba_shift,
-            nguid: ns.nguid,
-            uuid: ns.uuid,
-            ana_group: n.ana_group,
-            read_only: ns.read_only,
-        });
+        let device = match reopen_rbd(&ns.device, n.ana_group).await {
+            Some(Ok(fresh)) => fresh,
+            Some(Err(e)) => {
+                tracing::warn!(
+                    nqn = %n.subsystem_nqn,
+                    nsid = n.nsid,
+                    group = n.ana_group,
+                    "cannot reopen the moved namespace on its new group's clients ({e}); \
+                     it stays on the old group's"
+                );
+                ns.device.clone()
+            }
+            None => ns.device.clone(),
+        };
         tracing::info!(
             nqn = %n.subsystem_nqn,
             nsid = n.nsid,
@@ -435,9 +506,108 @@ pub fn move_namespaces(target: &Target, a: &Assignment) {
             to = n.ana_group,
             "namespace moved to another ANA group"
         );
-        sub.add_namespace(moved);
+        replace_namespace(&sub, &ns, device, n.ana_group);
         sub.notify_namespace_changed(n.nsid);
     }
+}
+
+/// Events of a device that no longer serves its namespace (replaced by a reopened one): a
+/// late fence report from its in-flight ops must not mark the group inaccessible.
+struct Detached;
+
+impl DeviceEventSink for Detached {
+    fn device_event(&self, _event: DeviceEvent) {}
+}
+
+/// Re-registers `old` with `device` in `group` (same NSID and identifiers); the old device's
+/// events are detached when the device changes.
+fn replace_namespace(
+    sub: &Arc<Subsystem>,
+    old: &Namespace,
+    device: Arc<dyn BlockDevice>,
+    group: u32,
+) {
+    if !Arc::ptr_eq(&old.device, &device) {
+        old.device.set_event_sink(Arc::new(Detached));
+        device.set_event_sink(Arc::new(NamespaceEvents::new(sub, old.nsid)));
+    }
+    sub.add_namespace(Arc::new(Namespace {
+        nsid: old.nsid,
+        device,
+        lba_shift: old.lba_shift,
+        nguid: old.nguid,
+        uuid: old.uuid,
+        ana_group: group,
+        read_only: old.read_only,
+    }));
+}
+
+/// Opens an RBD device's image again on `group`'s current clients (off the runtime). None:
+/// not an RBD device.
+async fn reopen_rbd(
+    device: &Arc<dyn BlockDevice>,
+    group: u32,
+) -> Option<Result<Arc<dyn BlockDevice>, String>> {
+    device
+        .as_any()
+        .and_then(|a| a.downcast_ref::<RbdDevice>())?;
+    let device = device.clone();
+    let reopened = tokio::task::spawn_blocking(move || {
+        let rbd = device
+            .as_any()
+            .and_then(|a| a.downcast_ref::<RbdDevice>())
+            .ok_or_else(|| "not an RBD device".to_string())?;
+        rbd.reopen_in_group(group)
+            .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    Some(reopened.unwrap_or_else(|e| Err(format!("reopen task failed: {e}"))))
+}
+
+/// Gives `group` fresh cluster clients on this gateway: retires its connections and reopens
+/// every RBD image of the group on new ones (blocking work off the runtime), replacing the
+/// namespaces' devices. In-flight ops of the old devices complete on their old clients (a
+/// fenced one fails them with a path status). Returns whether every image reopened.
+pub async fn refresh_group_clients(target: &Target, pool: &Arc<ClusterPool>, group: u32) -> bool {
+    let started = std::time::Instant::now();
+    let retired = pool.retire_group(group);
+    let mut all_ok = true;
+    let mut reopened = 0usize;
+    for sub in target.subsystems() {
+        if sub.is_discovery() {
+            continue;
+        }
+        for ns in sub.namespaces() {
+            if ns.ana_group != group {
+                continue;
+            }
+            match reopen_rbd(&ns.device, group).await {
+                None => {}
+                Some(Ok(device)) => {
+                    replace_namespace(&sub, &ns, device, group);
+                    reopened += 1;
+                }
+                Some(Err(e)) => {
+                    tracing::error!(
+                        nqn = %sub.nqn(),
+                        nsid = ns.nsid,
+                        group,
+                        "cannot reopen the image on a fresh client: {e}"
+                    );
+                    all_ok = false;
+                }
+            }
+        }
+    }
+    tracing::info!(
+        group,
+        retired,
+        reopened,
+        ms = started.elapsed().as_millis() as u64,
+        "ANA group given fresh cluster clients"
+    );
+    all_ok
 }
 
 /// Adds the subsystems and namespaces of an assignment that this gateway does not serve yet
@@ -445,7 +615,7 @@ pub fn move_namespaces(target: &Target, a: &Assignment) {
 /// namespaces from the gateway's own file stay, and a pushed namespace whose NSID is taken is
 /// left out. New ANA groups start inaccessible; [`apply`] then sets the pushed states.
 pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
-    move_namespaces(target, a);
+    move_namespaces(target, a).await;
     let mut wanted = Vec::new();
     for s in &a.subsystems {
         let existing = target.subsystem(&s.nqn);
@@ -487,7 +657,8 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
     }
     let mut config = base.clone();
     config.subsystems = wanted;
-    let built = tokio::task::spawn_blocking(move || config.build_target_report()).await;
+    let to_build = config.clone();
+    let built = tokio::task::spawn_blocking(move || to_build.build_target_report()).await;
     let (built, skipped) = match built {
         Ok(Ok(b)) => b,
         Ok(Err(e)) => {
@@ -500,8 +671,11 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
         }
     };
     for k in &skipped {
-        tracing::error!(nqn = %k.nqn, nsid = k.nsid, image = %k.device, "pushed namespace not served: {}", k.error);
+        tracing::error!(nqn = %k.nqn, nsid = k.nsid, image = %k.device, "pushed namespace not served yet: {}", k.error);
     }
+    // Added to the target below; the ones that could not be opened (an OSD down, image not
+    // there yet) are retried in the background like the file's, and next assignments try them
+    // again too (whichever opens first serves; a second open replaces it harmlessly).
     for sub in built.subsystems() {
         if sub.is_discovery() {
             continue;
@@ -537,6 +711,10 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
             }
         }
     }
+    if !skipped.is_empty() {
+        // The retry thread attaches to the subsystems of `target` by NQN.
+        let _ = config.spawn_namespace_retry(target, &skipped, Duration::from_secs(5));
+    }
 }
 
 /// Applies one assignment's ANA states to every NVM subsystem: first every group leaving
@@ -544,6 +722,19 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
 /// whether all of them are in force (false: the osdmap could not be refreshed, the groups to
 /// promote stay as they were).
 pub async fn apply(target: &Target, a: &Assignment) -> bool {
+    apply_with_clients(target, a, &GroupClientsState::default()).await
+}
+
+/// [`apply`], also keeping each group's cluster clients fresh: a group leaving optimized or
+/// change here is remembered as lost, and a lost (or found blocklisted) group gets fresh
+/// clients and reopened images before it turns optimized here again. A group whose images
+/// cannot all be reopened is not promoted (the assignment is not acknowledged; the next one
+/// retries).
+pub async fn apply_with_clients(
+    target: &Target,
+    a: &Assignment,
+    clients: &GroupClientsState,
+) -> bool {
     let subsystems: Vec<_> = target
         .subsystems()
         .into_iter()
@@ -567,6 +758,14 @@ pub async fn apply(target: &Target, a: &Assignment) -> bool {
                 promote.push(g.ana_group);
             }
             continue;
+        }
+        if state != ana::CHANGE
+            && subsystems
+                .iter()
+                .any(|s| matches!(s.ana_state(g.ana_group), ana::OPTIMIZED | ana::CHANGE))
+        {
+            // Taken away from this gateway: its clients for the group may be fenced next.
+            clients.lost().insert(g.ana_group);
         }
         for s in &subsystems {
             if s.ana_state(g.ana_group) != state {
@@ -601,13 +800,27 @@ pub async fn apply(target: &Target, a: &Assignment) -> bool {
             }
         }
     }
+    let mut all = true;
     for g in promote {
+        if let Some(pool) = &clients.pool {
+            if clients.needs_fresh_clients(g) {
+                if !refresh_group_clients(target, pool, g).await {
+                    tracing::error!(
+                        group = g,
+                        "ANA group not turned optimized: its images could not all be reopened"
+                    );
+                    all = false;
+                    continue;
+                }
+                clients.lost().remove(&g);
+            }
+        }
         tracing::info!(group = g, epoch = a.version, "ANA state optimized");
         for s in &subsystems {
             s.set_ana_state(g, ana::OPTIMIZED);
         }
     }
-    true
+    all
 }
 
 #[cfg(test)]
