@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# bench-scale.sh - control-plane scale figures against a real (micro) Ceph:
+#   1. the time for nvmeof-control to apply N namespaces through the admin gRPC API (one
+#      NamespaceAdd per namespace, as nvmeofctl sends them; control-plane/examples/scale.rs),
+#      per batch of 100 so the growth with the state size shows, against a read-only RPC as
+#      the baseline;
+#   2. the cost of nvmeofctl itself (a process per namespace, as a shell loop would do);
+#   3. a gateway (target/release/nvmeof-gateway, [group] member, no subsystem in its file)
+#      starting with the N namespaces pushed by the control plane: time until they are all
+#      served and until its ANA group is optimized, RSS, threads; memory per namespace is
+#      (RSS with N - RSS of the same gateway serving the same subsystem with 0) / N;
+#   4. M more namespaces added while that gateway runs (every add is pushed to it).
+#
+#   scripts/bench-scale.sh [N] [M]        (defaults 1000 and 200)
+#
+# Starts its own micro Ceph (memstore) in a temporary directory and stops everything it
+# started on exit. Release build. Prints `scale:` key=value lines and a summary.
+set -euo pipefail
+
+N=${1:-1000}
+M=${2:-200}
+CLI_SAMPLE=${CLI_SAMPLE:-50}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WORK=$(mktemp -d /tmp/bench-scale.XXXXXX)
+export MICRO_CEPH_DIR=$WORK/ceph
+export NO_COLOR=1
+PIDS=()
+
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do
+        kill "$p" 2>/dev/null || true
+    done
+    for p in "${PIDS[@]}"; do
+        wait "$p" 2>/dev/null || true
+    done
+    "$ROOT/scripts/micro-ceph.sh" stop "$MICRO_CEPH_DIR" >/dev/null 2>&1 || true
+    if [ "${BENCH_KEEP:-0}" = 1 ]; then
+        echo "logs kept in $WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
+}
+trap cleanup EXIT
+
+now() { echo "${EPOCHREALTIME}"; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+plain_log() { sed 's/\x1b\[[0-9;]*m//g' "$1"; }
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+threads() { awk '/^Threads:/ { print $2 }' "/proc/$1/status"; }
+
+# wait_log FILE PATTERN TIMEOUT_S: until the (colour-stripped) log matches
+wait_log() {
+    local deadline=$((SECONDS + $3))
+    until plain_log "$1" | grep -qE "$2"; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            echo "bench-scale: timed out waiting for /$2/ in $1" >&2
+            tail -20 "$1" >&2
+            return 1
+        fi
+        sleep 0.05
+    done
+}
+
+echo "== build (release)" >&2
+(cd "$ROOT" && cargo build --release -q -p nvmeof-gateway -p control-plane --bins --example scale)
+BIN=$ROOT/target/release
+SCALE=$BIN/examples/scale
+
+echo "== micro Ceph" >&2
+eval "$("$ROOT/scripts/micro-ceph.sh" start --dir "$MICRO_CEPH_DIR" --image '')"
+
+CP_PORT=$(free_port)
+CP=127.0.0.1:$CP_PORT
+GROUP=scale$$
+RUST_LOG=warn "$BIN/nvmeof-control" --listen "$CP" --pool rbd --group "$GROUP" \
+    >"$WORK/control.log" 2>&1 &
+PIDS+=($!)
+CTL=("$BIN/nvmeofctl" --server "$CP")
+deadline=$((SECONDS + 30))
+until "${CTL[@]}" subsystem list >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || { cat "$WORK/control.log" >&2; exit 1; }
+    sleep 0.1
+done
+
+echo "== $((N + M + CLI_SAMPLE)) RBD images (setup)" >&2
+"$SCALE" --server "$CP" --images-only --namespaces $((N + M + CLI_SAMPLE))
+
+NQN=nqn.2016-06.io.ceph-nvmeof-rs:scale
+"${CTL[@]}" subsystem add --nqn "$NQN" --allow-any-host >/dev/null
+
+GW_PORT=$(free_port)
+cat >"$WORK/gw1.toml" <<EOF
+[gateway]
+name = "gw1"
+worker_threads = 2
+
+[group]
+control_plane = ["$CP"]
+ana_group = 1
+beacon_interval_ms = 500
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = $GW_PORT
+
+[ceph]
+conf = "$CEPH_CONF"
+EOF
+
+GW_PID=
+# start_gateway LOG NAMESPACES: starts gw1, waits until the pushed subsystem with that many
+# namespaces is served and group 1 is optimized; prints the times.
+start_gateway() {
+    local log=$1 count=$2 t0 t1 t2
+    t0=$(now)
+    RUST_LOG=info "$BIN/nvmeof-gateway" --config "$WORK/gw1.toml" >"$log" 2>&1 &
+    GW_PID=$!
+    PIDS+=("$GW_PID")
+    wait_log "$log" "pushed subsystem served.*namespaces=$count\b" 600
+    t1=$(now)
+    wait_log "$log" "ANA state optimized" 120
+    t2=$(now)
+    echo "scale: gateway_start namespaces=$count served_s=$(elapsed "$t0" "$t1") optimized_s=$(elapsed "$t0" "$t2")"
+}
+
+stop_gateway() {
+    kill -TERM "$GW_PID" 2>/dev/null || true
+    wait "$GW_PID" 2>/dev/null || true
+}
+
+echo "== gateway with the subsystem and 0 namespaces (memory baseline)" >&2
+start_gateway "$WORK/gw-0.log" 0
+sleep 2
+RSS0=$(rss_kib "$GW_PID")
+echo "scale: gateway namespaces=0 rss_kib=$RSS0 threads=$(threads "$GW_PID")"
+stop_gateway
+
+echo "== $N namespaces through the admin API (no gateway connected)" >&2
+"$SCALE" --server "$CP" --namespaces "$N" --first 1
+
+echo "== gateway start with $N namespaces" >&2
+start_gateway "$WORK/gw-n.log" "$N"
+sleep 2
+RSSN=$(rss_kib "$GW_PID")
+echo "scale: gateway namespaces=$N rss_kib=$RSSN threads=$(threads "$GW_PID") per_namespace_kib=$(( (RSSN - RSS0) / N ))"
+
+echo "== $M more namespaces while the gateway runs" >&2
+t0=$(now)
+"$SCALE" --server "$CP" --namespaces "$M" --first $((N + 1)) --batch 50
+wait_log "$WORK/gw-n.log" "pushed namespace served.*nsid=$((N + M))\b" 600
+echo "scale: pushed_to_gateway namespaces=$M all_served_s=$(elapsed "$t0" "$(now)") rss_kib=$(rss_kib "$GW_PID")"
+CPU_TICKS=$(awk '{ print $14 + $15 }' "/proc/$GW_PID/stat")
+echo "scale: gateway cpu_s_total=$(awk -v t="$CPU_TICKS" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f", t / hz }')"
+
+echo "== nvmeofctl, one process per namespace ($CLI_SAMPLE)" >&2
+t0=$(now)
+for i in $(seq $((N + M + 1)) $((N + M + CLI_SAMPLE))); do
+    "${CTL[@]}" namespace add -n "$NQN" --image "$(printf 'scale-%05d' "$i")" --nsid "$i" \
+        --ana-group 1 >/dev/null
+done
+t1=$(now)
+echo "scale: nvmeofctl_namespace_add count=$CLI_SAMPLE seconds=$(elapsed "$t0" "$t1") per_add_ms=$(awk -v a="$t0" -v b="$t1" -v n="$CLI_SAMPLE" 'BEGIN { printf "%.1f", (b - a) * 1000 / n }')"
+t0=$(now)
+"${CTL[@]}" -o json namespace list -n "$NQN" >"$WORK/list.json"
+echo "scale: nvmeofctl_namespace_list count=$(grep -c '"nsid"' "$WORK/list.json") seconds=$(elapsed "$t0" "$(now)")"
+stop_gateway
