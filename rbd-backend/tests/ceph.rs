@@ -1035,3 +1035,146 @@ fn dropping_a_device_with_io_in_flight_is_safe() {
         );
     }
 }
+
+/// Collects device events.
+#[derive(Default)]
+struct SeenEvents(Mutex<Vec<DeviceEvent>>);
+
+impl DeviceEventSink for SeenEvents {
+    fn device_event(&self, event: DeviceEvent) {
+        self.0.lock().unwrap().push(event);
+    }
+}
+
+/// Connections are sharded per ANA group: blocklisting one group's client addresses (what
+/// the gateway group's control plane does to fence that group on a gateway) stops exactly that
+/// group's I/O, with [`IoError::Fenced`] and a [`DeviceEvent::Fenced`], never a silent success;
+/// nothing more goes through the fenced client; the other group keeps working on the same
+/// pool; and the fenced group works again once it gets fresh clients (data as the last
+/// successful write left it).
+#[test]
+fn a_fence_of_one_ana_group_leaves_the_other_working() {
+    let mut f = Fixture::new(1);
+    let pool = ClusterPool::new(settings(2));
+    let (spec_a, spec_b) = (f.image(8 * MIB), f.image(8 * MIB));
+    let dev_a = pool.open_in_group(&spec_a, 1).expect("open in group 1");
+    let dev_b = pool.open_in_group(&spec_b, 2).expect("open in group 2");
+    let events = Arc::new(SeenEvents::default());
+    dev_a.set_event_sink(events.clone());
+    write(&dev_a, 0, &pattern(4096, 1), false);
+    write(&dev_b, 0, &pattern(4096, 2), false);
+
+    // Each group has its own client, and the process reports them per group.
+    let by_group = rbd_backend::rados::client_addrs_by_group();
+    let addrs_a = pool.group_addrs(1);
+    let addrs_b = pool.group_addrs(2);
+    assert_eq!(addrs_a.len(), 1, "{addrs_a:?}");
+    assert_eq!(addrs_b.len(), 1, "{addrs_b:?}");
+    assert_ne!(addrs_a, addrs_b, "groups 1 and 2 share a client");
+    assert!(by_group.get(&1).is_some_and(|a| a.contains(&addrs_a[0])));
+    assert!(by_group.get(&2).is_some_and(|a| a.contains(&addrs_b[0])));
+
+    // Fence group 1 as the control plane does: blocklist its client, then the osdmap.
+    let admin = rbd_backend::rados::Client::connect(&settings(1)).expect("admin client");
+    admin
+        .blocklist_add(&addrs_a[0], Some(Duration::from_secs(600)))
+        .expect("blocklist group 1");
+    rbd_backend::rados::wait_for_latest_osdmap_all().expect("osdmap");
+
+    // Group 1: its write fails as fenced (retried until the OSDs have the new map) ...
+    let started = Instant::now();
+    let mut expected_at_0 = pattern(4096, 1);
+    let first = loop {
+        let done = run(
+            &dev_a,
+            IoOp::Write {
+                offset: 0,
+                buf: IoBuf::from_vec(pattern(4096, 3)),
+                fua: false,
+            },
+        );
+        match done.result {
+            Err(e) => break e,
+            Ok(()) => {
+                // An OSD that has not seen the blocklist yet may still take one.
+                expected_at_0 = pattern(4096, 3);
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "writes through a blocklisted client kept succeeding"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    assert!(matches!(first, IoError::Fenced(_)), "{first:?}");
+    assert!(dev_a.client().is_blocklisted());
+    assert!(pool.group_blocklisted(1));
+    assert!(!pool.group_blocklisted(2));
+    assert_eq!(events.0.lock().unwrap().as_slice(), &[DeviceEvent::Fenced]);
+    // ... and every later op fails at once, without librbd (reads too).
+    let fast = Instant::now();
+    for _ in 0..100 {
+        let done = run(
+            &dev_a,
+            IoOp::Write {
+                offset: 4096,
+                buf: IoBuf::from_vec(pattern(4096, 4)),
+                fua: true,
+            },
+        );
+        assert!(matches!(done.result, Err(IoError::Fenced(_))));
+    }
+    assert!(
+        fast.elapsed() < Duration::from_millis(500),
+        "fenced ops went to the cluster: {:?}",
+        fast.elapsed()
+    );
+    let done = run(
+        &dev_a,
+        IoOp::Read {
+            offset: 0,
+            buf: IoBuf::zeroed(4096),
+        },
+    );
+    assert!(matches!(done.result, Err(IoError::Fenced(_))));
+    assert_eq!(
+        events.0.lock().unwrap().len(),
+        1,
+        "the fence is reported once"
+    );
+
+    // Group 2, same pool and process: unaffected.
+    write(&dev_b, 4096, &pattern(4096, 5), true);
+    assert_eq!(read(&dev_b, 0, 4096), pattern(4096, 2));
+    assert_eq!(read(&dev_b, 4096, 4096), pattern(4096, 5));
+
+    // Group 1 given back: fresh clients (not blocklisted), image reopened. The fenced writes
+    // did not land.
+    assert_eq!(pool.retire_group(1), 1);
+    assert!(
+        rbd_backend::rados::client_addrs_by_group()
+            .get(&1)
+            .is_none_or(|a| !a.contains(&addrs_a[0])),
+        "a retired client is still reported for its group"
+    );
+    let fresh = dev_a.reopen_in_group(1).expect("reopen on a fresh client");
+    assert_ne!(pool.group_addrs(1), addrs_a, "the same client again");
+    assert!(!fresh.client().is_blocklisted());
+    drop(dev_a);
+    assert_eq!(
+        read(&fresh, 0, 4096),
+        expected_at_0,
+        "a fenced write landed"
+    );
+    assert_eq!(
+        read(&fresh, 4096, 4096),
+        vec![0; 4096],
+        "a fenced write landed"
+    );
+    write(&fresh, 0, &pattern(4096, 6), true);
+    assert_eq!(read(&fresh, 0, 4096), pattern(4096, 6));
+
+    let _ = admin.blocklist_rm(&addrs_a[0]);
+    drop(fresh);
+    drop(dev_b);
+}
