@@ -11,7 +11,7 @@
 #   fmt       cargo fmt --all -- --check
 #   clippy    cargo clippy --workspace --all-targets -- -D warnings
 #   test      cargo test --workspace
-#   build     cargo build --release -p nvmeof-gateway
+#   build     cargo build --release -p nvmeof-gateway -p control-plane --bins (+ the rdma_cm probe)
 #   ceph      rbd-backend/tests/ceph-tests.sh: a throwaway micro Ceph (Ceph packages apt-installed
 #             when missing), the RbdDevice tests and the gateway's RBD end-to-end tests against it
 #   e2e-vm    tests/vm/run-in-vm.sh -t 900 -w target/vm-logs tests/vm/e2e-tcp.sh target/release/nvmeof-gateway
@@ -21,6 +21,12 @@
 #   e2e-rbd   tests/vm/e2e-rbd.sh target/release/nvmeof-gateway: a micro Ceph and the gateway on
 #             the host, the Linux initiator in the VM (rbd export byte compare, rbd resize seen,
 #             discard/write-zeroes, OSD killed for 10 s under fio verify, missing image)
+#   e2e-group tests/vm/e2e-group.sh target/release: a micro Ceph, two nvmeof-control replicas and two
+#             gateways on the host (configured with nvmeofctl), the Linux initiator in the VM with
+#             native multipath: one optimized path per namespace, kill -9 of the optimized gateway
+#             under fio verify (E2E_ROUNDS runs, default 5; pause median/max printed), failback,
+#             kill -9 of the leading replica, a fenced gateway thawed cannot write, everything
+#             restarted (config from RADOS). Builds nvmeof-control/nvmeofctl when missing.
 #   fuzz      if gateway/fuzz exists: cargo-fuzz (installed if missing), cargo fuzz build on stable
 #             with RUSTC_BOOTSTRAP=1 (nightly as fallback; skipped with a message if neither works),
 #             then cargo fuzz run <each target> -- -max_total_time=$FUZZ_SECONDS
@@ -68,7 +74,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy test build ceph e2e-vm e2e-rbd e2e-rdma fuzz)
+ALL_STAGES=(deps fmt clippy test build ceph e2e-vm e2e-rbd e2e-group e2e-rdma fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -145,6 +151,22 @@ e2e_rbd() {
   return $rc
 }
 
+e2e_group() {
+  local b
+  for b in nvmeof-gateway nvmeof-control nvmeofctl; do
+    [ -x "$TARGET_DIR/release/$b" ] && continue
+    echo "+ cargo build --release -p nvmeof-gateway -p control-plane --bins  ($b missing)"
+    timeout -k 30 "$STAGE_TIMEOUT" cargo build --release -p nvmeof-gateway -p control-plane --bins || return 1
+    break
+  done
+  mkdir -p "$TARGET_DIR/vm-logs"
+  echo "+ tests/vm/e2e-group.sh $TARGET_DIR/release  (E2E_LOG_DIR=$TARGET_DIR/vm-logs, E2E_TIMEOUT=$E2E_TIMEOUT)"
+  E2E_LOG_DIR=$TARGET_DIR/vm-logs E2E_TIMEOUT=$E2E_TIMEOUT tests/vm/e2e-group.sh "$TARGET_DIR/release"
+  local rc=$?
+  echo "(logs: $TARGET_DIR/vm-logs/e2e-group/)"
+  return $rc
+}
+
 e2e_rdma() {
   local probe=$TARGET_DIR/release/examples/cm_probe
   [ -x "$GATEWAY_BIN" ] || { echo "no gateway binary at $GATEWAY_BIN"; return 1; }
@@ -160,7 +182,8 @@ e2e_rdma() {
 
 # The gateway, and the rdma_cm probe that e2e-rdma uses to send malformed connect requests.
 build_release() {
-  cargo build --release -p nvmeof-gateway && cargo build --release -p rdma-transport --example cm_probe
+  cargo build --release -p nvmeof-gateway -p control-plane --bins &&
+    cargo build --release -p rdma-transport --example cm_probe
 }
 
 # ----------------------------------------------------------------- fuzz --
@@ -216,6 +239,9 @@ else stage e2e-vm e2e_vm; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-rbd "--quick"
 else stage e2e-rbd e2e_rbd; fi
+
+if [ $QUICK = 1 ]; then skipped e2e-group "--quick"
+else stage e2e-group e2e_group; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-rdma "--quick"
 else stage e2e-rdma e2e_rdma; fi

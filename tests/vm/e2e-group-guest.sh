@@ -1,0 +1,422 @@
+#!/bin/bash
+# e2e-group-guest.sh - the in-guest half of tests/vm/e2e-group.sh (run by it through
+# tests/vm/run-in-vm.sh; not meant to be run by hand):
+#
+#   e2e-group-guest.sh SHARED_DIR ROUNDS PORT1,PORT2
+#
+# Two gateways of one group run on the host (gw1 on PORT1 owns ANA group 1 = nsid 1, gw2 on
+# PORT2 owns group 2 = nsid 2); the guest reaches them as 10.0.2.2 with the real Linux
+# initiator and native NVMe multipath (nvme_core multipath=Y, Debian's default). It asks the
+# host to act through request files in SHARED_DIR/sig (see e2e-group.sh).
+# Steps (each timed, PASS/FAIL):
+#   setup          nvme-tcp loaded, native multipath on
+#   discover       the discovery log of gw1 lists the subsystem on both gateways' ports
+#   connect        nvme connect to both gateways: one multipath head per namespace, 2 paths each
+#   ana            per namespace exactly one optimized path, on its group's owner (sysfs
+#                  ana_state of every path; nvme list-subsys printed)
+#   data           8 MiB of random data per namespace, equal in `rbd export`
+#   failover-K     (K = 1..ROUNDS) under fio --verify=crc32c (4K randwrite, QD4, 200 IOPS) and
+#                  a probe (4K O_DIRECT writes back to back, each completion time logged, its
+#                  blocks read back and checked at the end): kill -9 of gw1 (optimized for
+#                  nsid 1); nsid 1 optimized on gw2 only; gw1 restarted: failback (optimized on
+#                  gw1 only); zero fio errors, zero verify errors, zero probe errors. The I/O
+#                  pause is the probe's longest gap between two completed writes, from the
+#                  kill to the restart (failover) and after the restart (failback).
+#   pauses         median and max of the failover pauses (goal: median <= 3 s)
+#   leader-kill    kill -9 of the leading nvmeof-control replica: the other takes over
+#   failover-after-leader-kill   one more failover round, led by the surviving replica
+#   fence          under fio: gw1 frozen (SIGSTOP) past the grace, fenced, thawed (SIGCONT):
+#                  the host's python client writes through gw1 and fails, `rbd export` and a
+#                  read here (through the survivor) show the block intact; nsid 1 stays
+#                  optimized on gw2 only; zero fio/probe errors; gw1 restarted: failback
+#   restart-all    every gateway and replica killed and restarted (configuration from RADOS):
+#                  nvmeofctl lists unchanged (host side), both paths live again here, one
+#                  optimized path per namespace, the data of step `data` read back, fio verify
+#   final-data     `rbd export` still equals the data of step `data`
+#   disconnect     nvme disconnect
+# Lines "PAUSE ..." carry the measured pauses. Last line: "N passed, N failed".
+set -u
+export LC_ALL=C
+
+SH=${1:?usage: e2e-group-guest.sh SHARED_DIR ROUNDS PORT1,PORT2}
+ROUNDS=${2:?usage}
+IFS=, read -r -a PORTS <<< "${3:?usage}"
+SIG=$SH/sig
+ADDR=10.0.2.2
+NQN=nqn.2016-06.io.ceph-nvmeof-rs:e2e-group
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:e2e09000-0000-4000-8000-000000000001
+HOSTID=e2e09000-0000-4000-8000-000000000001
+IMAGES=(e2e-g1 e2e-g2)
+NGW=${#PORTS[@]}
+MIB=1048576
+DATA_OFF_MIB=100       # step data: 8 MiB here on every namespace
+PROBE_OFF_MIB=200      # the probe's 1 MiB ring
+FENCE_LBA=$((240 * MIB / 512))  # the fenced gateway's write goes here (nsid 1)
+FIO_RATE=200
+WORK=/tmp/e2e-group
+mkdir -p "$WORK"
+LOGDIR=$SH/guest
+mkdir -p "$LOGDIR"
+# --ctrl-loss-tmo: a killed gateway's path keeps reconnecting (every second) until it is back
+COPTS=(-t tcp -a "$ADDR" --ctrl-loss-tmo=600 --reconnect-delay=1 --hostnqn="$HOSTNQN" --hostid="$HOSTID")
+
+. "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+on_step_failure() { dmesg | grep -iE 'nvme' | tail -n 6 | sed 's/^/    dmesg: /'; }
+
+# ask SECONDS WORDS...: a request to the host (see e2e-group.sh); prints the answer, returns 0 on "ok"
+REQ=0
+ask() {
+  local t=$1 id; shift
+  REQ=$((REQ + 1)); id=$SIG/$(printf '%03d' $REQ)
+  echo "$*" > "$id.tmp" && mv "$id.tmp" "$id.req" || { say "cannot write $id.req"; return 1; }
+  local end; end=$(awk -v n="$(now)" -v t="$t" 'BEGIN{print n + t}')
+  until [ -e "$id.done" ]; do
+    awk -v n="$(now)" -v e="$end" 'BEGIN{exit !(n > e)}' && { say "the host did not answer '$*' within ${t}s"; return 1; }
+    sleep 0.1
+  done
+  sed 's/^/    host: /' "$id.done"
+  [ "$(head -n 1 "$id.done")" = ok ]
+}
+
+# ------------------------------------------------------------- multipath --
+subsys_dir() {
+  local s
+  for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+    [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$NQN" ] && { echo "$s"; return 0; }
+  done
+  return 1
+}
+head_dev() { # NSID: the multipath head's block device
+  local s n b
+  s=$(subsys_dir) || return 1
+  for n in "$s"/nvme*n*; do
+    b=${n##*/}
+    case $b in *c*n*) continue ;; esac
+    [ "$(cat "/sys/block/$b/nsid" 2>/dev/null)" = "$1" ] && [ -b "/dev/$b" ] && { echo "/dev/$b"; return 0; }
+  done
+  return 1
+}
+gw_of_ctrl() { # nvmeC: the gateway index (1..) from the controller's trsvcid
+  local a p i
+  a=$(cat "/sys/class/nvme/$1/address" 2>/dev/null)
+  p=${a#*trsvcid=}; p=${p%%,*}
+  for i in "${!PORTS[@]}"; do [ "${PORTS[$i]}" = "$p" ] && { echo $((i + 1)); return 0; }; done
+  echo "?"
+}
+# paths NSID: one line per path "gwN ctrl-state ana-state pathdev"
+paths() {
+  local h p b c
+  h=$(head_dev "$1") || return 1
+  h=${h#/dev/nvme}  # S n H
+  for p in /sys/block/nvme"${h%%n*}"c*n"${h#*n}"; do
+    [ -e "$p" ] || continue
+    b=${p##*/}; c=${b#nvme*c}; c=nvme${c%%n*}
+    echo "gw$(gw_of_ctrl "$c") $(cat "/sys/class/nvme/$c/state" 2>/dev/null) $(cat "$p/ana_state" 2>/dev/null) $b"
+  done
+}
+optimized_on() { # NSID: the gateways with a live optimized path, space-separated
+  paths "$1" | awk '$2 == "live" && $3 == "optimized" {print $1}' | sort | xargs
+}
+wait_optimized() { # NSID gwN SECONDS: until nsid is optimized on gwN and nowhere else
+  local end; end=$(awk -v n="$(now)" -v t="$3" 'BEGIN{print n + t}')
+  while :; do
+    [ "$(optimized_on "$1")" = "$2" ] && return 0
+    awk -v n="$(now)" -v e="$end" 'BEGIN{exit !(n > e)}' && return 1
+    sleep 0.05
+  done
+}
+show_paths() { local n; for n in $(seq $NGW); do say "nsid $n: $(paths "$n" | tr '\n' ';')"; done; }
+
+# ------------------------------------------------------------------ steps --
+setup() {
+  modprobe -a nvme-core nvme-tcp || return 1
+  local mp; mp=$(cat /sys/module/nvme_core/parameters/multipath)
+  say "nvme_core multipath=$mp, iopolicy default numa"
+  [ "$mp" = Y ]
+}
+
+discover() {
+  local out
+  out=$(timeout -k 5 60 nvme discover -t tcp -a "$ADDR" -s "${PORTS[0]}" --hostnqn="$HOSTNQN" --hostid="$HOSTID" -o json 2>&1) ||
+    { say "nvme discover failed: $out"; return 1; }
+  echo "$out" > "$LOGDIR/discover.json"
+  echo "$out" | python3 -c '
+import json, sys
+recs = json.load(sys.stdin)["records"]
+nqn, ports = sys.argv[1], sys.argv[2].split(",")
+for r in recs:
+    print("    record: %s %s:%s %s" % (r.get("subtype"), r.get("traddr"), r.get("trsvcid"), r.get("subnqn")))
+seen = {r["trsvcid"].strip() for r in recs if r.get("subnqn", "").strip() == nqn}
+missing = [p for p in ports if p not in seen]
+if missing:
+    print("    the subsystem is not listed on port(s) %s" % missing); sys.exit(1)' "$NQN" "$(IFS=,; echo "${PORTS[*]}")"
+}
+
+connect_all() {
+  local i out n
+  for i in "${!PORTS[@]}"; do
+    out=$(timeout -k 5 90 nvme connect "${COPTS[@]}" -s "${PORTS[$i]}" -n "$NQN" 2>&1) ||
+      { say "nvme connect to gw$((i + 1)) (port ${PORTS[$i]}) failed: $out"; return 1; }
+    say "gw$((i + 1)) (10.0.2.2:${PORTS[$i]}): ${out:-connected}"
+  done
+  for n in $(seq $NGW); do
+    for _ in $(seq 200); do [ "$(paths "$n" 2>/dev/null | wc -l)" -eq $NGW ] && break; sleep 0.1; done
+    [ "$(paths "$n" | wc -l)" -eq $NGW ] || { say "nsid $n: $(paths "$n" | wc -l) path(s), expected $NGW"; show_paths; return 1; }
+  done
+  local c
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
+    say "${c##*/}: gw$(gw_of_ctrl "${c##*/}") cntlid $(cat "$c/cntlid") state $(cat "$c/state")"
+  done
+  for n in $(seq $NGW); do say "nsid $n: head $(head_dev "$n"), $(( $(cat "/sys/block/$(basename "$(head_dev "$n")")/size") / 2048 )) MiB"; done
+}
+
+ana_check() {
+  local n ok=0
+  for n in $(seq $NGW); do
+    wait_optimized "$n" "gw$n" 20 || ok=1
+  done
+  show_paths
+  nvme list-subsys "$(head_dev 1)" 2>&1 | sed 's/^/    | /'
+  for n in $(seq $NGW); do
+    [ "$(optimized_on "$n")" = "gw$n" ] || { say "nsid $n: optimized on '$(optimized_on "$n")', expected exactly gw$n"; ok=1; }
+    [ "$(paths "$n" | awk '$3 == "optimized"' | wc -l)" -eq 1 ] || { say "nsid $n: not exactly one optimized path"; ok=1; }
+  done
+  return $ok
+}
+
+data_write() {
+  local n d
+  for n in $(seq $NGW); do
+    d=$(head_dev "$n") || return 1
+    head -c $((8 * MIB)) /dev/urandom > "$SH/data$n.bin" || return 1
+    timeout -k 5 120 dd if="$SH/data$n.bin" of="$d" bs=1M seek=$DATA_OFF_MIB oflag=direct conv=fsync status=none ||
+      { say "dd to nsid $n failed"; return 1; }
+    ask 120 check "${IMAGES[$((n - 1))]}" cmp $((DATA_OFF_MIB * MIB)) "data$n.bin" || return 1
+  done
+}
+data_read_back() {
+  local n d
+  for n in $(seq $NGW); do
+    d=$(head_dev "$n") || return 1
+    timeout -k 5 120 dd if="$d" bs=1M skip=$DATA_OFF_MIB count=8 iflag=direct status=none | cmp - "$SH/data$n.bin" ||
+      { say "nsid $n: the 8 MiB at $DATA_OFF_MIB MiB read back differ"; return 1; }
+  done
+  say "the 8 MiB of every namespace read back identical"
+}
+final_data() {
+  local n
+  for n in $(seq $NGW); do ask 120 check "${IMAGES[$((n - 1))]}" cmp $((DATA_OFF_MIB * MIB)) "data$n.bin" || return 1; done
+}
+
+# ---- load: fio verify + the pause probe ------------------------------------
+cat > "$WORK/probe.py" <<'PY'
+# probe DEV OFFSET STOPFILE LOG: 4K O_DIRECT writes back to back over a 1 MiB ring, each
+# completion time (CLOCK_BOOTTIME = /proc/uptime) logged; at the stop file, every block is read
+# back and must hold the last sequence number written there. Prints a summary line.
+import mmap, os, struct, sys, time
+dev, off, stopf, logf = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+BS, N = 4096, 256
+clock = lambda: time.clock_gettime(time.CLOCK_BOOTTIME)
+fd = os.open(dev, os.O_RDWR | os.O_DIRECT)
+buf = mmap.mmap(-1, BS)
+last, seq, errors = {}, 0, 0
+with open(logf, "w", buffering=1) as log:
+    while not os.path.exists(stopf):
+        seq += 1
+        slot = seq % N
+        buf.seek(0)
+        buf.write(struct.pack("<QQ", seq, slot) + bytes([seq & 0xFF]) * (BS - 16))
+        try:
+            os.pwrite(fd, buf, off + slot * BS)
+            last[slot] = seq
+            log.write("%.4f\n" % clock())
+        except OSError as e:
+            errors += 1
+            last.pop(slot, None)
+            log.write("E %.4f %s\n" % (clock(), e.strerror))
+            time.sleep(0.05)
+        time.sleep(0.002)
+bad = 0
+for slot, s in last.items():
+    os.preadv(fd, [buf], off + slot * BS)
+    if struct.unpack("<QQ", buf[:16]) != (s, slot) or buf[16:] != bytes([s & 0xFF]) * (BS - 16):
+        bad += 1
+print("probe writes=%d errors=%d verify_bad=%d" % (seq - errors, errors, bad))
+PY
+
+FIO_PID="" PROBE_PID="" LOAD=""
+load_start() { # NAME NSID: fio verify on [0, 16M) and the probe at PROBE_OFF_MIB
+  local d; d=$(head_dev "$2") || { say "no head for nsid $2"; return 1; }
+  LOAD=$WORK/$1
+  rm -f "$LOAD".*
+  (cd /tmp && exec timeout -k 10 300 fio --name="$1" --filename="$d" --direct=1 --ioengine=libaio \
+     --rw=randwrite --bs=4k --offset=0 --size=16M --iodepth=4 --rate_iops=$FIO_RATE \
+     --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 \
+     --output-format=json --output="$LOAD.fio.json") > "$LOAD.fio.stderr" 2>&1 &
+  FIO_PID=$!
+  python3 "$WORK/probe.py" "$d" $((PROBE_OFF_MIB * MIB)) "$LOAD.stop" "$LOAD.probe.log" > "$LOAD.probe.out" 2>&1 &
+  PROBE_PID=$!
+  sleep 3
+  kill -0 "$FIO_PID" 2>/dev/null && kill -0 "$PROBE_PID" 2>/dev/null ||
+    { say "fio or the probe ended early: $(cat "$LOAD.fio.stderr" "$LOAD.probe.out")"; return 1; }
+  say "fio (4K randwrite QD4 ${FIO_RATE} IOPS, 16 MiB, crc32c verify) and the probe running on $d"
+}
+# load_finish: waits for fio, stops the probe; checks zero errors; sets FIO_CLAT_MAX_MS
+FIO_CLAT_MAX_MS=0
+load_finish() {
+  local rc prc ok=0
+  wait "$FIO_PID"; rc=$?
+  touch "$LOAD.stop"; wait "$PROBE_PID"; prc=$?
+  FIO_PID="" PROBE_PID=""
+  cp "$LOAD.fio.json" "$LOAD.probe.log" "$LOGDIR/" 2>/dev/null
+  local fio_error w_ios r_ios
+  read -r fio_error w_ios r_ios FIO_CLAT_MAX_MS < <(python3 - "$LOAD.fio.json" <<'PY'
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))["jobs"][0]
+    print(j["error"], j["write"]["total_ios"], j["read"]["total_ios"], "%.0f" % (j["write"]["clat_ns"]["max"] / 1e6))
+except Exception:
+    print("parse-error 0 0 0")
+PY
+)
+  say "fio rc=$rc error=$fio_error writes=$w_ios verify reads=$r_ios max write latency ${FIO_CLAT_MAX_MS} ms; $(cat "$LOAD.probe.out")"
+  [ $rc -eq 0 ] && [ "$fio_error" = 0 ] || { say "fio failed: $(tail -n 5 "$LOAD.fio.stderr")"; ok=1; }
+  [ "$w_ios" -ge 4096 ] 2>/dev/null || { say "fio wrote $w_ios blocks, not the whole 16 MiB"; ok=1; }
+  [ $prc -eq 0 ] && grep -q 'errors=0 verify_bad=0' "$LOAD.probe.out" || { say "probe errors (rc $prc)"; ok=1; }
+  return $ok
+}
+# gap FROM TO: the probe's longest gap between consecutive completions with the later one
+# after FROM and the earlier one before TO (seconds, 2 decimals)
+gap() {
+  awk -v a="$1" -v b="$2" '$1 != "E" { if (p != "" && $1 > a && p < b && $1 - p > m) m = $1 - p; p = $1 }
+    END { printf "%.2f", m + 0 }' "$LOAD.probe.log"
+}
+
+FAILOVER_PAUSES=() FAILBACK_PAUSES=()
+failover_round() { # NAME: kill -9 gw1 under load, failback after its restart
+  local name=$1 tk tr topt tback pf pb ok=0
+  wait_optimized 1 gw1 30 || { say "nsid 1 is not optimized on gw1 only before the round"; show_paths; return 1; }
+  load_start "$name" 1 || return 1
+  tk=$(now)
+  ask 30 kill-gw 1 || ok=1
+  if wait_optimized 1 gw2 30; then topt=$(since "$tk"); say "nsid 1 optimized on gw2 only ${topt}s after the kill request"
+  else say "nsid 1 not optimized on gw2 within 30 s"; show_paths; ok=1; fi
+  sleep 2
+  tr=$(now)
+  ask 60 start-gw 1 || ok=1
+  if wait_optimized 1 gw1 60; then tback=$(since "$tr"); say "failback: nsid 1 optimized on gw1 only ${tback}s after the restart request"
+  else say "no failback to gw1 within 60 s"; show_paths; ok=1; fi
+  sleep 1
+  load_finish || ok=1
+  pf=$(gap "$tk" "$tr"); pb=$(gap "$tr" 1e9)
+  FAILOVER_PAUSES+=("$pf"); FAILBACK_PAUSES+=("$pb")
+  echo "PAUSE $name: kill -9 of gw1 -> writes resumed: ${pf}s; restart -> failback pause ${pb}s (fio max write latency ${FIO_CLAT_MAX_MS} ms over the round)"
+  local r; r=$(dmesg | grep -ciE 'I/O error|blk_update_request|Buffer I/O')
+  [ "$r" -eq 0 ] || { say "dmesg has $r I/O error line(s)"; dmesg | grep -iE 'I/O error|blk_update_request|Buffer I/O' | tail -n 5 | sed 's/^/    dmesg: /'; ok=1; }
+  return $ok
+}
+
+stats() { # values...: "median M max X" (sorted, median of an even count = the upper middle)
+  printf '%s\n' "$@" | sort -n | awk '{v[NR] = $1} END { if (NR) printf "median %.2f s, max %.2f s, all:", v[int(NR / 2) + 1], v[NR]; for (i = 1; i <= NR; i++) printf " %s", v[i] }'
+}
+pauses() {
+  [ ${#FAILOVER_PAUSES[@]} -gt 0 ] || { say "no round measured"; return 1; }
+  echo "PAUSE kill -9 failover over ${#FAILOVER_PAUSES[@]} run(s): $(stats "${FAILOVER_PAUSES[@]}") (goal <= 3 s)"
+  echo "PAUSE failback over ${#FAILBACK_PAUSES[@]} run(s): $(stats "${FAILBACK_PAUSES[@]}")"
+  local med; med=$(printf '%s\n' "${FAILOVER_PAUSES[@]}" | sort -n | awk '{v[NR] = $1} END {print v[int(NR / 2) + 1]}')
+  awk -v m="$med" 'BEGIN{exit !(m <= 3.0)}' || { say "median failover pause ${med}s > 3 s"; return 1; }
+}
+
+leader_kill() { ask 60 kill-leader; }
+
+fence() {
+  local ok=0 tf d
+  wait_optimized 1 gw1 30 || { say "nsid 1 is not optimized on gw1 only before the step"; show_paths; return 1; }
+  load_start fence 1 || return 1
+  tf=$(now)
+  ask 120 fence-cycle 1 1 $FENCE_LBA || ok=1
+  # the host drops gw1's frozen connection (keep-alive timeout) and reconnects: the fenced
+  # gateway must not show nsid 1 optimized again
+  if wait_optimized 1 gw2 40; then say "nsid 1 optimized on gw2 only $(since "$tf")s after the freeze"; else say "nsid 1 not optimized on gw2 only"; ok=1; fi
+  for _ in $(seq 100); do paths 1 | grep -q '^gw1 live' && break; sleep 0.1; done
+  show_paths
+  [ "$(optimized_on 1)" = gw2 ] || { say "after the thaw: optimized on '$(optimized_on 1)'"; ok=1; }
+  load_finish || ok=1
+  echo "PAUSE fence (SIGSTOP of gw1, the host waits for its keep-alive timeout): writes paused $(gap "$tf" 1e9)s (fio max write latency ${FIO_CLAT_MAX_MS} ms)"
+  d=$(head_dev 1)
+  timeout -k 5 60 dd if="$d" bs=512 skip=$FENCE_LBA count=1 iflag=direct status=none | cmp - "$SH/fence-a5.bin" ||
+    { say "the block at LBA $FENCE_LBA does not read 0xA5 through the survivor"; ok=1; }
+  [ $ok = 0 ] && say "LBA $FENCE_LBA reads 0xA5 here (through gw2): the fenced gateway's 0x5A did not land"
+  # the fenced gateway serves nothing until restarted: restart it, failback
+  ask 30 kill-gw 1 && ask 60 start-gw 1 || ok=1
+  wait_optimized 1 gw1 60 || { say "no failback to the restarted gw1"; show_paths; ok=1; }
+  return $ok
+}
+
+restart_all() {
+  local ok=0 t0 n
+  t0=$(now)
+  ask 180 restart-all || ok=1
+  for n in $(seq $NGW); do
+    wait_optimized "$n" "gw$n" 60 || { say "nsid $n not optimized on gw$n only"; ok=1; }
+  done
+  for _ in $(seq 300); do [ "$(paths 1 | awk '$2 == "live"' | wc -l)" -eq $NGW ] && break; sleep 0.1; done
+  show_paths
+  say "every path live and one optimized per namespace $(since "$t0")s after the restart request"
+  data_read_back || ok=1
+  local d out; d=$(head_dev 2)
+  out=$(cd /tmp && timeout -k 10 120 fio --name=after --filename="$d" --direct=1 --ioengine=libaio --rw=randwrite \
+    --bs=4k --offset=32M --size=4M --iodepth=4 --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 2>&1) ||
+    { say "fio verify on nsid 2 failed: $(echo "$out" | tail -n 5)"; ok=1; }
+  [ $ok = 0 ] && say "fio verify 4 MiB on nsid 2: ok"
+  return $ok
+}
+
+disconnect() {
+  timeout -k 5 60 nvme disconnect -n "$NQN" 2>&1 | sed 's/^/    /'
+  subsys_dir >/dev/null && [ -n "$(ls -d "$(subsys_dir)"/nvme[0-9]* 2>/dev/null)" ] && { say "controllers left"; return 1; }
+  return 0
+}
+
+cleanup() {
+  [ -n "$FIO_PID" ] && kill "$FIO_PID" 2>/dev/null
+  [ -n "$PROBE_PID" ] && kill "$PROBE_PID" 2>/dev/null
+  local c
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] && echo 1 > "$c/delete_controller" 2>/dev/null
+  done
+  dmesg > "$LOGDIR/dmesg.log" 2>/dev/null
+}
+trap cleanup EXIT
+
+# ------------------------------------------------------------------ main --
+echo "e2e-group-guest: guest $(uname -r), $(nproc) vCPU, nvme-cli $(nvme version 2>/dev/null | head -1 | awk '{print $3}'), gateways at $ADDR:${PORTS[*]}"
+LATER=(data failover pauses leader-kill failover-after-leader-kill fence restart-all final-data disconnect)
+if step setup "load nvme-tcp; native multipath on" setup &&
+   step discover "nvme discover via gw1: the subsystem on every gateway's port" discover &&
+   step connect "nvme connect to the $NGW gateways: one head per namespace, $NGW paths each" connect_all; then
+  step ana "one optimized path per namespace, on its ANA group's owner" ana_check
+  step data "8 MiB random per namespace, equal in rbd export" data_write
+  for k in $(seq "$ROUNDS"); do
+    step "failover-$k" "kill -9 gw1 under fio verify + probe; optimized on gw2; restart; failback; zero errors" failover_round "failover-$k"
+  done
+  step pauses "failover pause over the rounds: median <= 3 s" pauses
+  if step leader-kill "kill -9 of the leading nvmeof-control replica: the other leads" leader_kill; then
+    step failover-after-leader-kill "a failover led by the surviving replica" failover_round failover-after-leader-kill
+  else skip failover-after-leader-kill "leader-kill failed"; fi
+  step fence "SIGSTOP gw1 past the grace, SIGCONT: its write fails, data intact, no optimized path there" fence
+  step restart-all "every gateway and replica restarted: config from RADOS, paths back, data intact" restart_all
+  step final-data "rbd export still equals the data written at the start" final_data
+  step disconnect "nvme disconnect" disconnect
+else
+  for s in ana "${LATER[@]}"; do skip "$s" "connect failed"; done
+fi
+cleanup; trap - EXIT
+
+echo
+echo "================ e2e-group guest summary (guest $(uname -r), TCG) ================"
+printf '%s\n' "${RESULTS[@]}"
+echo "total $(since "$T_ALL")s; logs: $LOGDIR"
+echo "$PASS passed, $FAIL failed"
+[ $FAIL -eq 0 ]
