@@ -20,10 +20,17 @@
 # (gateway counters), reconnect (same process), data intact, (p) gateway CPU
 # per I/O over RDMA vs TCP (fio 4K randread, same guest), registrations per
 # I/O, (r) bad connect requests rejected with the NVMe/RDMA status codes,
+# (f) fused Compare-and-Write from cm_probe's minimal host (in-capsule data),
 # (v) the host vanishing mid-I/O (controller deleted under fio): resources
-# released, gateway still serving, (w) a restart with a tiny registered pool:
-# commands wait for buffers (back-pressure) and fio verify still passes, (h)
-# SIGTERM exits 0.
+# released, gateway still serving, (m1) E2E_SRQ_CTRLS (6) controllers on the
+# shared receive queue: receive memory stays at its depth, (y1) `rdma link
+# delete rxe0` under fio: the kernel completes the removal (it waits for the
+# gateway to close the device), no PD/MR/CQ/SRQ/QP/ID left, (y2) TCP still
+# serves, (y3) `rdma link add rxe0`: the listener comes back, connect + fio,
+# (w) a restart with a tiny registered pool and NVMEOF_RDMA_SRQ=0: commands
+# wait for buffers (back-pressure) and fio verify still passes, (m2) receive
+# memory with per-QP receive queues for the same controllers, (h) SIGTERM
+# exits 0.
 # Last line: "N passed, N failed". Exit 0 only if nothing failed.
 #
 # Env: E2E_LOG_DIR (default: ./target/vm-logs if writable, else /tmp/e2e-logs),
@@ -429,6 +436,15 @@ bad_sgls() { # a keyed SGL beyond MDTS is refused without a transfer; a bogus rk
   discover > /dev/null || { say "discovery no longer works"; return 1; }
   return $rc
 }
+fused_cw() { # fused Compare-and-Write over RDMA (the kernel initiator never sends fused commands)
+  [ -n "$PROBE" ] && [ -x "$PROBE" ] || { say "no cm_probe binary given"; return 1; }
+  local out rc
+  out=$(timeout -k 5 60 "$PROBE" $ADDR "$PORT" --fused-cw $NQN $HOSTNQN $HOSTID 2>&1); rc=$?
+  echo "$out" | sed 's/^/    /'
+  [ $rc -eq 0 ] && [ "$(echo "$out" | tail -n 1)" = "fused ok" ] || return 1
+  sleep 1
+  released_check
+}
 vanish_check() { # the host goes away mid-I/O: resources released, gateway keeps serving
   connect || return 1
   local ctrl
@@ -579,7 +595,7 @@ echo "e2e-rdma: guest $(uname -r), $(nproc) vCPU, nvme-cli $(nvme version 2>/dev
 echo "e2e-rdma: gateway $GW${PROBE:+, probe $PROBE}"
 ALL=(a.discover b.connect x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256
   e1.disconnect e2.released e3.reconnect-persist i.idle-cpu p1.perf-rdma p2.perf-tcp r.bad-connect-requests
-  s.bad-sgls v.host-vanishes m1.srq-memory y1.device-removal y2.tcp-after-removal y3.device-readd
+  s.bad-sgls f.fused-compare-write v.host-vanishes m1.srq-memory y1.device-removal y2.tcp-after-removal y3.device-readd
   w.back-pressure m2.no-srq-memory h.shutdown)
 skip_from() { local on=0 s; for s in "${ALL[@]}"; do [ "$s" = "$1" ] && on=1; [ $on = 1 ] && skip "$s" "$2"; done; }
 
@@ -628,6 +644,7 @@ elif step gateway.start "start the gateway: rdma $ADDR:$PORT + tcp $TCPADDR:$POR
   step p2.perf-tcp "same over TCP $TCPADDR (same subsystem, same guest)" perf_tcp
   step r.bad-connect-requests "bad private data / queue sizes rejected with NVMe/RDMA codes, gateway alive" bad_connect_requests
   step s.bad-sgls "keyed SGL beyond MDTS refused (Invalid Field), bogus rkey drops only that QP, all released" bad_sgls
+  step f.fused-compare-write "fused Compare+Write over RDMA (cm_probe host, in-capsule data): applied when equal, nothing written on a miscompare" fused_cw
   step v.host-vanishes "controller deleted under fio: QPs and buffers released, gateway serves again" vanish_check
   step m1.srq-memory "$SRQ_CTRLS controllers on the shared receive queue: receive memory does not grow, every receive back in the SRQ" srq_memory
   if step y1.device-removal "rdma link delete rxe0 under fio: the kernel completes the removal, every PD/MR/CQ/SRQ/QP/ID released" device_removal; then

@@ -13,7 +13,12 @@
 //!                                          (the target could never RDMA READ): "rejected status=7"
 //! cm_probe ADDR PORT --beyond-mdts         admin queue, then a command with a 2 MiB keyed SGL
 //!                                          (MDTS is 1 MiB): prints "status=0xNNNN" of the CQE
+//! cm_probe ADDR PORT --fused-cw SUBNQN HOSTNQN HOSTID
+//!                                          fused Compare-and-Write on namespace 1 (`fused`):
+//!                                          prints each check and "fused ok"
 //! ```
+
+mod fused;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -59,9 +64,14 @@ fn connect_sqe(len: u32, key: u32) -> [u8; 64] {
 
 fn run() -> Result<String, String> {
     let args: Vec<String> = std::env::args().collect();
+    if args.len() == 7 && args[3] == "--fused-cw" {
+        let ip = args[1].parse().map_err(|e| format!("address: {e}"))?;
+        let port: u16 = args[2].parse().map_err(|e| format!("port: {e}"))?;
+        return fused::run(SocketAddr::new(ip, port), &[&args[4], &args[5], &args[6]]);
+    }
     if args.len() != 4 {
         return Err(
-            "usage: cm_probe ADDR PORT (HEX_PRIVATE_DATA | --bogus-rkey | --beyond-mdts)".into(),
+            "usage: cm_probe ADDR PORT (HEX_PRIVATE_DATA | --bogus-rkey | --beyond-mdts | --fused-cw SUBNQN HOSTNQN HOSTID)".into(),
         );
     }
     let ip = args[1].parse().map_err(|e| format!("address: {e}"))?;

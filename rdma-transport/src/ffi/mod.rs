@@ -1651,6 +1651,32 @@ impl QueuePair {
         }
     }
 
+    /// Posts a signaled SEND of `buf` (its whole length, from registered memory: for
+    /// messages longer than the inline limit). The buffer comes back with the completion, or
+    /// at once on failure.
+    pub fn post_send(&mut self, tag: u64, buf: Lent) -> Result<(), (Error, Vec<u8>)> {
+        let mut sge = match Self::sge(&buf) {
+            Ok(s) => s,
+            Err(e) => return Err((e, buf.buf)),
+        };
+        let slot = self.slot(tag, Some(buf.buf));
+        let mut wr = sys::ibv_send_wr {
+            wr_id: slot as u64,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: sys::IBV_WR_SEND,
+            send_flags: sys::IBV_SEND_SIGNALED,
+            ..Default::default()
+        };
+        match self.post_send_chain(std::slice::from_mut(&mut wr)) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let buf = self.unslot(slot).and_then(|(_, b)| b).unwrap_or_default();
+                Err((e, buf))
+            }
+        }
+    }
+
     /// Posts a signaled RDMA READ of `buf.len()` bytes from `remote` into `buf`.
     pub fn post_read(
         &mut self,
