@@ -298,10 +298,20 @@ impl ControlPlane {
             }
         };
         if dirty {
-            let m = map.clone();
+            // Concurrent feeds persist concurrently and their compare-and-set retries may land
+            // in any order: each writes the live map as it is when its write is (re)tried, so
+            // a slower writer never puts back an older map (a regressed map would un-promote a
+            // group that just failed over).
+            let (m, me) = (map.clone(), self.clone());
             if let Err(e) = self
                 .update(move |st| {
-                    st.map = Some(m.clone());
+                    let live = me
+                        .live
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone()
+                        .unwrap_or_else(|| m.clone());
+                    st.map = Some(live);
                     Ok(())
                 })
                 .await

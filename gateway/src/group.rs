@@ -65,19 +65,25 @@ pub struct GroupAgent {
 /// What the agent remembers about each ANA group's cluster clients between assignments.
 #[derive(Default)]
 pub struct GroupClientsState {
-    /// The process's image connections (None: no Ceph settings, nothing to reopen).
-    pool: Option<Arc<ClusterPool>>,
+    /// The settings of the process's image connections (None: nothing to reopen). The pool is
+    /// looked up when needed, not held: it lives as long as its images, so its connections
+    /// are shut down with them before the process exits.
+    ceph: Option<rbd_backend::rbd::CephSettings>,
     /// Groups that were served here (optimized or change) and then taken away: the control
     /// plane may have fenced this gateway's clients for them since.
     lost: Mutex<BTreeSet<u32>>,
 }
 
 impl GroupClientsState {
-    pub fn new(pool: Option<Arc<ClusterPool>>) -> Self {
+    pub fn new(ceph: Option<rbd_backend::rbd::CephSettings>) -> Self {
         Self {
-            pool,
+            ceph,
             lost: Mutex::new(BTreeSet::new()),
         }
+    }
+
+    fn pool(&self) -> Option<Arc<ClusterPool>> {
+        self.ceph.clone().map(ClusterPool::shared)
     }
 
     fn lost(&self) -> std::sync::MutexGuard<'_, BTreeSet<u32>> {
@@ -86,11 +92,7 @@ impl GroupClientsState {
 
     /// Whether `group` must get fresh clients before it is served here again.
     pub fn needs_fresh_clients(&self, group: u32) -> bool {
-        self.lost().contains(&group)
-            || self
-                .pool
-                .as_ref()
-                .is_some_and(|p| p.group_blocklisted(group))
+        self.lost().contains(&group) || self.pool().is_some_and(|p| p.group_blocklisted(group))
     }
 }
 
@@ -165,6 +167,18 @@ impl GroupAgent {
         }
     }
 
+    /// Stops the agent's tasks and waits until they are gone, so the target (and the RBD
+    /// images) they hold are released: call before closing the images at exit.
+    pub async fn stop(mut self) {
+        let tasks = std::mem::take(&mut self.tasks);
+        for t in &tasks {
+            t.abort();
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+
     /// The epoch of the last assignment applied (0: none yet).
     pub fn applied_epoch(&self) -> u64 {
         self.applied.load(Ordering::SeqCst)
@@ -219,13 +233,12 @@ pub fn start_inaccessible(target: &Target) {
 pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
     let incarnation = random_u64();
     let applied = Arc::new(AtomicU64::new(0));
-    // The pool every RBD image of this process is opened through (lazy: no connection
-    // until an image opens).
-    let pool = settings
+    // The settings every RBD image of this process is opened with (one shared pool).
+    let ceph = settings
         .config
         .as_ref()
-        .map(|c| ClusterPool::shared(c.ceph.clone().unwrap_or_default().settings()));
-    let clients = Arc::new(GroupClientsState::new(pool));
+        .map(|c| c.ceph.clone().unwrap_or_default().settings());
+    let clients = Arc::new(GroupClientsState::new(ceph));
     let channels: Vec<(String, Channel)> = settings
         .control_plane
         .iter()
@@ -802,9 +815,9 @@ pub async fn apply_with_clients(
     }
     let mut all = true;
     for g in promote {
-        if let Some(pool) = &clients.pool {
+        if let Some(pool) = clients.pool() {
             if clients.needs_fresh_clients(g) {
-                if !refresh_group_clients(target, pool, g).await {
+                if !refresh_group_clients(target, &pool, g).await {
                     tracing::error!(
                         group = g,
                         "ANA group not turned optimized: its images could not all be reopened"

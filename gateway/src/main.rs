@@ -115,6 +115,11 @@ async fn serve(config: Config) -> Result<(), String> {
     tracing::info!("shutting down: closing connections");
     let _ = shutdown_tx.send(true);
     while servers.join_next().await.is_some() {}
+    // The agent's tasks hold the target: end them first, so the images close below (and are
+    // waited for) instead of during the runtime's teardown, racing librbd's threads at exit.
+    if let Some(agent) = _group {
+        agent.stop().await;
+    }
     // Close every image before exiting, so no exclusive lock is left for the next writer
     // to wait out.
     drop(target);

@@ -239,6 +239,45 @@ fn pattern(seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// `group`'s client addresses (of one gateway's per-group report) are all in the blocklist,
+/// and none of its other groups' addresses is.
+fn assert_group_fenced_alone(groups: &BTreeMap<u32, Vec<String>>, group: u32, blocklist: &str) {
+    let listed = |addr: &str| {
+        let bare = |a: &str| {
+            a.trim_start_matches("v1:")
+                .trim_start_matches("v2:")
+                .to_string()
+        };
+        rbd_backend::rados::split_addrs(addr).iter().all(|one| {
+            blocklist
+                .split_whitespace()
+                .any(|token| bare(token) == bare(one))
+        })
+    };
+    let fenced = groups.get(&group).cloned().unwrap_or_default();
+    assert!(
+        !fenced.is_empty(),
+        "no client reported for group {group}: {groups:?}"
+    );
+    for a in &fenced {
+        assert!(
+            listed(a),
+            "{a} (group {group}) not in the blocklist:\n{blocklist}"
+        );
+    }
+    for (g, addrs) in groups {
+        if *g == group {
+            continue;
+        }
+        for a in addrs {
+            assert!(
+                !listed(a),
+                "{a} of group {g} was blocklisted with group {group}:\n{blocklist}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Ceph cluster: bash rbd-backend/tests/ceph-tests.sh"]
 async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
@@ -318,7 +357,7 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     );
 
     // Freeze gw1: alive, silent.
-    let gw1_addrs = cp
+    let mut gw1_addrs = cp
         .state()
         .map
         .and_then(|m| m.gateways.get("gw1").map(|g| g.addrs.clone()))
@@ -336,18 +375,14 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     let map = st.map.expect("group map");
     assert_eq!(map.gateways["gw1"].availability, Availability::Fenced);
     assert_eq!(map.groups[&1].holder, "gw2");
-    // The blocklist holds gw1's clients.
+    // The blocklist holds gw1's clients for group 1, and only those: its connections are
+    // sharded per ANA group, so its group-2 clients were left alone.
     let blocklist = run("ceph", &["osd", "blocklist", "ls"]);
-    for a in &gw1_addrs {
-        for one in rbd_backend::rados::split_addrs(a) {
-            let bare = one.trim_start_matches("v1:").trim_start_matches("v2:");
-            assert!(
-                blocklist.contains(bare),
-                "{bare} not in the blocklist:\n{blocklist}"
-            );
-        }
-    }
-
+    let gw1_groups = map.gateways["gw1"]
+        .group_addrs
+        .clone()
+        .expect("gw1 reports its clients per ANA group");
+    assert_group_fenced_alone(&gw1_groups, 1, &blocklist);
     // gw2 now serves namespace 1.
     let started = Instant::now();
     h2.io
@@ -426,9 +461,24 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         "failback: group 1 optimized on the restarted gw1 {} ms after it started",
         restarted.elapsed().as_millis()
     );
+    let map = cp.state().map.expect("map");
+    assert_eq!(map.gateways["gw1"].availability, Availability::Available);
+    // The failback fenced gw2's clients for group 1 only: gw2 still serves its own group 2
+    // through the same process.
+    let gw2_groups = map.gateways["gw2"]
+        .group_addrs
+        .clone()
+        .expect("gw2 reports its clients per ANA group");
+    let blocklist = run("ceph", &["osd", "blocklist", "ls"]);
+    assert_group_fenced_alone(&gw2_groups, 1, &blocklist);
+    gw1_addrs.extend(gw2_groups.get(&1).cloned().unwrap_or_default());
+    h2.io
+        .write(2, 0, pattern(5), BLOCK)
+        .await
+        .expect("gw2 writes its own group after its group-1 clients were fenced");
     assert_eq!(
-        cp.state().map.expect("map").gateways["gw1"].availability,
-        Availability::Available
+        h2.io.read(2, 0, 8, BLOCK).await.expect("read via gw2"),
+        pattern(5)
     );
     h1.io
         .write(1, 0, pattern(4), BLOCK)
@@ -447,12 +497,12 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         .unwrap_or(5);
     let mut pauses = vec![frozen_to_first_write];
     let (mut gw1, mut h1) = (gw1, h1);
-    let mut fenced_addrs = gw1_addrs.clone();
+    let mut fenced_addrs = Vec::new();
     for round in 1..runs {
-        let addrs = cp
+        let addrs: Vec<String> = cp
             .state()
             .map
-            .and_then(|m| m.gateways.get("gw1").map(|g| g.addrs.clone()))
+            .map(|m| m.gateways.values().flat_map(|g| g.addrs.clone()).collect())
             .unwrap_or_default();
         fenced_addrs.extend(addrs);
         let frozen = Instant::now();
@@ -491,7 +541,16 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         ms[ms.len() - 1],
         ms
     );
-    let mut gw1_addrs = fenced_addrs;
+    gw1_addrs.extend(fenced_addrs);
+    // gw2 had group 1 taken away (and its clients for it fenced) at every failback: each later
+    // failover gave it fresh clients and reopened the image before it turned optimized.
+    if runs > 1 {
+        let log = std::fs::read_to_string(&gw2.log).unwrap_or_default();
+        assert!(
+            log.contains("ANA group given fresh cluster clients"),
+            "gw2 served group 1 again without fresh clients"
+        );
+    }
 
     // Planned shutdown (SIGTERM) of the owner: it asks the control plane to move group 1
     // (drain, fence, optimized on gw2) before it closes its connections, and exits 0.
