@@ -58,8 +58,41 @@ pub struct GroupAgent {
     pub incarnation: u64,
     gateway: String,
     channels: Vec<(String, Channel)>,
-    /// The ANA groups' cluster clients (kept alive with the agent).
+    /// The ANA groups' cluster clients.
     pub clients: Arc<GroupClientsState>,
+    /// This gateway's listeners as the control plane stores them (`nvmeofctl listener
+    /// add/del -g <this gateway>`), after each assignment; None before the first one.
+    pub listeners: tokio::sync::watch::Receiver<Option<BTreeSet<PushedListener>>>,
+}
+
+/// A listener the control plane has for this gateway.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PushedListener {
+    /// NVMe/RDMA (else NVMe/TCP).
+    pub rdma: bool,
+    pub addr: std::net::SocketAddr,
+}
+
+/// This gateway's listeners in an assignment (any subsystem; a listener serves them all);
+/// unparsable ones are left out.
+pub fn own_listeners(a: &Assignment, gateway: &str) -> BTreeSet<PushedListener> {
+    a.listeners
+        .iter()
+        .filter(|l| l.gateway == gateway || l.gateway.is_empty())
+        .filter_map(|l| {
+            let rdma = match l.transport.as_str() {
+                "tcp" | "" => false,
+                "rdma" => true,
+                _ => return None,
+            };
+            let ip: std::net::IpAddr = l.address.parse().ok()?;
+            let port = u16::try_from(l.port).ok()?;
+            Some(PushedListener {
+                rdma,
+                addr: std::net::SocketAddr::new(ip, port),
+            })
+        })
+        .collect()
 }
 
 /// What the agent remembers about each ANA group's cluster clients between assignments.
@@ -239,6 +272,7 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         .as_ref()
         .map(|c| c.ceph.clone().unwrap_or_default().settings());
     let clients = Arc::new(GroupClientsState::new(ceph));
+    let (listeners_tx, listeners) = tokio::sync::watch::channel(None);
     let channels: Vec<(String, Channel)> = settings
         .control_plane
         .iter()
@@ -265,6 +299,7 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         incarnation,
         applied.clone(),
         clients.clone(),
+        listeners_tx,
     ));
     GroupAgent {
         tasks: vec![beacons, assignments],
@@ -273,6 +308,7 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         gateway,
         channels,
         clients,
+        listeners,
     }
 }
 
@@ -397,6 +433,7 @@ async fn assignment_loop(
     incarnation: u64,
     applied: Arc<AtomicU64>,
     clients: Arc<GroupClientsState>,
+    listeners: tokio::sync::watch::Sender<Option<BTreeSet<PushedListener>>>,
 ) {
     if channels.is_empty() {
         return;
@@ -422,6 +459,12 @@ async fn assignment_loop(
                             if let Some(config) = &settings.config {
                                 apply_config(&target, config, &a).await;
                                 apply_listeners(&target, &a);
+                                let own = Some(own_listeners(&a, &settings.gateway));
+                                listeners.send_if_modified(|l| {
+                                    let changed = *l != own;
+                                    *l = own;
+                                    changed
+                                });
                             }
                             // Acknowledged only when every state is in force (a failback
                             // drain waits for this).

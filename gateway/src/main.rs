@@ -4,8 +4,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
 use clap::Parser;
 use nvmeof_gateway::config::Config;
+use nvmeof_gateway::core::Target;
+use nvmeof_gateway::group::PushedListener;
 use nvmeof_gateway::rdma::server::RdmaServer;
 use nvmeof_gateway::tcp::server::TcpServer;
 use tokio::sync::watch;
@@ -87,18 +93,12 @@ async fn serve(config: Config) -> Result<(), String> {
             },
         )
     });
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let mut servers = tokio::task::JoinSet::new();
+    let mut listeners = Listeners::new(target.clone());
     for addr in config.listen_addrs() {
-        let server = TcpServer::bind(addr, target.clone())
-            .await
-            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        servers.spawn(server.serve(shutdown_rx.clone()));
+        listeners.start(false, addr).await?;
     }
     for addr in config.rdma_listen_addrs() {
-        let server = RdmaServer::bind(addr, target.clone())
-            .map_err(|e| format!("cannot listen on rdma {addr}: {e}"))?;
-        servers.spawn(server.serve(shutdown_rx.clone()));
+        listeners.start(true, addr).await?;
     }
     for s in target.subsystems() {
         tracing::info!(
@@ -107,14 +107,40 @@ async fn serve(config: Config) -> Result<(), String> {
             "subsystem ready"
         );
     }
-    wait_for_signal().await;
+    // Until a signal: follow this gateway's listeners in the control plane (added: listen;
+    // deleted: stop listening and close that listener's connections).
+    let mut pushed = _group.as_ref().map(|a| a.listeners.clone());
+    let mut previous: BTreeSet<PushedListener> = BTreeSet::new();
+    let signal = wait_for_signal();
+    tokio::pin!(signal);
+    loop {
+        let changed = async {
+            match pushed.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = &mut signal => break,
+            ok = changed => {
+                if !ok {
+                    pushed = None;
+                    continue;
+                }
+                let Some(now) = pushed.as_ref().and_then(|rx| rx.borrow().clone()) else {
+                    continue;
+                };
+                listeners.follow(&previous, &now).await;
+                previous = now;
+            }
+        }
+    }
     if let Some(agent) = &_group {
         // Planned: let the group move this gateway's ANA groups away before connections close.
         agent.leave(&target, Duration::from_secs(10)).await;
     }
     tracing::info!("shutting down: closing connections");
-    let _ = shutdown_tx.send(true);
-    while servers.join_next().await.is_some() {}
+    listeners.stop_all().await;
     // The agent's tasks hold the target: end them first, so the images close below (and are
     // waited for) instead of during the runtime's teardown, racing librbd's threads at exit.
     if let Some(agent) = _group {
@@ -147,5 +173,80 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}
+
+/// The running listeners, each with its own stop switch (a listener deleted in the control
+/// plane stops alone).
+struct Listeners {
+    target: Arc<Target>,
+    running: BTreeMap<PushedListener, (watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+}
+
+impl Listeners {
+    fn new(target: Arc<Target>) -> Self {
+        Self {
+            target,
+            running: BTreeMap::new(),
+        }
+    }
+
+    /// Binds and serves `addr` (a no-op when it already runs).
+    async fn start(&mut self, rdma: bool, addr: SocketAddr) -> Result<(), String> {
+        let key = PushedListener { rdma, addr };
+        if self.running.contains_key(&key) {
+            return Ok(());
+        }
+        let (stop, stopped) = watch::channel(false);
+        let task = if rdma {
+            let server = RdmaServer::bind(addr, self.target.clone())
+                .map_err(|e| format!("cannot listen on rdma {addr}: {e}"))?;
+            tokio::spawn(server.serve(stopped))
+        } else {
+            let server = TcpServer::bind(addr, self.target.clone())
+                .await
+                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            tokio::spawn(server.serve(stopped))
+        };
+        self.running.insert(key, (stop, task));
+        Ok(())
+    }
+
+    async fn stop(&mut self, key: &PushedListener) {
+        if let Some((stop, task)) = self.running.remove(key) {
+            let _ = stop.send(true);
+            let _ = task.await;
+        }
+    }
+
+    /// Applies a change of this gateway's listeners in the control plane: the new ones are
+    /// served, the deleted ones (in `before`, not in `now`) stop, whether they came from the
+    /// file or from the control plane. A pushed listener that cannot be bound is logged.
+    async fn follow(&mut self, before: &BTreeSet<PushedListener>, now: &BTreeSet<PushedListener>) {
+        for gone in before.difference(now) {
+            if self.running.contains_key(gone) {
+                tracing::info!(addr = %gone.addr, rdma = gone.rdma, "listener deleted: stop listening");
+                self.stop(gone).await;
+            }
+        }
+        for new in now.difference(before) {
+            if !self.running.contains_key(new) {
+                tracing::info!(addr = %new.addr, rdma = new.rdma, "listener added: listening");
+                if let Err(e) = self.start(new.rdma, new.addr).await {
+                    tracing::error!("{e}");
+                }
+            }
+        }
+    }
+
+    /// Stops every listener (and its connections).
+    async fn stop_all(mut self) {
+        let keys: Vec<PushedListener> = self.running.keys().cloned().collect();
+        for (stop, _) in self.running.values() {
+            let _ = stop.send(true);
+        }
+        for k in keys {
+            self.stop(&k).await;
+        }
     }
 }

@@ -462,6 +462,49 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    // A listener added for this gateway is listened on; deleted, it stops (new connections
+    // refused) while the file's listener keeps serving.
+    let extra = free_port();
+    let extra_listener = proto::Listener {
+        subsystem_nqn: SUBNQN.into(),
+        gateway: "gw1".into(),
+        transport: "tcp".into(),
+        address: "127.0.0.1".into(),
+        port: u32::from(extra),
+    };
+    admin
+        .listener_add(extra_listener.clone())
+        .await
+        .expect("listener add");
+    let (x_admin, x_io) = connect(extra).await;
+    assert_eq!(x_io.read(1, 0, 8, 512).await.expect("read ns 1"), data);
+    admin
+        .listener_del(extra_listener)
+        .await
+        .expect("listener del");
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(("127.0.0.1", extra))
+        .await
+        .is_ok()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still listening on {extra} after listener del"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        x_io.read(1, 0, 8, 512).await.is_err(),
+        "a connection through the deleted listener still works"
+    );
+    drop((x_admin, x_io));
+    assert_eq!(
+        h_io.read(1, 0, 8, 512)
+            .await
+            .expect("read via the file's listener"),
+        data
+    );
+
     // Restart (SIGTERM: the only gateway has no one to move its groups to, so it stops at
     // once); everything comes back from RADOS.
     drop(h_io);
