@@ -17,7 +17,18 @@
 //! removed at the end. librbd's cache is off on both sides (the gateway's default; for fio
 //! through a derived ceph.conf), so both measure the cluster round trip.
 //!
+//! `--scaling` adds a second section on its own images (`--images 1,2,4,8,16,32`, each
+//! `--scaling-size-mib 32`, written once): the gateway's memory (RSS) and threads idle
+//! without a cluster connection, with one image, and with the largest count of images on one
+//! cluster connection and on one connection per image, from which it prints the memory and
+//! threads per open image and per idle cluster connection; then for every count N, 4K random
+//! reads at `--scaling-qd 4` per image on all N images at once, direct (fio, one job per
+//! image) and through the gateway (N namespaces, N host threads with one queue each).
+//!
 //! Other options: `--gateway-threads N` (default: one runtime worker per CPU),
+//! `--gateway [LABEL=]PATH[@THREADS]` (repeatable: compare gateway binaries or thread counts
+//! in one run; each round runs direct, then every gateway, the gateways' order rotating per
+//! round; `built` as PATH is the binary cargo built),
 //! `--ramp SECONDS` (default 1, not measured), `--only TEXT` (the workloads whose name
 //! contains TEXT, e.g. `--only QD1`). In `cargo test --benches` (no `--bench`
 //! argument) it only says it was skipped: it needs Ceph and fio.
@@ -71,7 +82,12 @@ struct Args {
     size_mib: u64,
     store: String,
     gateway_threads: Option<usize>,
+    variants: Vec<Variant>,
     only: Option<String>,
+    /// Image counts of the scaling and memory section (empty: not run).
+    scaling: Vec<usize>,
+    scaling_qd: usize,
+    scaling_size_mib: u64,
     repeat: usize,
 }
 
@@ -96,7 +112,30 @@ fn parse_args() -> Option<Args> {
             .unwrap_or(256),
         store: value("--store").unwrap_or_else(|| "memstore".into()),
         gateway_threads: value("--gateway-threads").and_then(|s| s.parse().ok()),
+        variants: args
+            .windows(2)
+            .filter(|pair| pair[0] == "--gateway")
+            .enumerate()
+            .map(|(i, pair)| Variant::parse(&pair[1], i))
+            .collect(),
         only: value("--only"),
+        scaling: if args.iter().any(|a| a == "--scaling") {
+            value("--images")
+                .unwrap_or_else(|| "1,2,4,8,16,32".into())
+                .split(',')
+                .filter_map(|n| n.trim().parse().ok())
+                .filter(|&n| (1..=64).contains(&n))
+                .collect()
+        } else {
+            Vec::new()
+        },
+        scaling_qd: value("--scaling-qd")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(4)
+            .max(1),
+        scaling_size_mib: value("--scaling-size-mib")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(32),
         repeat: value("--repeat")
             .and_then(|s| s.parse().ok())
             .unwrap_or(3)
@@ -190,8 +229,9 @@ impl Image {
         c
     }
 
-    fn create(conf: &Path, size_mib: u64) -> Image {
-        let spec = format!("{POOL}/bench-{}", std::process::id());
+    /// Creates `rbd/bench-<pid><suffix>` and writes it once in full.
+    fn create(conf: &Path, size_mib: u64, suffix: &str) -> Image {
+        let spec = format!("{POOL}/bench-{}{suffix}", std::process::id());
         run(Self::rbd(conf).args(["create", "--size", &format!("{size_mib}M"), &spec]));
         let image = Image {
             spec,
@@ -233,6 +273,52 @@ impl Drop for Image {
     }
 }
 
+/// One gateway under test: which binary, how many runtime workers, and its label.
+#[derive(Clone, Debug)]
+struct Variant {
+    label: String,
+    binary: PathBuf,
+    threads: Option<usize>,
+}
+
+impl Variant {
+    fn built(threads: Option<usize>) -> Variant {
+        Variant {
+            label: "gateway".into(),
+            binary: env!("CARGO_BIN_EXE_nvmeof-gateway").into(),
+            threads,
+        }
+    }
+
+    /// `[LABEL=]PATH[@THREADS]`; PATH `built` is the binary cargo built.
+    fn parse(spec: &str, index: usize) -> Variant {
+        let (label, rest) = match spec.split_once('=') {
+            Some((l, r)) => (l.to_string(), r),
+            None => (format!("gw{}", index + 1), spec),
+        };
+        let (path, threads) = match rest.rsplit_once('@') {
+            Some((p, t)) => (
+                p,
+                Some(
+                    t.parse()
+                        .unwrap_or_else(|_| panic!("--gateway {spec}: bad thread count")),
+                ),
+            ),
+            None => (rest, None),
+        };
+        let binary = if path == "built" {
+            env!("CARGO_BIN_EXE_nvmeof-gateway").into()
+        } else {
+            PathBuf::from(path)
+        };
+        Variant {
+            label,
+            binary,
+            threads,
+        }
+    }
+}
+
 /// The gateway process; SIGTERM (then SIGKILL) when dropped, so it closes the image.
 struct Gateway {
     child: Child,
@@ -240,20 +326,24 @@ struct Gateway {
 }
 
 impl Gateway {
+    /// A gateway serving `images` as namespaces 1..=N of one subsystem (none: one 1 MiB
+    /// in-memory namespace, so the process has no cluster connection), its images spread
+    /// over `connections` cluster connections (default: the gateway's).
     fn start(
         work: &Path,
         conf: &Path,
         keyring: Option<&str>,
-        image: &str,
-        threads: Option<usize>,
+        images: &[&str],
+        connections: Option<usize>,
+        variant: &Variant,
     ) -> Gateway {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free port");
-        let config = work.join("gateway.toml");
+        let config = work.join(format!("gateway-{}-{port}.toml", variant.label));
         let mut text = String::new();
-        if let Some(n) = threads {
+        if let Some(n) = variant.threads {
             text.push_str(&format!("[gateway]\nworker_threads = {n}\n\n"));
         }
         text.push_str(&format!(
@@ -265,29 +355,34 @@ port = {port}
 [[subsystem]]
 nqn = "{SUBNQN}"
 allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "rbd"
-pool = "{POOL}"
-image = "{image}"
-
-[ceph]
-conf = "{}"
-"#,
-            conf.display()
+"#
         ));
+        if images.is_empty() {
+            text.push_str(
+                "\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"memory\"\nsize = \"1MiB\"\n",
+            );
+        }
+        for (i, image) in images.iter().enumerate() {
+            text.push_str(&format!(
+                "\n[[subsystem.namespace]]\nnsid = {}\nbackend = \"rbd\"\npool = \"{POOL}\"\nimage = \"{image}\"\n",
+                i + 1
+            ));
+        }
+        text.push_str(&format!("\n[ceph]\nconf = \"{}\"\n", conf.display()));
+        if let Some(n) = connections {
+            text.push_str(&format!("connections = {n}\n"));
+        }
         if let Some(k) = keyring {
             text.push_str(&format!("keyring = \"{k}\"\n"));
         }
         std::fs::write(&config, text).expect("write the gateway config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
+        let mut child = Command::new(&variant.binary)
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .spawn()
-            .expect("start nvmeof-gateway");
+            .unwrap_or_else(|e| panic!("start {}: {e}", variant.binary.display()));
         for _ in 0..600 {
             if TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return Gateway {
@@ -344,6 +439,8 @@ struct Side {
     p99_us: f64,
     /// CPU time (user + system) of the process doing librbd (fio, or the gateway) per I/O.
     cpu_us_per_io: f64,
+    /// Context switches of the process's threads per I/O (fio: incl. its start and ramp).
+    switches_per_io: f64,
 }
 
 /// Median of `v` (0 when empty).
@@ -366,6 +463,7 @@ impl Side {
             p50_us: med(|s| s.p50_us),
             p99_us: med(|s| s.p99_us),
             cpu_us_per_io: med(|s| s.cpu_us_per_io),
+            switches_per_io: med(|s| s.switches_per_io),
         }
     }
 }
@@ -550,6 +648,9 @@ fn direct(conf: &Path, image: &str, w: &Workload, ramp: f64, seconds: f64, out_d
     // process's CPU time from /proc once it has exited (a zombie until reaped).
     let pid = child.id();
     let mut cpu_s = 0.0;
+    // Context switches per thread vanish when a thread exits: keep the last sample taken
+    // while librbd's threads were alive (the last 20 ms or so are missed).
+    let mut switches = 0;
     while let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         cpu_s = cpu_seconds(pid);
         if stat
@@ -558,6 +659,7 @@ fn direct(conf: &Path, image: &str, w: &Workload, ramp: f64, seconds: f64, out_d
         {
             break;
         }
+        switches = switches.max(context_switches(pid));
         std::thread::sleep(Duration::from_millis(20));
     }
     let status = child.wait().expect("wait for fio");
@@ -594,6 +696,218 @@ fn direct(conf: &Path, image: &str, w: &Workload, ramp: f64, seconds: f64, out_d
         p50_us: pct("50.000000"),
         p99_us: pct("99.000000"),
         cpu_us_per_io: cpu_s / ios.max(1.0) * 1e6,
+        switches_per_io: switches as f64 / ios.max(1.0),
+    }
+}
+
+/// Resident memory (KiB) and thread count of a process, from /proc/PID/status.
+fn memory_and_threads(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field("VmRSS:"), field("Threads:"))
+}
+
+/// Context switches (voluntary and not) of all of a process's threads: the wake-ups it costs.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// Direct librbd on several images at once: fio, one job per image at `w.queue_depth`
+/// (fio runs each job as its own process with its own cluster connection). Total IOPS.
+fn direct_multi(
+    conf: &Path,
+    images: &[&str],
+    w: &Workload,
+    ramp: f64,
+    seconds: f64,
+    out_dir: &Path,
+) -> f64 {
+    let out = out_dir.join(format!("fio-multi-{}.json", images.len()));
+    let mut cmd = Command::new("fio");
+    cmd.env("CEPH_CONF", conf)
+        .arg("--ioengine=rbd")
+        .arg("--clientname=admin")
+        .arg(format!("--pool={POOL}"))
+        .arg(format!(
+            "--rw={}",
+            if w.write { "randwrite" } else { "randread" }
+        ))
+        .arg(format!("--bs={}", w.io_bytes))
+        .arg(format!("--iodepth={}", w.queue_depth))
+        .arg("--time_based")
+        .arg(format!("--ramp_time={ramp}"))
+        .arg(format!("--runtime={seconds}"))
+        .arg("--group_reporting")
+        .arg("--output-format=json")
+        .arg(format!("--output={}", out.display()));
+    for (i, image) in images.iter().enumerate() {
+        cmd.arg(format!("--name=image{i}"))
+            .arg(format!("--rbdname={image}"));
+    }
+    run(cmd.stdin(Stdio::null()));
+    let text = std::fs::read_to_string(&out).expect("fio's JSON output");
+    let doc = json::parse(&text[text.find('{').unwrap_or(0)..])
+        .unwrap_or_else(|e| panic!("cannot parse {}: {e}", out.display()));
+    doc.get("jobs")
+        .and_then(|j| j.idx(0))
+        .and_then(|j| j.get(if w.write { "write" } else { "read" }))
+        .and_then(|d| d.get("iops"))
+        .and_then(json::Value::num)
+        .expect("fio JSON: jobs[0].read.iops")
+}
+
+/// Connects the admin queue of `gateway`'s controller; returns it and the controller ID.
+fn admin_connect(rt: &tokio::runtime::Runtime, gateway: &Gateway) -> (HostConnection, u16) {
+    rt.block_on(async {
+        let admin = HostConnection::connect(gateway.addr, HostOptions::new(HOSTNQN))
+            .await
+            .expect("admin connection");
+        let cntlid = admin.connect_admin(SUBNQN, 0).await.expect("admin connect");
+        admin.enable_controller().await.expect("enable");
+        (admin, cntlid)
+    })
+}
+
+/// The `--scaling` section: memory per open image and per idle cluster connection, and IOPS
+/// over 1 to N images. See the module docs.
+fn scaling(
+    args: &Args,
+    work: &Path,
+    conf: &Path,
+    keyring: Option<&str>,
+    variant: &Variant,
+    rt: &tokio::runtime::Runtime,
+) {
+    let Some(&max) = args.scaling.iter().max() else {
+        return;
+    };
+    let t0 = Instant::now();
+    let images: Vec<Image> = (0..max)
+        .map(|i| Image::create(conf, args.scaling_size_mib, &format!("-s{i}")))
+        .collect();
+    let names: Vec<&str> = images.iter().map(Image::name).collect();
+    eprintln!(
+        "scaling: {max} images of {} MiB written in {:.1} s",
+        args.scaling_size_mib,
+        t0.elapsed().as_secs_f64()
+    );
+    // Idle memory: started, images open, no I/O; a second to settle.
+    let idle = |images: &[&str], connections: Option<usize>| {
+        let g = Gateway::start(work, conf, keyring, images, connections, variant);
+        std::thread::sleep(Duration::from_secs(1));
+        memory_and_threads(g.child.id())
+    };
+    let none = idle(&[], None);
+    let one = idle(&names[..1], Some(1));
+    let many_on_one = idle(&names, Some(1));
+    let many_on_many = idle(&names, Some(max.min(64)));
+    let per = |a: (f64, f64), b: (f64, f64), n: usize| {
+        let n = n.saturating_sub(1).max(1) as f64;
+        ((b.0 - a.0) / n, (b.1 - a.1) / n)
+    };
+    let per_image = per(one, many_on_one, max);
+    let per_connection = per(many_on_one, many_on_many, max);
+
+    let w = Workload {
+        name: "4K randread",
+        write: false,
+        random: true,
+        io_bytes: 4096,
+        queue_depth: args.scaling_qd,
+    };
+    let region = |nsid: u32| Region {
+        nsid,
+        block_size: 512,
+        bytes: args.scaling_size_mib << 20,
+    };
+    let ramp = Duration::from_secs_f64(args.ramp);
+    let duration = Duration::from_secs_f64(args.seconds);
+    let mut rows = Vec::new();
+    for &n in &args.scaling {
+        eprintln!("scaling: {n} images, direct then the gateway");
+        let direct = direct_multi(conf, &names[..n], &w, args.ramp, args.seconds, work);
+        let gateway = Gateway::start(work, conf, keyring, &names[..n], None, variant);
+        let (_admin, cntlid) = admin_connect(rt, &gateway);
+        let queues: Vec<LeanQueue> = (1..=n as u16)
+            .map(|qid| {
+                LeanQueue::connect(gateway.addr, SUBNQN, HOSTNQN, cntlid, qid)
+                    .expect("connect an I/O queue")
+            })
+            .collect();
+        let iops: f64 = std::thread::scope(|scope| {
+            let runs: Vec<_> = queues
+                .into_iter()
+                .enumerate()
+                .map(|(k, mut q)| {
+                    let region = region(k as u32 + 1);
+                    scope.spawn(move || {
+                        if !ramp.is_zero() {
+                            q.run(&w, &region, ramp).expect("gateway ramp");
+                        }
+                        q.run(&w, &region, duration).expect("gateway run").iops()
+                    })
+                })
+                .collect();
+            runs.into_iter()
+                .map(|r| r.join().expect("host thread"))
+                .sum()
+        });
+        let (rss, threads) = memory_and_threads(gateway.child.id());
+        eprintln!("    direct {direct:.0} IOPS, gateway {iops:.0} IOPS");
+        rows.push((n, direct, iops, rss, threads));
+    }
+
+    println!();
+    println!(
+        "gateway memory ({}), idle, RSS and threads: no cluster connection {:.1} MiB / {:.0}; 1 image on 1 connection {:.1} MiB / {:.0}; {max} images on 1 connection {:.1} MiB / {:.0}; {max} images on {} connections {:.1} MiB / {:.0}",
+        variant.label,
+        none.0 / 1024.0,
+        none.1,
+        one.0 / 1024.0,
+        one.1,
+        many_on_one.0 / 1024.0,
+        many_on_one.1,
+        max.min(64),
+        many_on_many.0 / 1024.0,
+        many_on_many.1,
+    );
+    println!(
+        "  per open image (idle): {:.0} KiB, {:.1} threads; per idle cluster connection: {:.0} KiB, {:.1} threads",
+        per_image.0, per_image.1, per_connection.0, per_connection.1
+    );
+    println!(
+        "IOPS over 1 to {max} images: 4K random read, QD{} per image, {:.0} s after {:.0} s ramp, one run each; direct = fio, one job (process, cluster connection) per image; gateway = one namespace and one host queue (thread) per image, default cluster connections",
+        args.scaling_qd, args.seconds, args.ramp
+    );
+    println!(
+        "{:>7} | {:>10} | {:>10} {:>6} | {:>17} {:>8}",
+        "images", "direct", "gateway", "ratio", "gateway RSS MiB", "threads"
+    );
+    for (n, direct, iops, rss, threads) in rows {
+        println!(
+            "{n:>7} | {direct:>10.0} | {iops:>10.0} {:>6.2} | {:>17.1} {threads:>8.0}",
+            iops / direct.max(1.0),
+            rss / 1024.0
+        );
     }
 }
 
@@ -624,28 +938,34 @@ fn main() {
         std::env::set_var("CEPH_KEYRING", k);
     }
 
-    let image = Image::create(&conf, args.size_mib);
-    let gateway = Gateway::start(
-        &work,
-        &conf,
-        cluster.keyring.as_deref(),
-        image.name(),
-        args.gateway_threads,
-    );
+    let image = Image::create(&conf, args.size_mib, "");
+    let variants = if args.variants.is_empty() {
+        vec![Variant::built(args.gateway_threads)]
+    } else {
+        args.variants.clone()
+    };
 
     // Admin queue through the host library; the I/O queues are LeanQueues.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let (_admin, cntlid) = rt.block_on(async {
-        let admin = HostConnection::connect(gateway.addr, HostOptions::new(HOSTNQN))
-            .await
-            .expect("admin connection");
-        let cntlid = admin.connect_admin(SUBNQN, 0).await.expect("admin connect");
-        admin.enable_controller().await.expect("enable");
-        (admin, cntlid)
-    });
+    // Every gateway runs for the whole benchmark (an idle one costs a few threads' wake-ups).
+    let gateways: Vec<(Gateway, HostConnection, u16)> = variants
+        .iter()
+        .map(|v| {
+            let gateway = Gateway::start(
+                &work,
+                &conf,
+                cluster.keyring.as_deref(),
+                &[image.name()],
+                None,
+                v,
+            );
+            let (admin, cntlid) = admin_connect(&rt, &gateway);
+            (gateway, admin, cntlid)
+        })
+        .collect();
     let region = Region {
         nsid: 1,
         block_size: 512,
@@ -663,111 +983,137 @@ fn main() {
         {
             continue;
         }
-        let (mut ds, mut gs) = (Vec::new(), Vec::new());
+        let mut ds = Vec::new();
+        let mut gs: Vec<Vec<Side>> = vec![Vec::new(); gateways.len()];
         for r in 0..args.repeat {
             eprintln!(
-                "{} run {}/{}: direct librbd (fio --ioengine=rbd), then the gateway",
+                "{} run {}/{}: direct librbd (fio --ioengine=rbd), then the gateway(s)",
                 w.name,
                 r + 1,
                 args.repeat
             );
-            ds.push(direct(
-                &conf,
-                image.name(),
-                w,
-                args.ramp,
-                args.seconds,
-                &work,
-            ));
-            let mut q = LeanQueue::connect(gateway.addr, SUBNQN, HOSTNQN, cntlid, i as u16 + 1)
-                .expect("connect an I/O queue");
-            if !ramp.is_zero() {
-                q.run(w, &region, ramp).expect("gateway ramp");
+            let d = direct(&conf, image.name(), w, args.ramp, args.seconds, &work);
+            ds.push(d);
+            for k in 0..gateways.len() {
+                let g = (k + r) % gateways.len();
+                let (gateway, _, cntlid) = &gateways[g];
+                let mut q =
+                    LeanQueue::connect(gateway.addr, SUBNQN, HOSTNQN, *cntlid, i as u16 + 1)
+                        .expect("connect an I/O queue");
+                if !ramp.is_zero() {
+                    q.run(w, &region, ramp).expect("gateway ramp");
+                }
+                let cpu0 = cpu_seconds(gateway.child.id());
+                let switches0 = context_switches(gateway.child.id());
+                let mut f = q.run(w, &region, duration).expect("gateway run");
+                let cpu = cpu_seconds(gateway.child.id()) - cpu0;
+                let switches = context_switches(gateway.child.id()).saturating_sub(switches0);
+                drop(q);
+                let side = Side {
+                    iops: f.iops(),
+                    mean_us: f.mean_us(),
+                    p50_us: f.percentile_us(0.50),
+                    p99_us: f.percentile_us(0.99),
+                    cpu_us_per_io: cpu / f.ios.max(1) as f64 * 1e6,
+                    switches_per_io: switches as f64 / f.ios.max(1) as f64,
+                };
+                gs[g].push(side);
+                eprintln!(
+                    "    direct {:.0} IOPS p50 {:.1} us, {} {:.0} IOPS p50 {:.1} us: ratio {:.2}",
+                    d.iops,
+                    d.p50_us,
+                    variants[g].label,
+                    side.iops,
+                    side.p50_us,
+                    side.iops / d.iops.max(1.0)
+                );
             }
-            let cpu0 = cpu_seconds(gateway.child.id());
-            let mut f = q.run(w, &region, duration).expect("gateway run");
-            let cpu = cpu_seconds(gateway.child.id()) - cpu0;
-            drop(q);
-            gs.push(Side {
-                iops: f.iops(),
-                mean_us: f.mean_us(),
-                p50_us: f.percentile_us(0.50),
-                p99_us: f.percentile_us(0.99),
-                cpu_us_per_io: cpu / f.ios.max(1) as f64 * 1e6,
-            });
-            let (d, g) = (ds[r], gs[r]);
-            eprintln!(
-                "    direct {:.0} IOPS p50 {:.1} us, gateway {:.0} IOPS p50 {:.1} us: ratio {:.2}",
-                d.iops,
-                d.p50_us,
-                g.iops,
-                g.p50_us,
-                g.iops / d.iops.max(1.0)
-            );
         }
-        // Paired figures (gateway vs the direct run just before it) are robust to drift.
-        let paired =
-            |f: fn(&Side, &Side) -> f64| median(ds.iter().zip(&gs).map(|(d, g)| f(d, g)).collect());
-        let ratio = paired(|d, g| g.iops / d.iops.max(1.0));
-        let added_mean = paired(|d, g| g.mean_us - d.mean_us);
-        let added_mean_pct = paired(|d, g| (g.mean_us / d.mean_us.max(1e-9) - 1.0) * 100.0);
-        let added_p50 = paired(|d, g| g.p50_us - d.p50_us);
-        rows.push((
-            w,
-            Side::median(&ds),
-            Side::median(&gs),
-            [ratio, added_mean, added_mean_pct, added_p50],
-        ));
+        for (g, runs) in gs.iter().enumerate() {
+            // Paired figures (gateway vs the direct run of the same round) are robust to drift.
+            let paired = |f: fn(&Side, &Side) -> f64| {
+                median(ds.iter().zip(runs).map(|(d, g)| f(d, g)).collect())
+            };
+            let ratio = paired(|d, g| g.iops / d.iops.max(1.0));
+            let added_mean = paired(|d, g| g.mean_us - d.mean_us);
+            let added_mean_pct = paired(|d, g| (g.mean_us / d.mean_us.max(1e-9) - 1.0) * 100.0);
+            let added_p50 = paired(|d, g| g.p50_us - d.p50_us);
+            rows.push((
+                w,
+                &variants[g].label,
+                Side::median(&ds),
+                Side::median(runs),
+                [ratio, added_mean, added_mean_pct, added_p50],
+            ));
+        }
     }
 
     println!(
         "RBD {} ({} MiB, written once), {}, librbd cache off on both sides",
         image.spec, args.size_mib, cluster.description
     );
+    println!("direct = fio --ioengine=rbd (1 job); gateway = nvmeof-gateway over NVMe/TCP on 127.0.0.1, pipelined Rust host, 1 queue");
+    for v in &variants {
+        println!(
+            "  {}: {} ({} worker threads)",
+            v.label,
+            v.binary.display(),
+            v.threads
+                .map_or_else(|| "default".to_string(), |n| n.to_string())
+        );
+    }
     println!(
-        "direct = fio --ioengine=rbd (1 job); gateway = nvmeof-gateway ({} worker threads) over NVMe/TCP on 127.0.0.1, pipelined Rust host, 1 queue"
-        ,
-        args.gateway_threads
-            .map_or_else(|| "default".to_string(), |n| n.to_string()),
-    );
-    println!(
-        "medians of {} alternating runs of {:.0} s (after {:.0} s ramp); ratio and added latency: medians of the per-run pairs (gateway vs the direct run just before); latency = submission to completion; us/IO = CPU (user + system) of the process running librbd (fio incl. its start and ramp, or the gateway) per I/O",
+        "medians of {} rounds of {:.0} s runs (after {:.0} s ramp), each round direct then every gateway; ratio and added latency: medians of the per-round pairs (gateway vs that round's direct run); latency = submission to completion; us/IO = CPU (user + system) of the process running librbd (fio incl. its start and ramp, or the gateway) per I/O; cs/IO = context switches of that process's threads per I/O (its wake-ups; fio incl. start and ramp)",
         args.repeat, args.seconds, args.ramp
     );
     println!(
-        "{:<18} | {:>9} {:>8} {:>8} {:>6} | {:>9} {:>8} {:>8} {:>6} | {:>6} | {:>16} {:>12}",
+        "{:<18} {:<8} | {:>9} {:>8} {:>8} {:>6} {:>5} | {:>9} {:>8} {:>8} {:>6} {:>5} | {:>6} | {:>16} {:>12}",
         "workload",
+        "gateway",
         "direct",
         "p50 us",
         "p99 us",
         "us/IO",
-        "gateway",
+        "cs/IO",
+        "IOPS",
         "p50 us",
         "p99 us",
         "us/IO",
+        "cs/IO",
         "ratio",
         "added mean us",
         "added p50 us",
     );
-    for (w, d, g, [ratio, added_mean, added_mean_pct, added_p50]) in &rows {
+    for (w, label, d, g, [ratio, added_mean, added_mean_pct, added_p50]) in &rows {
         println!(
-            "{:<18} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} | {:>6.2} | {:>7.1} ({:>+6.1}%) {:>12.1}",
+            "{:<18} {:<8} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} {:>5.1} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} {:>5.1} | {:>6.2} | {:>7.1} ({:>+6.1}%) {:>12.1}",
             w.name,
+            label,
             d.iops,
             d.p50_us,
             d.p99_us,
             d.cpu_us_per_io,
+            d.switches_per_io,
             g.iops,
             g.p50_us,
             g.p99_us,
             g.cpu_us_per_io,
+            g.switches_per_io,
             ratio,
             added_mean,
             added_mean_pct,
             added_p50,
         );
     }
-    drop(gateway);
+    drop(gateways);
+    scaling(
+        &args,
+        &work,
+        &conf,
+        cluster.keyring.as_deref(),
+        &variants[0],
+        &rt,
+    );
     drop(image);
     drop(cluster);
     let _ = std::fs::remove_dir_all(&work);

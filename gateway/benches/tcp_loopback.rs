@@ -6,6 +6,9 @@
 //! ratio shows what the gateway costs on top of loopback TCP and the host.
 //!
 //!     cargo bench -p nvmeof-gateway --bench tcp_loopback [-- --seconds 5]
+//!
+//! `--gateway-bin PATH` runs another build of `nvmeof-gateway` (to compare two builds on the
+//! same machine state).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -181,7 +184,7 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks as f64 / 100.0
 }
 
-fn start_gateway(port: u16) -> Child {
+fn start_gateway(port: u16, binary: &str) -> Child {
     let dir = std::env::temp_dir().join(format!("nvmeof-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let config = dir.join("gateway.toml");
@@ -209,13 +212,13 @@ size = "1GiB"
         ),
     )
     .expect("write config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
+    let mut child = Command::new(binary)
         .arg("--config")
         .arg(&config)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .spawn()
-        .expect("start nvmeof-gateway");
+        .unwrap_or_else(|e| panic!("start {binary}: {e}"));
     for _ in 0..100 {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return child;
@@ -278,7 +281,12 @@ fn main() {
     };
 
     let port = free_port();
-    let mut gateway = start_gateway(port);
+    let binary = args
+        .iter()
+        .position(|a| a == "--gateway-bin")
+        .and_then(|i| args.get(i + 1))
+        .map_or(env!("CARGO_BIN_EXE_nvmeof-gateway"), String::as_str);
+    let mut gateway = start_gateway(port, binary);
     let gw_addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let (_rt, _admin, cntlid) = admin_connect(gw_addr);
     prefill(gw_addr, cntlid);
