@@ -9,7 +9,10 @@
 #      starting with the N namespaces pushed by the control plane: time until they are all
 #      served and until its ANA group is optimized, RSS, threads; memory per namespace is
 #      (RSS with N - RSS of the same gateway serving the same subsystem with 0) / N;
-#   4. M more namespaces added while that gateway runs (every add is pushed to it).
+#   4. M more namespaces (a second subsystem) added while that gateway runs (every add is
+#      pushed to it);
+#   baseline for 3: the same images opened by librbd alone in one process (the gateway's
+#   ClusterPool, 8 opens at a time as the gateway does): time and RSS per image.
 #
 #   scripts/bench-scale.sh [N] [M]        (defaults 1000 and 200)
 #
@@ -86,10 +89,19 @@ until "${CTL[@]}" subsystem list >/dev/null 2>&1; do
     sleep 0.1
 done
 
+[ "$N" -le 1024 ] && [ $((M + CLI_SAMPLE)) -le 1024 ] || {
+    echo "bench-scale: at most 1024 namespaces per subsystem (MNAN)" >&2
+    exit 2
+}
 echo "== $((N + M + CLI_SAMPLE)) RBD images (setup)" >&2
-"$SCALE" --server "$CP" --images-only --namespaces $((N + M + CLI_SAMPLE))
+"$SCALE" --server "$CP" --images-only --namespaces "$N"
+"$SCALE" --server "$CP" --images-only --namespaces $((M + CLI_SAMPLE)) --prefix scale2
+
+echo "== baseline: librbd alone opens the $N images" >&2
+"$SCALE" --open-only --namespaces "$N"
 
 NQN=nqn.2016-06.io.ceph-nvmeof-rs:scale
+NQN2=nqn.2016-06.io.ceph-nvmeof-rs:scale2
 "${CTL[@]}" subsystem add --nqn "$NQN" --allow-any-host >/dev/null
 
 GW_PORT=$(free_port)
@@ -123,9 +135,11 @@ start_gateway() {
     PIDS+=("$GW_PID")
     wait_log "$log" "pushed subsystem served.*namespaces=$count\b" 600
     t1=$(now)
-    wait_log "$log" "ANA state optimized" 120
-    t2=$(now)
-    echo "scale: gateway_start namespaces=$count served_s=$(elapsed "$t0" "$t1") optimized_s=$(elapsed "$t0" "$t2")"
+    local optimized=none
+    if wait_log "$log" "ANA state optimized" 60; then
+        optimized=$(elapsed "$t0" "$(now)")
+    fi
+    echo "scale: gateway_start namespaces=$count served_s=$(elapsed "$t0" "$t1") optimized_s=$optimized"
 }
 
 stop_gateway() {
@@ -149,23 +163,23 @@ sleep 2
 RSSN=$(rss_kib "$GW_PID")
 echo "scale: gateway namespaces=$N rss_kib=$RSSN threads=$(threads "$GW_PID") per_namespace_kib=$(( (RSSN - RSS0) / N ))"
 
-echo "== $M more namespaces while the gateway runs" >&2
+echo "== $M more namespaces (second subsystem) while the gateway runs" >&2
 t0=$(now)
-"$SCALE" --server "$CP" --namespaces "$M" --first $((N + 1)) --batch 50
-wait_log "$WORK/gw-n.log" "pushed namespace served.*nsid=$((N + M))\b" 600
+"$SCALE" --server "$CP" --namespaces "$M" --nqn "$NQN2" --prefix scale2 --batch 50
+wait_log "$WORK/gw-n.log" "(pushed namespace served.*nsid=$M\b|pushed subsystem served.*scale2.*namespaces=$M\b)" 600
 echo "scale: pushed_to_gateway namespaces=$M all_served_s=$(elapsed "$t0" "$(now)") rss_kib=$(rss_kib "$GW_PID")"
 CPU_TICKS=$(awk '{ print $14 + $15 }' "/proc/$GW_PID/stat")
 echo "scale: gateway cpu_s_total=$(awk -v t="$CPU_TICKS" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f", t / hz }')"
 
 echo "== nvmeofctl, one process per namespace ($CLI_SAMPLE)" >&2
 t0=$(now)
-for i in $(seq $((N + M + 1)) $((N + M + CLI_SAMPLE))); do
-    "${CTL[@]}" namespace add -n "$NQN" --image "$(printf 'scale-%05d' "$i")" --nsid "$i" \
+for i in $(seq $((M + 1)) $((M + CLI_SAMPLE))); do
+    "${CTL[@]}" namespace add -n "$NQN2" --image "$(printf 'scale2-%05d' "$i")" --nsid "$i" \
         --ana-group 1 >/dev/null
 done
 t1=$(now)
 echo "scale: nvmeofctl_namespace_add count=$CLI_SAMPLE seconds=$(elapsed "$t0" "$t1") per_add_ms=$(awk -v a="$t0" -v b="$t1" -v n="$CLI_SAMPLE" 'BEGIN { printf "%.1f", (b - a) * 1000 / n }')"
 t0=$(now)
-"${CTL[@]}" -o json namespace list -n "$NQN" >"$WORK/list.json"
+"${CTL[@]}" -o json namespace list >"$WORK/list.json"
 echo "scale: nvmeofctl_namespace_list count=$(grep -c '"nsid"' "$WORK/list.json") seconds=$(elapsed "$t0" "$(now)")"
 stop_gateway

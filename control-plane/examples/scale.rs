@@ -58,6 +58,15 @@ struct Args {
     /// Only create the images.
     #[arg(long)]
     images_only: bool,
+    /// Only open the images through librbd (the gateway's `ClusterPool`, 8 opens at a time as
+    /// the gateway does) and print the time and this process's RSS growth: the librbd share
+    /// of a gateway's start time and memory per namespace.
+    #[arg(long)]
+    open_only: bool,
+    /// With --open-only: cluster connections (default: the gateway's default, one per CPU up
+    /// to 8).
+    #[arg(long)]
+    connections: Option<usize>,
     /// Image size in MiB (thin: nothing is written).
     #[arg(long, default_value_t = 64)]
     image_mib: u64,
@@ -106,6 +115,82 @@ fn create_images(args: &Args) -> Result<(), String> {
         "scale: images created={created} existing={existing} seconds={secs:.2} rate_per_s={:.0}",
         f64::from(created) / secs.max(1e-9)
     );
+    Ok(())
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Opens every image (8 at a time, the gateway's start-up parallelism) and keeps them open
+/// while measuring.
+fn open_images(args: &Args) -> Result<(), String> {
+    const PARALLEL_OPENS: u32 = 8;
+    let defaults = CephSettings::default();
+    let connections = args.connections.unwrap_or(defaults.max_connections).max(1);
+    let cluster = ClusterPool::new(CephSettings {
+        max_connections: connections,
+        ..defaults
+    });
+    // Connect first so that the figures are the images', not the cluster connections'.
+    cluster
+        .admin(&args.pool, None)
+        .map_err(|e| format!("cannot open pool {}: {e}", args.pool))?;
+    let before = rss_kib();
+    let started = Instant::now();
+    let next = std::sync::atomic::AtomicU32::new(args.first);
+    let opened = std::sync::Mutex::new(Vec::new());
+    let failed = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..PARALLEL_OPENS {
+            scope.spawn(|| loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n >= args.first + args.namespaces {
+                    break;
+                }
+                let spec = rbd_backend::ImageSpec {
+                    pool: args.pool.clone(),
+                    namespace: None,
+                    image: image_name(&args.prefix, n),
+                };
+                match cluster.open_in_group(&spec, 1) {
+                    Ok(d) => opened.lock().unwrap_or_else(|e| e.into_inner()).push(d),
+                    Err(e) => failed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(format!("{spec}: {e}")),
+                }
+            });
+        }
+    });
+    let secs = started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(2));
+    let after = rss_kib();
+    let opened = opened.into_inner().unwrap_or_else(|e| e.into_inner());
+    let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Some(first) = failed.first() {
+        return Err(format!(
+            "{} images not opened, first: {first}",
+            failed.len()
+        ));
+    }
+    println!(
+        "scale: librbd_open images={} connections={} seconds={secs:.2} rate_per_s={:.0} \
+         rss_kib_before={before} rss_kib_after={after} per_image_kib={}",
+        opened.len(),
+        connections,
+        opened.len() as f64 / secs.max(1e-9),
+        after.saturating_sub(before) / (opened.len() as u64).max(1),
+    );
+    drop(opened);
     Ok(())
 }
 
@@ -163,6 +248,12 @@ async fn run(args: Arc<Args>) -> Result<(), String> {
         if args.images_only {
             return Ok(());
         }
+    }
+    if args.open_only {
+        let a = args.clone();
+        return tokio::task::spawn_blocking(move || open_images(&a))
+            .await
+            .map_err(|e| e.to_string())?;
     }
     let mut c = client(&args).await?;
     let listed = c
