@@ -562,8 +562,24 @@ pub async fn move_namespaces(target: &Target, a: &Assignment) {
             to = n.ana_group,
             "namespace moved to another ANA group"
         );
+        let was_optimized = sub.ana_state(ns.ana_group) == ana::OPTIMIZED;
         replace_namespace(&sub, &ns, device, n.ana_group);
         sub.notify_namespace_changed(n.nsid);
+        if was_optimized {
+            // Served here until now: its commands in flight finish before the assignment is
+            // acknowledged.
+            let started = std::time::Instant::now();
+            while ns.device.in_flight() > 0 && started.elapsed() < DRAIN_TIMEOUT {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            tracing::info!(
+                nqn = %n.subsystem_nqn,
+                nsid = n.nsid,
+                in_flight = ns.device.in_flight(),
+                ms = started.elapsed().as_millis() as u64,
+                "moved namespace drained here"
+            );
+        }
     }
 }
 
@@ -773,6 +789,48 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
     }
 }
 
+/// How long a group leaving optimized may take to finish its in-flight commands before the
+/// assignment is acknowledged anyway (the fence that follows cuts off what is left).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Waits until no command is in flight on the devices of `group`'s namespaces (at most
+/// [`DRAIN_TIMEOUT`]).
+async fn drain_group(subsystems: &[Arc<Subsystem>], group: u32) {
+    let started = std::time::Instant::now();
+    let in_flight = || -> usize {
+        subsystems
+            .iter()
+            .flat_map(|s| s.namespaces())
+            .filter(|ns| ns.ana_group == group)
+            .map(|ns| ns.device.in_flight())
+            .sum()
+    };
+    let mut waited = false;
+    loop {
+        let n = in_flight();
+        if n == 0 {
+            if waited {
+                tracing::info!(
+                    group,
+                    ms = started.elapsed().as_millis() as u64,
+                    "ANA group drained: no command in flight"
+                );
+            }
+            return;
+        }
+        if started.elapsed() >= DRAIN_TIMEOUT {
+            tracing::warn!(
+                group,
+                in_flight = n,
+                "ANA group not drained in time; acknowledging anyway (the fence cuts them off)"
+            );
+            return;
+        }
+        waited = true;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// Applies one assignment's ANA states to every NVM subsystem: first every group leaving
 /// optimized, then (after refreshing the osdmap) every group becoming optimized. Returns
 /// whether all of them are in force (false: the osdmap could not be refreshed, the groups to
@@ -797,6 +855,7 @@ pub async fn apply_with_clients(
         .filter(|s| !s.is_discovery())
         .collect();
     let mut promote = Vec::new();
+    let mut draining = Vec::new();
     for g in &a.ana_states {
         let Ok(state) = u8::try_from(g.state) else {
             tracing::warn!(
@@ -823,12 +882,25 @@ pub async fn apply_with_clients(
             // Taken away from this gateway: its clients for the group may be fenced next.
             clients.lost().insert(g.ana_group);
         }
+        if subsystems
+            .iter()
+            .any(|s| s.ana_state(g.ana_group) == ana::OPTIMIZED)
+        {
+            // Leaving optimized (drain for a failback or a planned move): new commands get
+            // a path status from now on; the ones already in flight finish before the
+            // assignment is acknowledged, i.e. before the control plane fences this gateway
+            // and turns the group optimized elsewhere.
+            draining.push(g.ana_group);
+        }
         for s in &subsystems {
             if s.ana_state(g.ana_group) != state {
                 tracing::info!(group = g.ana_group, state, epoch = a.version, "ANA state");
                 s.set_ana_state(g.ana_group, state);
             }
         }
+    }
+    for g in draining {
+        drain_group(&subsystems, g).await;
     }
     if promote.is_empty() {
         return true;

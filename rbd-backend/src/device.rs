@@ -140,6 +140,12 @@ pub trait BlockDevice: Send + Sync {
     /// Registers the sink for [`DeviceEvent`]s, replacing any earlier one.
     fn set_event_sink(&self, sink: Arc<dyn DeviceEventSink>);
 
+    /// Ops submitted and not completed yet (a drain waits for 0). Devices that complete
+    /// inside `submit` have none.
+    fn in_flight(&self) -> usize {
+        0
+    }
+
     /// The concrete device, for callers that manage a backend's own features (reopening an
     /// RBD image on a fresh cluster client). `None`: nothing beyond this trait.
     fn as_any(&self) -> Option<&dyn std::any::Any> {

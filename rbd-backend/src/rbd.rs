@@ -598,6 +598,7 @@ impl ClusterPool {
             caw_lock: Mutex::new(None),
             client: conn.health.clone(),
             fence_reported: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
         });
         let weak = Arc::downgrade(&state);
         state
@@ -778,6 +779,8 @@ pub struct DeviceState {
     client: Arc<ClientHealth>,
     /// Whether the fence was reported to the sink already (once per device).
     fence_reported: AtomicBool,
+    /// Ops handed to librbd (or queued behind the write gate) and not completed yet.
+    in_flight: AtomicUsize,
 }
 
 impl DeviceState {
@@ -1044,9 +1047,11 @@ fn finish(req: Box<AioRequest>, result: Result<(), IoError>) {
         op,
         completion,
         gate,
+        device,
         ..
     } = *req;
     completion.complete(IoDone { tag, op, result });
+    device.in_flight.fetch_sub(1, Ordering::SeqCst);
     if let Some(gate) = gate {
         gate.write_done();
     }
@@ -1213,6 +1218,7 @@ fn spawn_caw(job: CawJob) {
                         "compare-and-write: could not start its worker thread".into(),
                     )),
                 });
+                job.state.in_flight.fetch_sub(1, Ordering::SeqCst);
                 gate.caw_done();
             }
         }
@@ -1237,6 +1243,7 @@ fn spawn_caw(job: CawJob) {
                     state.fenced();
                 }
                 completion.complete(IoDone { tag, op, result });
+                state.in_flight.fetch_sub(1, Ordering::SeqCst);
                 state.gate.caw_done();
             }
         });
@@ -1357,6 +1364,8 @@ impl BlockDevice for RbdDevice {
                 result: Ok(()),
             });
         }
+        // Counted down when the completion has been delivered (`finish`, the caw worker).
+        self.state.in_flight.fetch_add(1, Ordering::SeqCst);
         if let IoOp::CompareAndWrite { offset, write, .. } = &op {
             if !native_compare_and_write(*offset, write.len() as u64) {
                 let job = CawJob {
@@ -1400,6 +1409,10 @@ impl BlockDevice for RbdDevice {
 
     fn set_event_sink(&self, sink: Arc<dyn DeviceEventSink>) {
         *self.state.sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    fn in_flight(&self) -> usize {
+        self.state.in_flight.load(Ordering::SeqCst)
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -1074,6 +1074,29 @@ fn a_fence_of_one_ana_group_leaves_the_other_working() {
     assert!(by_group.get(&1).is_some_and(|a| a.contains(&addrs_a[0])));
     assert!(by_group.get(&2).is_some_and(|a| a.contains(&addrs_b[0])));
 
+    // Ops in flight are counted until their completion is delivered (what a drain waits for).
+    let (tx, rx) = mpsc::channel();
+    let waiter: Arc<dyn IoCompletion> = Arc::new(Waiter(Mutex::new(tx)));
+    for i in 0..32u64 {
+        dev_b.submit(
+            i,
+            IoOp::Write {
+                offset: 8192 + i * 4096,
+                buf: IoBuf::from_vec(pattern(4096, 7)),
+                fua: false,
+            },
+            &waiter,
+        );
+    }
+    assert!(dev_b.in_flight() > 0, "32 writes to the OSD done at once?");
+    for _ in 0..32 {
+        let done = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("completion");
+        done.result.expect("write");
+    }
+    assert_eq!(dev_b.in_flight(), 0);
+
     // Fence group 1 as the control plane does: blocklist its client, then the osdmap.
     let admin = rbd_backend::rados::Client::connect(&settings(1)).expect("admin client");
     admin
