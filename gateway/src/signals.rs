@@ -1,6 +1,8 @@
 //! What reaches a transport's queue task from outside it: device completions (from any
 //! thread: librbd's callback threads, or inline from the in-memory device) and controller
-//! wake-ups (asynchronous events, teardown). Shared by the NVMe/TCP and NVMe/RDMA bindings.
+//! wake-ups (asynchronous events, teardown). Used by the NVMe/RDMA binding. The NVMe/TCP
+//! binding has its own sink (`tcp::connection`), which completes on the completing thread
+//! when the connection is free and falls back to a list and a `Notify` like this one.
 
 use std::sync::{Arc, Mutex, Weak};
 
