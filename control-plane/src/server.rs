@@ -41,6 +41,9 @@ impl Default for Options {
     }
 }
 
+/// How long a namespace move waits for the old group's gateway to drain it.
+const MOVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// One replica.
 pub struct ControlPlane {
     store: Store,
@@ -62,6 +65,9 @@ pub struct ControlPlane {
     persisted: Mutex<Vec<u8>>,
     /// Host connections per gateway, from the last beacon this replica received.
     connections: Mutex<std::collections::BTreeMap<String, Vec<proto::Connection>>>,
+    /// The state version each gateway last reported applied (group beacons), per replica:
+    /// what a namespace move waits for.
+    applied_state: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 fn status(e: StoreError) -> Status {
@@ -123,6 +129,7 @@ impl ControlPlane {
             live: Mutex::new(None),
             persisted: Mutex::new(Vec::new()),
             connections: Mutex::new(std::collections::BTreeMap::new()),
+            applied_state: Mutex::new(std::collections::BTreeMap::new()),
         });
         // Re-read on every notify, off the librados thread.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
@@ -396,6 +403,7 @@ fn namespace_proto(n: &NamespaceEntry) -> proto::Namespace {
         ana_group: n.ana_group,
         nguid,
         uuid,
+        moving_from_group: n.moving_from,
     }
 }
 
@@ -458,11 +466,50 @@ impl ControlPlane {
                 .collect(),
             wait_for_osdmap: true,
             group_listeners: st.listeners.iter().map(listener_proto).collect(),
+            state_version: st.version,
         })
     }
 
     pub async fn beacon(self: &Arc<Self>, b: proto::Beacon) -> Result<proto::BeaconReply, Status> {
         self.beacon_with_groups(b, None).await
+    }
+
+    /// Waits until the gateway holding `group` has applied state `version` (it drained a
+    /// namespace moving away from the group), at most [`MOVE_DRAIN_TIMEOUT`]; no wait when
+    /// the holder is not available (failover fences it instead). Returns a note for the
+    /// reply.
+    async fn wait_for_drain(&self, group: u32, version: u64) -> String {
+        let started = Instant::now();
+        let holder = self.state().map.and_then(|m| {
+            let g = m.groups.get(&group)?;
+            let gw = m.gateways.get(&g.holder)?;
+            (gw.availability == ana::Availability::Available).then(|| g.holder.clone())
+        });
+        let Some(holder) = holder else {
+            return " (no gateway serving the old group: nothing to drain)".into();
+        };
+        loop {
+            let Some(applied) = self
+                .applied_state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&holder)
+                .copied()
+            else {
+                // It never sent a group beacon: it does not report drains.
+                return format!(" ({holder} does not report drains)");
+            };
+            if applied >= version {
+                let ms = started.elapsed().as_millis();
+                tracing::info!(group, gateway = %holder, ms, "namespace move drained");
+                return format!(" (drained on {holder} in {ms} ms)");
+            }
+            if started.elapsed() >= MOVE_DRAIN_TIMEOUT {
+                tracing::warn!(group, gateway = %holder, "namespace move: no drain acknowledgement in time");
+                return format!(" ({holder} did not acknowledge the drain in time)");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// A beacon; `group_addrs`: the gateway's client addresses per ANA group (None: it does
@@ -617,6 +664,7 @@ impl proto::admin_server::Admin for AdminService {
             image: r.image,
             block_size: r.block_size,
             ana_group: r.ana_group,
+            moving_from: 0,
         };
         // Syntax and references first (cheap, and no cluster round trip for a bad request).
         self.0
@@ -670,9 +718,25 @@ impl proto::admin_server::Admin for AdminService {
             .0
             .update(move |st| st.move_namespace(&r.subsystem_nqn, r.nsid, r.ana_group))
             .await?;
+        // Drain: the gateway serving the old group moves the namespace at once and acknowledges
+        // once its commands in flight are done; everyone else keeps it in the old group (not
+        // served) until then. Only then does the new group's gateway serve it.
+        let moving_from = st
+            .namespaces
+            .get(&(nqn.clone(), nsid))
+            .map(|n| n.moving_from)
+            .unwrap_or(0);
+        let (st, drained) = if moving_from != 0 {
+            let drained = self.0.wait_for_drain(moving_from, st.version).await;
+            let (n2, id2) = (nqn.clone(), nsid);
+            let (_, st) = self.0.update(move |st| st.finish_move(&n2, id2)).await?;
+            (st, drained)
+        } else {
+            (st, String::new())
+        };
         Ok(reply(
             &st,
-            format!("namespace {nsid} of {nqn} moved to ANA group {g}"),
+            format!("namespace {nsid} of {nqn} moved to ANA group {g}{drained}"),
         ))
     }
 
@@ -909,6 +973,11 @@ impl proto::gateway_control_server::GatewayControl for GatewayService {
         let beacon = r
             .beacon
             .ok_or_else(|| Status::invalid_argument("group beacon without a beacon"))?;
+        self.0
+            .applied_state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(beacon.gateway.clone(), r.applied_state_version);
         let mut groups = std::collections::BTreeMap::<u32, Vec<String>>::new();
         for g in r.group_clients {
             groups.entry(g.ana_group).or_default().extend(g.addrs);

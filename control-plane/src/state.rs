@@ -50,6 +50,9 @@ pub struct NamespaceEntry {
     pub image: String,
     pub block_size: u32,
     pub ana_group: u32,
+    /// While a move drains: the ANA group it leaves (0: not moving).
+    #[serde(default)]
+    pub moving_from: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -426,7 +429,22 @@ impl GroupState {
                     nqn: nqn.into(),
                     nsid,
                 })?;
+        if ns.ana_group != group && ns.moving_from == 0 {
+            ns.moving_from = ns.ana_group;
+        }
         ns.ana_group = group;
+        if ns.moving_from == group {
+            // Moved back before the first move finished: nothing to drain.
+            ns.moving_from = 0;
+        }
+        Ok(())
+    }
+
+    /// Ends a namespace move: every gateway serves it in its new group.
+    pub fn finish_move(&mut self, nqn: &str, nsid: u32) -> Result<(), ConfigError> {
+        if let Some(ns) = self.namespaces.get_mut(&(nqn.to_string(), nsid)) {
+            ns.moving_from = 0;
+        }
         Ok(())
     }
 
@@ -560,7 +578,33 @@ mod tests {
             image: image.into(),
             block_size: 0,
             ana_group: 0,
+            moving_from: 0,
         }
+    }
+
+    #[test]
+    fn a_move_remembers_the_group_it_leaves_until_it_is_finished() {
+        let mut st = with_groups(3);
+        st.add_subsystem(NQN, "", true, 0).expect("subsystem");
+        let mut n = ns("img");
+        n.nsid = 1;
+        n.ana_group = 1;
+        n.block_size = 512;
+        st.add_namespace(n).expect("namespace");
+        let key = (NQN.to_string(), 1);
+        st.move_namespace(NQN, 1, 2).expect("move");
+        assert_eq!(st.namespaces[&key].ana_group, 2);
+        assert_eq!(st.namespaces[&key].moving_from, 1);
+        // Moved on before the first move finished: it still leaves group 1.
+        st.move_namespace(NQN, 1, 3).expect("move again");
+        assert_eq!(st.namespaces[&key].moving_from, 1);
+        // Back to where it was: nothing to drain.
+        st.move_namespace(NQN, 1, 1).expect("move back");
+        assert_eq!(st.namespaces[&key].moving_from, 0);
+        st.move_namespace(NQN, 1, 2).expect("move");
+        st.finish_move(NQN, 1).expect("finish");
+        assert_eq!(st.namespaces[&key].moving_from, 0);
+        assert_eq!(st.namespaces[&key].ana_group, 2);
     }
 
     #[test]

@@ -105,6 +105,9 @@ pub struct GroupClientsState {
     /// Groups that were served here (optimized or change) and then taken away: the control
     /// plane may have fenced this gateway's clients for them since.
     lost: Mutex<BTreeSet<u32>>,
+    /// The configuration state version of the last assignment applied (beaconed: a
+    /// namespace move waits for the old group's gateway to reach it).
+    applied_state: AtomicU64,
 }
 
 impl GroupClientsState {
@@ -112,6 +115,7 @@ impl GroupClientsState {
         Self {
             ceph,
             lost: Mutex::new(BTreeSet::new()),
+            applied_state: AtomicU64::new(0),
         }
     }
 
@@ -290,6 +294,7 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         channels.clone(),
         incarnation,
         applied.clone(),
+        clients.clone(),
     ));
     let gateway = settings.gateway.clone();
     let assignments = tokio::spawn(assignment_loop(
@@ -341,6 +346,7 @@ async fn beacon_loop(
     channels: Vec<(String, Channel)>,
     incarnation: u64,
     applied: Arc<AtomicU64>,
+    clients: Arc<GroupClientsState>,
 ) {
     let mut tick = tokio::time::interval(settings.beacon_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -370,6 +376,7 @@ async fn beacon_loop(
                 .into_iter()
                 .map(|(ana_group, addrs)| GroupClients { ana_group, addrs })
                 .collect(),
+            applied_state_version: clients.applied_state.load(Ordering::SeqCst),
         };
         let sends = channels.iter().map(|(addr, ch)| {
             let mut client = GatewayControlClient::new(ch.clone());
@@ -471,6 +478,12 @@ async fn assignment_loop(
                             if apply_with_clients(&target, &a, &clients).await {
                                 applied.store(a.version, Ordering::SeqCst);
                             }
+                            if settings.config.is_some() {
+                                // Its namespaces (moves drained) are in force.
+                                clients
+                                    .applied_state
+                                    .store(a.state_version, Ordering::SeqCst);
+                            }
                         }
                         Ok(None) => break,
                         Err(s) => {
@@ -536,6 +549,14 @@ pub async fn move_namespaces(target: &Target, a: &Assignment) {
             continue;
         };
         if ns.ana_group == n.ana_group || n.ana_group == 0 {
+            continue;
+        }
+        if n.moving_from_group != 0
+            && ns.ana_group == n.moving_from_group
+            && sub.ana_state(n.moving_from_group) != ana::OPTIMIZED
+        {
+            // A move still draining on the gateway serving the old group: stay in the old
+            // group (not served here) until the control plane ends the move.
             continue;
         }
         if !sub.ana_groups().iter().any(|(g, _)| *g == n.ana_group) {
@@ -705,7 +726,13 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
                 backend: "rbd".into(),
                 size: None,
                 block_size: n.block_size,
-                ana_group: n.ana_group,
+                // During a move, a gateway new to the namespace keeps it in the old group
+                // (see `move_namespaces`) until the move ends.
+                ana_group: if n.moving_from_group != 0 {
+                    n.moving_from_group
+                } else {
+                    n.ana_group
+                },
                 read_only: false,
                 uuid: (!n.uuid.is_empty()).then(|| n.uuid.clone()),
                 pool: Some(n.pool.clone()),

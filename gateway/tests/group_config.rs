@@ -383,7 +383,14 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
             })
             .await;
         match r {
-            Ok(_) => break,
+            Ok(reply) => {
+                // The control plane ended the move only once gw1 (serving the old group)
+                // acknowledged it, its commands in flight done.
+                let msg = reply.into_inner().message;
+                assert!(msg.contains("drained on gw1"), "{msg}");
+                eprintln!("move: {msg}");
+                break;
+            }
             Err(s)
                 if s.code() == tonic::Code::NotFound
                     && started.elapsed() < Duration::from_secs(10) =>
