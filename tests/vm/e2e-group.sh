@@ -5,16 +5,16 @@
 #   tests/vm/e2e-group.sh [BIN_DIR]      (default: target/release; needs nvmeof-gateway,
 #                                         nvmeof-control and nvmeofctl there)
 #
-# On the host, all on 127.0.0.1: a micro Ceph (memstore), two RBD images, two nvmeof-control
-# replicas (state in RADOS, one leads), two gateways gw1/gw2 owning ANA groups 1/2, all
-# configured through nvmeofctl (subsystem, allowed host, listeners per gateway, nsid 1 =
-# rbd/e2e-g1 in ANA group 1, nsid 2 = rbd/e2e-g2 in ANA group 2). The gateways' files hold
+# On the host, all on 127.0.0.1: a micro Ceph (memstore), two nvmeof-control replicas (state
+# in RADOS, one leads), E2E_GATEWAYS (default 3) gateways gwN owning ANA group N and as many
+# RBD images, all configured through nvmeofctl (subsystem, allowed host, listeners per
+# gateway, nsid N = rbd/e2e-gN in ANA group N). The gateways' files hold
 # only their name, controller ID range, listener, [group] and [ceph]: everything else is
 # pushed. Then the VM (tests/vm/run-in-vm.sh) runs tests/vm/e2e-group-guest.sh, which
 # reaches the host's 127.0.0.1 as 10.0.2.2 and asks the host to act through request files
 # in sig/ (NNN.req: one line from the fixed list below; answered by NNN.done, first line
 # "ok" or "fail", then details):
-#   kill-gw N              kill -9 gateway N (1 or 2)
+#   kill-gw N              kill -9 gateway N
 #   start-gw N             start gateway N again (same file, same port), answer once it listens
 #   fence-cycle N NSID LBA a fenced gateway that comes back without restarting: a small
 #                          NVMe/TCP host (python) connects to gateway N and writes one block
@@ -38,6 +38,7 @@
 # Env: E2E_LOG_DIR (default target/vm-logs; logs and shared files in $E2E_LOG_DIR/e2e-group),
 #      E2E_TIMEOUT (VM hard timeout, default 900 s), E2E_ROUNDS (kill -9 failover rounds,
 #      default 5), E2E_GRACE_MS (control plane's beacon grace, default 1500),
+#      E2E_GATEWAYS (number of gateways, default 3, at least 2),
 #      RUST_LOG (gateways and replicas, default info), VM_* (see run-in-vm.sh).
 set -u
 export LC_ALL=C
@@ -56,8 +57,8 @@ SIG=$SH/sig
 NQN=nqn.2016-06.io.ceph-nvmeof-rs:e2e-group
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:e2e09000-0000-4000-8000-000000000001
 POOL=rbd
-IMAGES=(e2e-g1 e2e-g2)
-NGW=2
+NGW=${E2E_GATEWAYS:-3}
+IMAGES=(); for _i in $(seq "$NGW"); do IMAGES+=("e2e-g$_i"); done
 export NO_COLOR=1
 exec 3>&1  # the terminal, for progress lines printed while an answer is being written
 
