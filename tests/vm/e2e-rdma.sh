@@ -29,8 +29,10 @@
 # serves, (y3) `rdma link add rxe0`: the listener comes back, connect + fio,
 # (w) a restart with a tiny registered pool and NVMEOF_RDMA_SRQ=0: commands
 # wait for buffers (back-pressure) and fio verify still passes, (m2) receive
-# memory with per-QP receive queues for the same controllers, (h) SIGTERM
-# exits 0.
+# memory with per-QP receive queues for the same controllers, (k1-k5, in
+# e2e-rdma-rbd.sh) a micro Ceph inside the guest and a second gateway serving
+# an RBD image over nvme-rdma: fio verify, rbd export byte compare
+# (E2E_RDMA_RBD=0 skips them), (h) SIGTERM exits 0.
 # Last line: "N passed, N failed". Exit 0 only if nothing failed.
 #
 # Env: E2E_LOG_DIR (default: ./target/vm-logs if writable, else /tmp/e2e-logs),
@@ -76,6 +78,7 @@ COPTS=(-t rdma -a $ADDR -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1)
 GWPID=""
 GW_ENV=()  # extra environment for the gateway (pool shape for the back-pressure step)
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/e2e-rdma-rbd.sh"  # RBD behind RDMA (steps k*)
 
 gwlog_tail() {
   [ -s "$GWLOG" ] || return 0
@@ -491,9 +494,14 @@ MEM_SRQ="" MEM_NOSRQ=""
 recv_memory() { # label: connect SRQ_CTRLS controllers (admin + I/O queues each), write on each, disconnect
   local i n=0 line qps a0
   a0=$(counter accepted)
+  # Straight to the kernel: nvme-cli 2.3 refuses a second controller to the same address
+  # ("already connected") even with --duplicate-connect.
+  local opts="transport=rdma,traddr=$ADDR,trsvcid=$PORT,nqn=$NQN,hostnqn=$HOSTNQN,hostid=$HOSTID"
+  opts="$opts,duplicate_connect,ctrl_loss_tmo=5,reconnect_delay=1"
   for i in $(seq "$SRQ_CTRLS"); do
-    timeout -k 5 90 nvme connect "${COPTS[@]}" -D -n $NQN --hostnqn=$HOSTNQN --hostid=$HOSTID > $WORK/err 2>&1 ||
-      { say "connect $i failed: $(cat $WORK/err)"; break; }
+    if ! timeout -k 5 90 bash -c 'exec 3<>/dev/nvme-fabrics && printf "%s" "$1" >&3 && read -r -t 60 r <&3 && echo "$r"' _ "$opts" > $WORK/err 2>&1; then
+      say "connect $i failed: $(cat $WORK/err)"; break
+    fi
     n=$i
   done
   say "$n controllers connected: $(connected_ctrls $NQN | tr '\n' ' ')"
@@ -583,6 +591,7 @@ device_readd() { # rdma link add rxe0 again: the listener comes back, a host con
 }
 
 cleanup() {
+  rbd_cleanup
   for c in $(connected_ctrls $NQN); do echo 1 > /sys/class/nvme/$c/delete_controller 2>/dev/null; done
   if [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; then kill -KILL "$GWPID" 2>/dev/null; fi
   [ -s "$GWLOG" ] && cp "$GWLOG" "$LOGDIR/" 2>/dev/null
@@ -596,7 +605,8 @@ echo "e2e-rdma: gateway $GW${PROBE:+, probe $PROBE}"
 ALL=(a.discover b.connect x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256
   e1.disconnect e2.released e3.reconnect-persist i.idle-cpu p1.perf-rdma p2.perf-tcp r.bad-connect-requests
   s.bad-sgls f.fused-compare-write v.host-vanishes m1.srq-memory y1.device-removal y2.tcp-after-removal y3.device-readd
-  w.back-pressure m2.no-srq-memory h.shutdown)
+  w.back-pressure m2.no-srq-memory k1.rbd-ceph k2.rbd-gateway k3.rbd-fio k4.rbd-export k5.rbd-stop
+  h.shutdown)
 skip_from() { local on=0 s; for s in "${ALL[@]}"; do [ "$s" = "$1" ] && on=1; [ $on = 1 ] && skip "$s" "$2"; done; }
 
 if [ "${E2E_ONLY:-}" = perf ]; then
@@ -655,6 +665,9 @@ elif step gateway.start "start the gateway: rdma $ADDR:$PORT + tcp $TCPADDR:$POR
   fi
   step w.back-pressure "restart with a tiny data pool, no SRQ: fio verify passes, commands waited for buffers" back_pressure
   step m2.no-srq-memory "NVMEOF_RDMA_SRQ=0, $SRQ_CTRLS controllers: receive memory per QP, compared with the SRQ" nosrq_memory
+  if [ "${E2E_RDMA_RBD:-1}" = 1 ]; then rbd_steps; else
+    for s in k1.rbd-ceph k2.rbd-gateway k3.rbd-fio k4.rbd-export k5.rbd-stop; do skip $s "E2E_RDMA_RBD=0"; done
+  fi
   step h.shutdown "SIGTERM: exit status 0" stop_gateway
 else
   skip_from a.discover "gateway did not start"

@@ -38,6 +38,8 @@ use crate::spec::{sc, sgl};
 const POLL_BUDGET: usize = 256;
 /// How long a closing connection waits for its device I/O before abandoning the buffers.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection closing before `ESTABLISHED` waits for it (to disconnect properly).
+const ESTABLISH_WAIT: Duration = Duration::from_secs(2);
 /// Transient Transport Error: the host retries the command (NVMe Base, generic status 22h).
 const TRANSIENT_TRANSPORT_ERROR: u16 = 0x22;
 
@@ -132,6 +134,8 @@ pub struct RdmaConnection {
     /// More completions may be waiting (the budget ran out).
     more: bool,
     disconnected: bool,
+    /// `RDMA_CM_EVENT_ESTABLISHED` seen: before it the CM cannot send a disconnect request.
+    established: bool,
 }
 
 impl RdmaConnection {
@@ -177,6 +181,7 @@ impl RdmaConnection {
             keep_alive: None,
             more: false,
             disconnected: false,
+            established: false,
         }
     }
 
@@ -235,7 +240,11 @@ impl RdmaConnection {
                 biased;
                 _ = shutdown.changed() => Flow::Close,
                 ev = self.events.recv() => match ev {
-                    Some(ConnEvent::Cm(CmEventKind::Established | CmEventKind::Other(_))) => Flow::Continue,
+                    Some(ConnEvent::Cm(CmEventKind::Established)) => {
+                        self.established = true;
+                        Flow::Continue
+                    }
+                    Some(ConnEvent::Cm(CmEventKind::Other(_))) => Flow::Continue,
                     Some(ConnEvent::Cm(kind)) => {
                         tracing::debug!(?kind, "connection event: closing");
                         self.disconnected = true;
@@ -718,7 +727,16 @@ impl RdmaConnection {
     async fn close(&mut self) {
         self.queue.close();
         if !self.disconnected {
-            let _ = self.id.disconnect();
+            // A host's first capsule can arrive before the CM has seen its RTU (the QP
+            // receives from RTR on). A disconnect then sends nothing (the CM sends a DREQ only
+            // once established) and the host never learns its QP is gone: wait for
+            // ESTABLISHED first, briefly.
+            if !self.established {
+                self.wait_established().await;
+            }
+            if let Err(e) = self.id.disconnect() {
+                tracing::debug!(error = %e, "rdma_disconnect");
+            }
         }
         // Wait for the device to finish what it started: its buffers belong to the pool.
         let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
@@ -783,6 +801,25 @@ impl RdmaConnection {
 }
 
 impl RdmaConnection {
+    /// Waits up to [`ESTABLISH_WAIT`] for `RDMA_CM_EVENT_ESTABLISHED` (any other event
+    /// ends the wait: the connection is gone anyway).
+    async fn wait_established(&mut self) {
+        let deadline = tokio::time::Instant::now() + ESTABLISH_WAIT;
+        while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, self.events.recv()).await {
+            match ev {
+                ConnEvent::Cm(CmEventKind::Established) => {
+                    self.established = true;
+                    return;
+                }
+                ConnEvent::Cm(CmEventKind::Other(_)) | ConnEvent::QpFatal => {}
+                ConnEvent::Cm(_) | ConnEvent::DeviceRemoved => {
+                    self.disconnected = true;
+                    return;
+                }
+            }
+        }
+    }
+
     /// After the QP is destroyed: polls its CQ empty, returning shared receives to the SRQ.
     fn drain_destroyed_cq(&mut self) {
         let Some(srq) = self.device.srq.clone() else {

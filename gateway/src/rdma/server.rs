@@ -195,11 +195,11 @@ impl RdmaServer {
     fn release_if_idle(&mut self, key: usize) {
         let idle = self.devices.get(&key).is_some_and(|d| d.removing)
             && !self.connections.values().any(|c| c.device == key)
-            && !self
+            && self
                 .listener
                 .as_ref()
                 .and_then(|l| l.context())
-                .is_some_and(|c| c.key() == key);
+                .is_none_or(|c| c.key() != key);
         if !idle {
             return;
         }
