@@ -21,11 +21,14 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rbd_backend::{IoBuf, IoCompletion, IoDone};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tracing::Instrument;
@@ -103,7 +106,8 @@ enum Flow {
 
 /// What the connection task and the threads completing device ops share.
 struct Shared {
-    stream: TcpStream,
+    /// The socket's sending side; dropping it (with the last `Shared`) sends FIN.
+    writer: OwnedWriteHalf,
     state: Mutex<State>,
     /// Completions that found `state` locked (by the task, or by another completing
     /// thread), or arrived while the connection drains or closes: the task takes them.
@@ -122,8 +126,11 @@ struct State {
     completion_sink: Arc<dyn IoCompletion>,
     decoder: PduDecoder,
     encoder: PduEncoder,
+    /// Received bytes: `rx[rx_start..rx_end]` waits to be decoded; the rest is room to read
+    /// into (kept initialized, so reading needs no unsafe code).
     rx: Vec<u8>,
     rx_start: usize,
+    rx_end: usize,
     out: Output,
     actions: Vec<Action>,
     pending_writes: HashMap<u16, PendingWrite>,
@@ -176,7 +183,7 @@ impl Shared {
                 if let Flow::Close = state.drain_completions(self) {
                     flow = Flow::Close;
                 }
-                let wake_task = match state.try_flush(&self.stream) {
+                let wake_task = match state.try_flush(&self.writer) {
                     Ok(all_written) => !all_written,
                     Err(e) => {
                         tracing::debug!(error = %e, "write failed");
@@ -202,6 +209,33 @@ impl Shared {
         self.notify.notify_one();
     }
 
+    /// Reads what the socket has into the state's receive buffer: the number of bytes, 0 when
+    /// the host closed. Through `AsyncRead`, which takes a short read as the socket being
+    /// drained, so the next wait costs no extra `recv` that would only say EAGAIN.
+    fn poll_read(
+        &self,
+        reader: &mut OwnedReadHalf,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<usize>> {
+        let mut state = self.lock();
+        // Room to read into: a read into no room would return 0 bytes, which looks like the
+        // host closing.
+        if state.rx.len() - state.rx_end < READ_CHUNK / 4 {
+            state.compact_rx();
+        }
+        let end = state.rx_end;
+        let mut buf = ReadBuf::new(&mut state.rx[end..]);
+        match Pin::new(reader).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) => {
+                let n = buf.filled().len();
+                state.rx_end += n;
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
     /// Moves the completions that arrived into `out` (which must be empty). The two vectors
     /// trade places, so both keep their capacity and a busy queue does not allocate here.
     fn take_completed(&self, out: &mut Vec<IoDone>) {
@@ -213,6 +247,8 @@ impl Shared {
 
 pub struct Connection {
     shared: Arc<Shared>,
+    /// The socket's receiving side, read by the task only.
+    reader: OwnedReadHalf,
     keep_alive: Option<tokio::time::Interval>,
 }
 
@@ -226,21 +262,23 @@ impl Connection {
         let span = tracing::info_span!("nvme-tcp", peer = %peer, cntlid = tracing::field::Empty, qid = tracing::field::Empty);
         let mut cfg = DecoderConfig::new(Role::Target);
         cfg.max_pdu_len = MAX_H2C_DATA + 4096;
+        let (reader, writer) = stream.into_split();
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
             let notifier: Weak<dyn QueueNotifier> = weak.clone();
             let completion_sink: Arc<dyn IoCompletion> = Arc::new(CompletionSink {
                 shared: weak.clone(),
             });
             Shared {
-                stream,
+                writer,
                 state: Mutex::new(State {
                     queue: Queue::new(target, tcp_caps(), notifier),
                     completed: Vec::new(),
                     completion_sink,
                     decoder: PduDecoder::new(cfg),
                     encoder: PduEncoder::new(false, false, 0),
-                    rx: Vec::with_capacity(READ_CHUNK),
+                    rx: vec![0; READ_CHUNK],
                     rx_start: 0,
+                    rx_end: 0,
                     out: Output::default(),
                     actions: Vec::new(),
                     pending_writes: HashMap::new(),
@@ -255,6 +293,7 @@ impl Connection {
         });
         Self {
             shared,
+            reader,
             keep_alive: None,
         }
     }
@@ -280,8 +319,12 @@ impl Connection {
                 }
                 _ = shared.notify.notified() => shared.lock().on_signals(shared),
                 _ = tick(&mut self.keep_alive) => shared.lock().on_keep_alive_tick(),
-                ready = shared.stream.readable() => match ready {
-                    Ok(()) => shared.lock().on_readable(shared),
+                read = std::future::poll_fn(|cx| shared.poll_read(&mut self.reader, cx)) => match read {
+                    Ok(0) => {
+                        tracing::debug!("host closed the connection");
+                        Flow::Close
+                    }
+                    Ok(_) => shared.lock().on_bytes(shared),
                     Err(e) => {
                         tracing::debug!(error = %e, "read failed");
                         Flow::Close
@@ -317,12 +360,9 @@ impl Connection {
             state.task_only = true;
             state.queue.close();
         }
-        // Completing threads hold the connection only for a moment, and not at all once
-        // `task_only` is set; if one still does, the socket closes when it lets go.
-        if let Ok(shared) = Arc::try_unwrap(self.shared) {
-            let mut stream = shared.stream;
-            let _ = stream.shutdown().await;
-        }
+        // The writer sends FIN when the last `Shared` goes: now, or, if a completing thread
+        // holds it for a moment (it does nothing once `task_only` is set), when it lets go.
+        drop(self.shared);
         tracing::debug!("connection closed");
     }
 
@@ -358,10 +398,10 @@ impl Connection {
     /// take more when it is full. Completing threads may append and write meanwhile.
     async fn flush(&self) -> std::io::Result<()> {
         loop {
-            if self.shared.lock().try_flush(&self.shared.stream)? {
+            if self.shared.lock().try_flush(&self.shared.writer)? {
                 return Ok(());
             }
-            self.shared.stream.writable().await?;
+            self.shared.writer.writable().await?;
         }
     }
 }
@@ -376,45 +416,28 @@ impl State {
         flow
     }
 
-    /// Reads what the socket has and handles it.
-    fn on_readable(&mut self, shared: &Shared) -> Flow {
-        // Room to read into: `try_read_buf` into a full vector would read 0 bytes, which
-        // looks like the host closing.
-        if self.rx.capacity() - self.rx.len() < READ_CHUNK / 4 {
-            self.compact_rx();
-        }
-        match shared.stream.try_read_buf(&mut self.rx) {
-            Ok(0) => {
-                tracing::debug!("host closed the connection");
-                Flow::Close
-            }
-            Ok(_) => self.on_bytes(shared),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Flow::Continue,
-            Err(e) => {
-                tracing::debug!(error = %e, "read failed");
-                Flow::Close
-            }
-        }
-    }
-
+    /// Moves the undecoded bytes to the front and makes room for `READ_CHUNK` more.
     fn compact_rx(&mut self) {
         if self.rx_start > 0 {
-            self.rx.drain(..self.rx_start);
+            self.rx.copy_within(self.rx_start..self.rx_end, 0);
+            self.rx_end -= self.rx_start;
             self.rx_start = 0;
         }
-        self.rx.reserve(READ_CHUNK);
+        if self.rx.len() < self.rx_end + READ_CHUNK {
+            self.rx.resize(self.rx_end + READ_CHUNK, 0);
+        }
     }
 
     /// Decodes and handles every complete PDU in the receive buffer.
     fn on_bytes(&mut self, shared: &Shared) -> Flow {
         loop {
-            let decoded = self.decoder.decode(&self.rx[self.rx_start..]);
+            let decoded = self.decoder.decode(&self.rx[self.rx_start..self.rx_end]);
             let (flow, consumed) = match decoded {
                 Ok(None) => break,
                 Ok(Some((pdu, consumed))) => {
                     // Copy what we need out of the receive buffer before handling, so the
                     // handler can borrow `self` mutably.
-                    let base = self.rx[self.rx_start..].as_ptr() as usize;
+                    let base = self.rx[self.rx_start..self.rx_end].as_ptr() as usize;
                     let owned = OwnedPdu::from(pdu, base, &mut self.queue);
                     (self.on_pdu(owned), consumed)
                 }
@@ -436,9 +459,9 @@ impl State {
                 return Flow::Close;
             }
         }
-        if self.rx_start == self.rx.len() {
-            self.rx.clear();
+        if self.rx_start == self.rx_end {
             self.rx_start = 0;
+            self.rx_end = 0;
         }
         self.drain_completions(shared)
     }
@@ -447,7 +470,7 @@ impl State {
     fn fatal(&mut self, e: &PduError) {
         let (fes, fei) = e.term_req_info().unwrap_or((Fes::InvalidHeaderField, 0));
         tracing::warn!(error = %e, ?fes, fei, "fatal PDU error: sending C2HTermReq and closing");
-        let bad = &self.rx[self.rx_start..];
+        let bad = &self.rx[self.rx_start..self.rx_end];
         let header = &bad[..bad.len().min(super::pdu::TERM_REQ_MAX_DATA)];
         let header = header.to_vec();
         self.out
@@ -572,7 +595,7 @@ impl State {
             });
             return Flow::Close;
         };
-        let bytes = &self.rx[self.rx_start..][data];
+        let bytes = &self.rx[self.rx_start..self.rx_end][data];
         let end = datao as usize + bytes.len();
         if datao as usize != pending.received || end > pending.buf.len() {
             self.fatal(&PduError::DataOutOfRange {
@@ -718,7 +741,7 @@ impl State {
 
     /// Writes queued output with non-blocking vectored writes until it is all written
     /// (true) or the socket takes no more (false).
-    fn try_flush(&mut self, stream: &TcpStream) -> std::io::Result<bool> {
+    fn try_flush(&mut self, stream: &OwnedWriteHalf) -> std::io::Result<bool> {
         const MAX_SLICES: usize = 64;
         while !self.out.is_empty() {
             let written = {
