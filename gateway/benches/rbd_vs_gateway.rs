@@ -204,6 +204,20 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// The micro Ceph's daemons (mon, OSD), from its `pids` file; none for `$CEPH_CONF`.
+    fn daemon_pids(&self) -> Vec<u32> {
+        let Some(dir) = &self.micro_dir else {
+            return Vec::new();
+        };
+        std::fs::read_to_string(dir.join("pids"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect()
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         if let Some(dir) = &self.micro_dir {
@@ -420,7 +434,22 @@ impl Drop for Gateway {
 
 /// User + system CPU seconds of a process, from /proc/PID/stat (clock ticks of 1/100 s).
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    cpu_seconds_of(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU seconds of the calling thread (the benchmark's host).
+fn this_thread_cpu_seconds() -> f64 {
+    cpu_seconds_of("/proc/thread-self/stat")
+}
+
+/// CPU seconds of the cluster's daemons (none known: 0).
+fn cluster_cpu_seconds(pids: &[u32]) -> f64 {
+    pids.iter().map(|&p| cpu_seconds(p)).sum()
+}
+
+/// User + system CPU seconds from a /proc `stat` file.
+fn cpu_seconds_of(path: &str) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
     let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
     let fields: Vec<&str> = after_comm.split_whitespace().collect();
     let ticks: u64 = [11, 12]
@@ -441,6 +470,10 @@ struct Side {
     cpu_us_per_io: f64,
     /// Context switches of the process's threads per I/O (fio: incl. its start and ramp).
     switches_per_io: f64,
+    /// CPU of the cluster's daemons per I/O (micro Ceph only; fio: incl. its start and ramp).
+    cluster_us_per_io: f64,
+    /// CPU of the benchmark's host thread per I/O (gateway runs; 0 for fio).
+    host_us_per_io: f64,
 }
 
 /// Median of `v` (0 when empty).
@@ -464,6 +497,8 @@ impl Side {
             p99_us: med(|s| s.p99_us),
             cpu_us_per_io: med(|s| s.cpu_us_per_io),
             switches_per_io: med(|s| s.switches_per_io),
+            cluster_us_per_io: med(|s| s.cluster_us_per_io),
+            host_us_per_io: med(|s| s.host_us_per_io),
         }
     }
 }
@@ -617,8 +652,16 @@ mod json {
 }
 
 /// Direct librbd: fio's rbd engine on the same image, one job at `w.queue_depth`.
-fn direct(conf: &Path, image: &str, w: &Workload, ramp: f64, seconds: f64, out_dir: &Path) -> Side {
+fn direct(
+    conf: &Path,
+    image: &str,
+    w: &Workload,
+    (ramp, seconds): (f64, f64),
+    out_dir: &Path,
+    cluster: &[u32],
+) -> Side {
     let out = out_dir.join(format!("fio-{}.json", w.name.replace(' ', "-")));
+    let cluster_cpu0 = cluster_cpu_seconds(cluster);
     let mut child = Command::new("fio")
         .env("CEPH_CONF", conf)
         .arg("--name=direct")
@@ -663,6 +706,7 @@ fn direct(conf: &Path, image: &str, w: &Workload, ramp: f64, seconds: f64, out_d
         std::thread::sleep(Duration::from_millis(20));
     }
     let status = child.wait().expect("wait for fio");
+    let cluster_cpu = cluster_cpu_seconds(cluster) - cluster_cpu0;
     assert!(
         status.success(),
         "fio failed ({status}); output in {}",
@@ -697,6 +741,8 @@ fn direct(conf: &Path, image: &str, w: &Workload, ramp: f64, seconds: f64, out_d
         p99_us: pct("99.000000"),
         cpu_us_per_io: cpu_s / ios.max(1.0) * 1e6,
         switches_per_io: switches as f64 / ios.max(1.0),
+        cluster_us_per_io: cluster_cpu / ios.max(1.0) * 1e6,
+        host_us_per_io: 0.0,
     }
 }
 
@@ -939,6 +985,7 @@ fn main() {
     }
 
     let image = Image::create(&conf, args.size_mib, "");
+    let daemons = cluster.daemon_pids();
     let variants = if args.variants.is_empty() {
         vec![Variant::built(args.gateway_threads)]
     } else {
@@ -992,7 +1039,14 @@ fn main() {
                 r + 1,
                 args.repeat
             );
-            let d = direct(&conf, image.name(), w, args.ramp, args.seconds, &work);
+            let d = direct(
+                &conf,
+                image.name(),
+                w,
+                (args.ramp, args.seconds),
+                &work,
+                &daemons,
+            );
             ds.push(d);
             for k in 0..gateways.len() {
                 let g = (k + r) % gateways.len();
@@ -1005,8 +1059,11 @@ fn main() {
                 }
                 let cpu0 = cpu_seconds(gateway.child.id());
                 let switches0 = context_switches(gateway.child.id());
+                let (cluster0, host0) = (cluster_cpu_seconds(&daemons), this_thread_cpu_seconds());
                 let mut f = q.run(w, &region, duration).expect("gateway run");
                 let cpu = cpu_seconds(gateway.child.id()) - cpu0;
+                let cluster_cpu = cluster_cpu_seconds(&daemons) - cluster0;
+                let host_cpu = this_thread_cpu_seconds() - host0;
                 let switches = context_switches(gateway.child.id()).saturating_sub(switches0);
                 drop(q);
                 let side = Side {
@@ -1016,6 +1073,8 @@ fn main() {
                     p99_us: f.percentile_us(0.99),
                     cpu_us_per_io: cpu / f.ios.max(1) as f64 * 1e6,
                     switches_per_io: switches as f64 / f.ios.max(1) as f64,
+                    cluster_us_per_io: cluster_cpu / f.ios.max(1) as f64 * 1e6,
+                    host_us_per_io: host_cpu / f.ios.max(1) as f64 * 1e6,
                 };
                 gs[g].push(side);
                 eprintln!(
@@ -1103,6 +1162,46 @@ fn main() {
             added_mean,
             added_mean_pct,
             added_p50,
+        );
+    }
+    println!();
+    println!("CPU per I/O in us (user + system), medians: direct = fio process + cluster daemons; gateway = gateway process + benchmark host thread + cluster daemons (cluster: micro Ceph's mon and OSD, '-' for an external cluster)");
+    println!(
+        "{:<18} {:<8} | {:>7} {:>8} {:>7} | {:>8} {:>7} {:>8} {:>7} | {:>11}",
+        "workload",
+        "gateway",
+        "fio",
+        "cluster",
+        "total",
+        "gateway",
+        "host",
+        "cluster",
+        "total",
+        "total ratio"
+    );
+    let known = !daemons.is_empty();
+    let cluster_col = |v: f64| {
+        if known {
+            format!("{v:.1}")
+        } else {
+            "-".to_string()
+        }
+    };
+    for (w, label, d, g, _) in &rows {
+        let direct_total = d.cpu_us_per_io + d.cluster_us_per_io;
+        let gateway_total = g.cpu_us_per_io + g.host_us_per_io + g.cluster_us_per_io;
+        println!(
+            "{:<18} {:<8} | {:>7.1} {:>8} {:>7.1} | {:>8.1} {:>7.1} {:>8} {:>7.1} | {:>11.2}",
+            w.name,
+            label,
+            d.cpu_us_per_io,
+            cluster_col(d.cluster_us_per_io),
+            direct_total,
+            g.cpu_us_per_io,
+            g.host_us_per_io,
+            cluster_col(g.cluster_us_per_io),
+            gateway_total,
+            gateway_total / direct_total.max(1e-9),
         );
     }
     drop(gateways);
