@@ -3,7 +3,8 @@
 //! - [`ffi`]: the only module with `unsafe`. Safe owning types for the device context,
 //!   protection domain, memory region, completion channel and queue, reliable-connected queue
 //!   pair (which owns posted buffers until their completion), `rdma_cm` event channel and IDs
-//!   (listener and connections). libibverbs/librdmacm are loaded at run time.
+//!   (listener and connections), shared receive queue, asynchronous device events, live
+//!   object counters. libibverbs/librdmacm are loaded at run time.
 //! - [`pool`]: the registered-buffer cache (size classes registered once, a bounded LRU
 //!   registration cache for other sizes, counters, back-pressure on exhaustion).
 

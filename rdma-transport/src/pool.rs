@@ -7,7 +7,7 @@
 //!   next request of that size is a hit. The cache is bounded in bytes; to make room it evicts
 //!   the least recently used **idle** buffers (the `lru` crate) and never one on loan.
 //! - When nothing fits (every class buffer on loan, the cache full of buffers on loan) the
-//!   request is refused with `None`: the caller waits for [`BufferPool::available`] and tries
+//!   request is refused with `None`: the caller waits for its [`Waker`] and tries
 //!   again (back-pressure, never a failed I/O). Exhaustion is counted.
 //!
 //! Buffers are plain `Vec<u8>`s whose heap allocation was registered; the pool recognises a

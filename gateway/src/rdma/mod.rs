@@ -8,6 +8,22 @@
 //! - `server`: the `rdma_cm` listener: checks connect requests, creates the queue pair and
 //!   its resources, accepts or rejects with the spec's codes, routes CM events.
 //!
+//! Receives: by default every queue pair on a device takes its command capsules from the
+//! device's shared receive queue ([`DEFAULT_SRQ_DEPTH`] receives, `NVMEOF_RDMA_SRQ_DEPTH`,
+//! `NVMEOF_RDMA_SRQ=0` for one receive queue per QP), so receive memory is fixed per device
+//! instead of growing with `HSQSIZE + 1` per queue (measured in `tests/vm/e2e-rdma.sh`, steps
+//! m1/m2). A receive is re-posted once its capsule is copied out; a closing QP's CQ is polled
+//! empty after the QP is destroyed, so the receives it consumed go back to the SRQ, which is
+//! then topped up to its depth.
+//!
+//! Device removal (`RDMA_CM_EVENT_DEVICE_REMOVAL`, or a fatal device event): every queue pair
+//! on the device closes, the listener bound to it is destroyed, and once nothing uses the
+//! device its SRQ, pools (MRs) and PD are released and librdmacm is made to close the context
+//! (`rdma_transport::release_removed_devices`), which is what lets the kernel finish the
+//! removal; the listener tries to listen again every second, so it comes back when the address
+//! has an RDMA device again. TCP listeners are not involved. QP error events (QP fatal,
+//! request or access error) close that queue pair.
+//!
 //! Completions are event-driven: each queue pair's completion channel fd is registered with
 //! tokio (`AsyncFd`); a wake-up takes the channel's event (one `read`), re-arms the CQ, and
 //! polls up to a budget of completions (256, then it yields and polls again without waiting
