@@ -459,9 +459,23 @@ async fn assignment_loop(
         {
             Ok(stream) => {
                 let mut stream = stream.into_inner();
+                let mut pending: Option<Assignment> = None;
                 tracing::info!(control_plane = %addr, "assignment stream open");
                 loop {
-                    match stream.message().await {
+                    // An assignment whose states are not all in force (osdmap refresh or a
+                    // group's reopen failed) is applied again every second until it is, or a
+                    // newer one arrives: the control plane does not resend it by itself.
+                    let next = match pending.take() {
+                        Some(a) => tokio::select! {
+                            m = stream.message() => m,
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                                tracing::info!(epoch = a.version, "applying the assignment again");
+                                Ok(Some(a))
+                            }
+                        },
+                        None => stream.message().await,
+                    };
+                    match next {
                         Ok(Some(a)) => {
                             if let Some(config) = &settings.config {
                                 apply_config(&target, config, &a).await;
@@ -477,6 +491,8 @@ async fn assignment_loop(
                             // drain waits for this).
                             if apply_with_clients(&target, &a, &clients).await {
                                 applied.store(a.version, Ordering::SeqCst);
+                            } else {
+                                pending = Some(a.clone());
                             }
                             if settings.config.is_some() {
                                 // Its namespaces (moves drained) are in force.
