@@ -4,7 +4,7 @@
 # from the guest over RDMA, and the guest shares the host's root filesystem, so a micro Ceph
 # (scripts/micro-ceph.sh, memstore OSD) runs INSIDE the guest on its own 127.0.0.1, and a
 # second gateway in the guest serves an RBD image from it over nvme-rdma (port E2E_RBD_PORT,
-# default 4421) while the first keeps serving the memory namespace.
+# default 4421, a wildcard 0.0.0.0 listener) while the first keeps serving the memory namespace.
 #
 # Steps: k1 micro Ceph start in the guest, k2 gateway with an RBD namespace on rdma, k3 fio
 # crc32c verify (4K random + 128K sequential), k4 16 MiB of random data written by the guest
@@ -38,7 +38,7 @@ name = "e2e-rdma-rbd"
 
 [[listener]]
 transport = "rdma"
-address = "$ADDR"
+address = "0.0.0.0"
 port = $RBD_PORT
 
 [[subsystem]]
@@ -61,7 +61,7 @@ EOC
   RBD_GWPID=$!
   local i
   for i in $(seq 300); do
-    grep -q 'NVMe/RDMA listener ready' "$RBD_LOG" && { say "gateway pid $RBD_GWPID serves rbd/$RBD_IMG on rdma $ADDR:$RBD_PORT"; return 0; }
+    grep -q 'NVMe/RDMA listener ready' "$RBD_LOG" && { say "gateway pid $RBD_GWPID serves rbd/$RBD_IMG on rdma 0.0.0.0:$RBD_PORT (wildcard: its device is set up at the first connect)"; return 0; }
     kill -0 $RBD_GWPID 2>/dev/null || { say "gateway exited"; tail -n 5 "$RBD_LOG" | sed 's/^/    | /'; RBD_GWPID=""; return 1; }
     sleep 0.1
   done
@@ -129,7 +129,7 @@ rbd_cleanup() {
 }
 rbd_steps() {
   if step k1.rbd-ceph "micro Ceph (memstore) on the guest's 127.0.0.1" rbd_ceph_start &&
-     step k2.rbd-gateway "a gateway in the guest serving rbd/$RBD_IMG on rdma $ADDR:$RBD_PORT" rbd_gateway_start; then
+     step k2.rbd-gateway "a gateway in the guest serving rbd/$RBD_IMG on rdma 0.0.0.0:$RBD_PORT (wildcard listener)" rbd_gateway_start; then
     step k3.rbd-fio "nvme connect -t rdma to the RBD namespace, fio crc32c verify 4K random + 128K sequential" rbd_fio
     step k4.rbd-export "16 MiB written over rdma equal byte for byte in rbd export" rbd_export_compare
     step k5.rbd-stop "SIGTERM: the RBD gateway exits 0; Ceph stopped" rbd_stop
