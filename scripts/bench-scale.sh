@@ -17,13 +17,14 @@
 #   scripts/bench-scale.sh [N] [M]        (defaults 1000 and 200)
 #
 # Starts its own micro Ceph (memstore) in a temporary directory and stops everything it
-# started on exit. Release build. Prints `scale:` key=value lines and a summary.
+# started on exit. Release build (BENCH_NO_BUILD=1: use target/release as it is;
+# BENCH_KEEP=1: keep the logs). Prints `scale:` key=value lines and a summary.
 set -euo pipefail
 
 N=${1:-1000}
 M=${2:-200}
 CLI_SAMPLE=${CLI_SAMPLE:-50}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=${BENCH_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
 WORK=$(mktemp -d /tmp/bench-scale.XXXXXX)
 export MICRO_CEPH_DIR=$WORK/ceph
 export NO_COLOR=1
@@ -68,8 +69,10 @@ wait_log() {
     done
 }
 
-echo "== build (release)" >&2
-(cd "$ROOT" && cargo build --release -q -p nvmeof-gateway -p control-plane --bins --example scale)
+if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
+    echo "== build (release)" >&2
+    (cd "$ROOT" && cargo build --release -q -p nvmeof-gateway -p control-plane --bins --example scale)
+fi
 BIN=$ROOT/target/release
 SCALE=$BIN/examples/scale
 
