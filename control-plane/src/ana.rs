@@ -131,6 +131,12 @@ pub struct GatewayEntry {
     pub availability: Availability,
     /// The incarnation that was fenced; beacons carrying it do not make the gateway available.
     pub fenced_incarnation: Option<u64>,
+    /// For a gateway fenced per ANA group: the addresses blocklisted. It serves again without
+    /// restarting once none of the addresses it reports is among them (it dropped its fenced
+    /// clients; a group it gets back is served through fresh ones). None: fenced whole, only
+    /// a restart brings it back.
+    #[serde(default)]
+    pub fenced_addrs: Option<Vec<String>>,
     /// The map epoch whose ANA states the gateway last reported applied.
     pub applied_epoch: u64,
     /// Announced that it is shutting down: its groups move away (drain, fence, then
@@ -472,6 +478,7 @@ impl GroupMap {
                     group_addrs: group_addrs.clone(),
                     availability: Availability::Available,
                     fenced_incarnation: None,
+                    fenced_addrs: None,
                     applied_epoch: 0,
                     leaving: false,
                     last_beacon_ms: Some(now_ms),
@@ -501,17 +508,23 @@ impl GroupMap {
         }
         gw.addrs = addrs;
         gw.group_addrs = group_addrs;
+        // Fenced per group and reporting none of the blocklisted addresses any more.
+        let clean_again = match (&gw.fenced_addrs, &gw.group_addrs) {
+            (Some(fenced), Some(now)) => now.values().flatten().all(|a| !fenced.contains(a)),
+            _ => false,
+        };
         let became_available = match gw.availability {
             Availability::Available => false,
             Availability::Unavailable => true,
-            Availability::Fenced => gw.fenced_incarnation != Some(incarnation),
+            Availability::Fenced => gw.fenced_incarnation != Some(incarnation) || clean_again,
         };
         if became_available {
-            tracing::info!(gateway = %gateway, incarnation, "gateway available again");
+            tracing::info!(gateway = %gateway, incarnation, clean_again, "gateway available again");
             gw.availability = Availability::Available;
             gw.available_since_ms = Some(now_ms);
-            if gw.fenced_incarnation != Some(incarnation) {
+            if gw.fenced_incarnation != Some(incarnation) || clean_again {
                 gw.fenced_incarnation = None;
+                gw.fenced_addrs = None;
             }
             let push = Action::Push {
                 gateway: gateway.clone(),
@@ -742,13 +755,24 @@ impl GroupMap {
         };
         match grp.phase {
             Phase::FailoverWaitFence { incarnation, .. } => {
+                let (addrs, scope) = self.fence_addrs(&grp.holder, id, true);
                 if let Some(gw) = self.gateways.get_mut(&grp.holder) {
                     // Only the fenced incarnation's clients are blocklisted: a holder that
                     // restarted meanwhile has new ones and stays available.
                     if gw.incarnation == incarnation {
+                        let already = gw.availability == Availability::Fenced;
                         gw.availability = Availability::Fenced;
                         gw.fenced_incarnation = Some(incarnation);
                         gw.available_since_ms = None;
+                        gw.fenced_addrs = match (scope, gw.fenced_addrs.take()) {
+                            (FenceScope::Group, Some(mut before)) if already => {
+                                before.extend(addrs);
+                                Some(before)
+                            }
+                            (FenceScope::Group, None) if already => None,
+                            (FenceScope::Group, _) => Some(addrs),
+                            (FenceScope::Gateway, _) => None,
+                        };
                     }
                 }
                 match self.takeover_target(id, "") {

@@ -127,6 +127,36 @@ impl GroupClientsState {
         self.lost.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// This gateway was told it is fenced: the clients of every group it does not serve
+    /// (optimized or change) may be blocklisted, so they are retired (beacons stop reporting
+    /// them; the control plane lets the gateway serve again once none of the fenced
+    /// addresses is reported) and each such group gets fresh clients before it is served
+    /// here again. Idempotent (a retired group has no connection left to retire).
+    pub fn drop_unserved_clients(&self, target: &Target) {
+        let Some(pool) = self.pool() else {
+            return;
+        };
+        let served: BTreeSet<u32> = target
+            .subsystems()
+            .iter()
+            .filter(|s| !s.is_discovery())
+            .flat_map(|s| s.ana_groups())
+            .filter(|(_, st)| *st == ana::OPTIMIZED || *st == ana::CHANGE)
+            .map(|(g, _)| g)
+            .collect();
+        for g in pool.connected_groups() {
+            if g != 0 && !served.contains(&g) {
+                self.lost().insert(g);
+                let retired = pool.retire_group(g);
+                tracing::warn!(
+                    group = g,
+                    retired,
+                    "fenced: clients of a group not served here dropped"
+                );
+            }
+        }
+    }
+
     /// Whether `group` must get fresh clients before it is served here again.
     pub fn needs_fresh_clients(&self, group: u32) -> bool {
         self.lost().contains(&group) || self.pool().is_some_and(|p| p.group_blocklisted(group))
@@ -388,16 +418,22 @@ async fn beacon_loop(
             let was_failing = failing.get(&addr).copied().unwrap_or(false);
             match result {
                 Ok(reply) if reply.get_ref().fenced => {
+                    clients.drop_unserved_clients(&target);
                     if !fenced_logged {
                         tracing::error!(
                             control_plane = %addr,
-                            "this gateway was fenced: its Ceph clients are blocklisted and it \
-                             serves nothing until it is restarted"
+                            "this gateway was fenced: its Ceph clients for the groups it held \
+                             are blocklisted; it serves a group again only when the control \
+                             plane gives it back (through fresh clients)"
                         );
                         fenced_logged = true;
                     }
                 }
                 Ok(_) => {
+                    if fenced_logged {
+                        tracing::info!(control_plane = %addr, "no longer fenced");
+                        fenced_logged = false;
+                    }
                     if was_failing {
                         tracing::info!(control_plane = %addr, "beacons accepted again");
                     }

@@ -409,22 +409,6 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         "fenced gw1's write: {}",
         r.err().map(|e| e.to_string()).unwrap_or_default()
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        h2.io.read(1, 0, 8, BLOCK).await.expect("read via gw2"),
-        pattern(2),
-        "data changed after the fence"
-    );
-    // The control plane keeps it fenced (same incarnation).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let map = cp.state().map.expect("map");
-    assert_eq!(map.gateways["gw1"].availability, Availability::Fenced);
-    wait_for_states(
-        &h1.admin,
-        &[(1, ana::INACCESSIBLE)],
-        Duration::from_secs(10),
-    )
-    .await;
     // It is told, and says so in its log.
     let started = Instant::now();
     while !std::fs::read_to_string(&gw1.log)
@@ -436,6 +420,58 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
             "gw1 never logged that it was fenced"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Without restarting, it drops its fenced clients; once it reports none of the fenced
+    // addresses the control plane lets it serve again, and group 1 fails back to it (drained
+    // on gw2, gw2's group-1 clients fenced), served through fresh clients.
+    let thawed = Instant::now();
+    wait_for_states(&h1.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(30)).await;
+    wait_for_states(
+        &h2.admin,
+        &[(1, ana::INACCESSIBLE)],
+        Duration::from_secs(10),
+    )
+    .await;
+    eprintln!(
+        "fenced gw1, not restarted, optimized for group 1 again {} ms after it was thawed",
+        thawed.elapsed().as_millis()
+    );
+    let st = cp.state().map.expect("map");
+    assert_eq!(st.gateways["gw1"].availability, Availability::Available);
+    assert_eq!(
+        st.gateways["gw1"].incarnation,
+        map.gateways["gw1"].incarnation
+    );
+    let log = std::fs::read_to_string(&gw1.log).unwrap_or_default();
+    assert!(
+        log.contains("ANA group given fresh cluster clients"),
+        "gw1 served group 1 again without fresh clients"
+    );
+    assert_eq!(
+        h1.io.read(1, 0, 8, BLOCK).await.expect("read via gw1"),
+        pattern(2),
+        "the fenced gateway's refused write landed"
+    );
+    h1.io
+        .write(1, 0, pattern(6), BLOCK)
+        .await
+        .expect("write via gw1 on fresh clients");
+    assert_eq!(
+        h1.io.read(1, 0, 8, BLOCK).await.expect("read via gw1"),
+        pattern(6)
+    );
+    // The fresh clients are not the fenced ones.
+    let now_addrs = st.gateways["gw1"]
+        .group_addrs
+        .clone()
+        .unwrap_or_default()
+        .remove(&1)
+        .unwrap_or_default();
+    for a in gw1_groups.get(&1).cloned().unwrap_or_default() {
+        assert!(
+            !now_addrs.contains(&a),
+            "gw1 reports its fenced client {a} again"
+        );
     }
 
     // Failback: gw1 restarts (new process, new clients); group 1 drains on gw2 and becomes

@@ -388,6 +388,18 @@ impl ClusterPool {
         conns.len()
     }
 
+    /// The groups that have at least one current (not retired) connection.
+    pub fn connected_groups(&self) -> Vec<u32> {
+        let mut groups: Vec<u32> = self
+            .sets_in_order()
+            .iter()
+            .filter(|set| !set.connections().is_empty())
+            .map(|set| set.group)
+            .collect();
+        groups.dedup();
+        groups
+    }
+
     /// Whether one of `group`'s current connections was found blocklisted.
     pub fn group_blocklisted(&self, group: u32) -> bool {
         self.groups

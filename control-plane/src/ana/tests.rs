@@ -806,3 +806,71 @@ fn a_gateway_that_does_not_shard_is_fenced_whole_on_failover() {
         )]
     );
 }
+
+#[test]
+fn a_gateway_fenced_per_group_serves_again_once_it_dropped_its_fenced_clients() {
+    let mut s = Sim::new();
+    s.sharded_beacon("gw1", 1, 11);
+    s.sharded_beacon("gw2", 2, 22);
+    while s.now < GRACE + 500 {
+        s.now += 250;
+        s.sharded_beacon("gw2", 2, 22);
+        s.tick();
+    }
+    s.complete_fence();
+    assert_eq!(s.holder(1), "gw2");
+    assert_eq!(s.map.gateways["gw1"].availability, Availability::Fenced);
+    // Back without restarting, still reporting the blocklisted client: stays fenced.
+    for _ in 0..8 {
+        s.now += 250;
+        s.sharded_beacon("gw1", 1, 11);
+        s.sharded_beacon("gw2", 2, 22);
+        s.tick();
+    }
+    assert_eq!(s.map.gateways["gw1"].availability, Availability::Fenced);
+    assert_eq!(s.holder(1), "gw2");
+    // It dropped that client (group 1 has none now, group 2 the same as before): available
+    // again, and group 1 fails back to it through the usual drain and fence.
+    let mut fresh = sharded_addrs(11);
+    fresh.remove(&1);
+    for _ in 0..20 {
+        s.now += 250;
+        let applied = s.map.epoch;
+        s.event(Event::Beacon {
+            gateway: "gw1".into(),
+            ana_group: 1,
+            incarnation: 11,
+            addrs: vec!["127.0.0.1:0/11".into()],
+            group_addrs: Some(fresh.clone()),
+            applied_epoch: applied,
+            now_ms: s.now,
+        })
+        .expect("beacon");
+        s.sharded_beacon("gw2", 2, 22);
+        s.tick();
+        if !s.fences.is_empty() {
+            s.complete_fence();
+        }
+    }
+    assert_eq!(s.map.gateways["gw1"].availability, Availability::Available);
+    assert_eq!(s.holder(1), "gw1");
+    assert_eq!(s.state("gw1", 1), AnaState::Optimized);
+}
+
+#[test]
+fn a_gateway_fenced_whole_needs_a_restart() {
+    let mut s = two_gateways();
+    while s.now < GRACE + 500 {
+        s.now += 250;
+        s.beacon("gw2", 2, 22);
+        s.tick();
+    }
+    s.complete_fence();
+    for _ in 0..20 {
+        s.now += 250;
+        s.beacon("gw1", 1, 11);
+        s.beacon("gw2", 2, 22);
+        s.tick();
+    }
+    assert_eq!(s.map.gateways["gw1"].availability, Availability::Fenced);
+}
