@@ -1,0 +1,165 @@
+//! `nvmeofctl namespace add-many`: many namespaces over one connection, from a file, against
+//! an in-process control plane (in-memory state): all added in order; a refusal stops at
+//! its line (the ones before stay, the message names the line); a malformed file sends
+//! nothing.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use control_plane::proto::gateway_control_client::GatewayControlClient;
+use control_plane::proto::{self, admin_client::AdminClient};
+use control_plane::server::{self, ControlPlane, Options};
+use control_plane::store::{MemoryBackend, Store};
+use tonic::transport::Channel;
+
+const NQN: &str = "nqn.2016-06.io.test:add-many";
+
+async fn start() -> String {
+    let backend = Arc::new(MemoryBackend::default());
+    backend
+        .images
+        .lock()
+        .expect("images")
+        .extend((1..=6).map(|i| format!("rbd/img{i}")));
+    let cp = ControlPlane::start(Store::new(backend), "test".into(), Options::default())
+        .await
+        .expect("control plane");
+    tokio::spawn(cp.clone().run());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(server::serve(cp, listener, std::future::pending::<()>()));
+    addr
+}
+
+async fn channel(addr: &str) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .expect("url")
+        .connect_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .expect("connect")
+}
+
+fn ctl(addr: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nvmeofctl"))
+        .arg("--server")
+        .arg(addr)
+        .args(args)
+        .env_remove("NVMEOFCTL_TLS_CA")
+        .env_remove("NVMEOFCTL_TLS_CERT")
+        .env_remove("NVMEOFCTL_TLS_KEY")
+        .output()
+        .expect("run nvmeofctl");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn namespaces(a: &mut AdminClient<Channel>) -> Vec<(u32, String, u32)> {
+    a.namespace_list(proto::NamespaceListRequest::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .namespaces
+        .into_iter()
+        .map(|n| (n.nsid, n.image, n.ana_group))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_from_a_file() {
+    let addr = start().await;
+    let mut a = AdminClient::new(channel(&addr).await);
+    // Two gateways, so that ANA groups 1 and 2 exist.
+    let mut g = GatewayControlClient::new(channel(&addr).await);
+    for group in [1u32, 2] {
+        g.send_beacon(proto::Beacon {
+            gateway: format!("gw{group}"),
+            ana_group: group,
+            incarnation: u64::from(group),
+            ..Default::default()
+        })
+        .await
+        .expect("beacon");
+    }
+    a.subsystem_add(proto::SubsystemAddRequest {
+        nqn: NQN.into(),
+        allow_any_host: true,
+        ..Default::default()
+    })
+    .await
+    .expect("subsystem");
+
+    let dir = std::env::temp_dir().join(format!("cp-add-many-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).expect("write");
+        p.to_string_lossy().into_owned()
+    };
+
+    // A malformed file: usage error, nothing sent.
+    let bad = file("bad.txt", "img1\nimg2 two\n");
+    let (rc, _, err) = ctl(&addr, &["namespace", "add-many", "-n", NQN, "--file", &bad]);
+    assert_eq!(rc, 2, "{err}");
+    assert!(err.contains("bad.txt:2"), "{err}");
+    assert!(
+        namespaces(&mut a).await.is_empty(),
+        "a malformed file added something"
+    );
+
+    let good = file(
+        "good.txt",
+        "# three images\nimg1\nimg2 10 2\nimg3   # next free NSID\n",
+    );
+    let (rc, out, err) = ctl(
+        &addr,
+        &[
+            "namespace",
+            "add-many",
+            "-n",
+            NQN,
+            "--ana-group",
+            "1",
+            "--file",
+            &good,
+        ],
+    );
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("3 namespaces added"), "{out}");
+    assert_eq!(
+        namespaces(&mut a).await,
+        vec![
+            (1, "img1".to_string(), 1),
+            (2, "img3".to_string(), 1),
+            (10, "img2".to_string(), 2),
+        ]
+    );
+
+    // The second line names an image that does not exist: the first is added, the rest not.
+    let partial = file("partial.txt", "img4\nmissing\nimg5\n");
+    let (rc, _, err) = ctl(
+        &addr,
+        &["namespace", "add-many", "-n", NQN, "--file", &partial],
+    );
+    assert_eq!(rc, 1, "{err}");
+    assert!(err.contains("partial.txt:2 (missing)"), "{err}");
+    assert!(err.contains("not found"), "{err}");
+    assert!(
+        err.contains("the 1 namespaces before it were added"),
+        "{err}"
+    );
+    let images: Vec<String> = namespaces(&mut a)
+        .await
+        .into_iter()
+        .map(|(_, image, _)| image)
+        .collect();
+    assert!(images.contains(&"img4".to_string()), "{images:?}");
+    assert!(!images.contains(&"img5".to_string()), "{images:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
