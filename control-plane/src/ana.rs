@@ -257,6 +257,11 @@ pub enum Action {
     },
     /// The gateway's ANA states changed: push it a new assignment.
     Push { gateway: String },
+    /// Blocklist `addrs`, nothing waits for it: the clients of a gateway's previous
+    /// incarnation, seen restarted. That process is gone (or must be: one gateway name, one
+    /// process), and its librbd exclusive locks and watches then break at once instead of
+    /// making the new process's first writes wait out the watch timeout (~30 s).
+    Blocklist { gateway: String, addrs: Vec<String> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -502,6 +507,13 @@ impl GroupMap {
         gw.last_beacon_ms = Some(now_ms);
         gw.applied_epoch = gw.applied_epoch.max(applied_epoch);
         if gw.incarnation != incarnation {
+            if !gw.addrs.is_empty() {
+                tracing::info!(gateway = %gateway, incarnation, "gateway restarted: blocklisting its previous process's clients");
+                actions.push(Action::Blocklist {
+                    gateway: gateway.clone(),
+                    addrs: gw.addrs.clone(),
+                });
+            }
             gw.incarnation = incarnation;
             gw.applied_epoch = applied_epoch;
             gw.leaving = false;

@@ -284,6 +284,9 @@ impl ControlPlane {
         };
         // Fencing first: it is what failover waits for; persisting the map can follow.
         for a in &actions {
+            if let Action::Blocklist { gateway, addrs } = a.clone() {
+                self.spawn_blocklist(gateway, addrs);
+            }
             if let Action::Fence {
                 fence,
                 group,
@@ -332,6 +335,27 @@ impl ControlPlane {
             }
         }
         Ok(actions)
+    }
+
+    /// Blocklists a restarted gateway's previous clients in the background (logged; nothing
+    /// waits for it).
+    fn spawn_blocklist(&self, gateway: String, addrs: Vec<String>) {
+        let backend = self.store.backend().clone();
+        tokio::spawn(async move {
+            let a = addrs.clone();
+            match tokio::task::spawn_blocking(move || backend.fence(&a)).await {
+                Ok(Ok(())) => tracing::info!(
+                    gateway = %gateway,
+                    addrs = ?addrs,
+                    "previous incarnation's clients blocklisted"
+                ),
+                Ok(Err(e)) => tracing::warn!(
+                    gateway = %gateway,
+                    "cannot blocklist the previous incarnation's clients: {e}"
+                ),
+                Err(e) => tracing::warn!("blocklist task failed: {e}"),
+            }
+        });
     }
 
     fn spawn_fence(

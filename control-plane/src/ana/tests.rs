@@ -734,7 +734,7 @@ fn fences_of(actions: &[Action]) -> Vec<(u32, String, Vec<String>, FenceScope)> 
                 scope,
                 ..
             } => Some((*group, gateway.clone(), addrs.clone(), scope.clone())),
-            Action::Push { .. } => None,
+            _ => None,
         })
         .collect()
 }
@@ -873,4 +873,27 @@ fn a_gateway_fenced_whole_needs_a_restart() {
         s.tick();
     }
     assert_eq!(s.map.gateways["gw1"].availability, Availability::Fenced);
+}
+
+#[test]
+fn a_restarted_gateway_s_previous_clients_are_blocklisted() {
+    let mut s = two_gateways();
+    s.now += 100;
+    let a = s.beacon("gw1", 1, 12);
+    assert!(
+        a.contains(&Action::Blocklist {
+            gateway: "gw1".into(),
+            addrs: vec!["127.0.0.1:0/11".into()],
+        }),
+        "{a:?}"
+    );
+    // Same incarnation again: nothing more.
+    s.now += 100;
+    let a = s.beacon("gw1", 1, 12);
+    assert!(
+        !a.iter().any(|x| matches!(x, Action::Blocklist { .. })),
+        "{a:?}"
+    );
+    // Still optimized for its group: a restart within the grace moves nothing.
+    assert_eq!(s.state("gw1", 1), AnaState::Optimized);
 }
