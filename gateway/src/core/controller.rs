@@ -60,6 +60,10 @@ pub enum TeardownReason {
     KeepAliveExpired,
     AdminQueueClosed,
     HostShutdown,
+    /// The host was removed from the subsystem's allowed hosts.
+    HostRemoved,
+    /// The subsystem was removed from this gateway.
+    SubsystemRemoved,
 }
 
 pub struct Controller {

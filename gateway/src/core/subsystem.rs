@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use rbd_backend::BlockDevice;
 
-use super::controller::Controller;
+use super::controller::{Controller, TeardownReason};
 use crate::spec::{ana, cntlid};
 
 /// One namespace: a block device with the identity the host sees.
@@ -52,10 +52,15 @@ pub enum SubsystemKind {
 }
 
 /// Which hosts may connect.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum HostAccess {
     AnyHost,
     Only(BTreeSet<String>),
+    /// The list of a running subsystem, which the control plane may change (`nvmeofctl host
+    /// add/del`): [`Subsystem::new`] puts the configured list behind this shared lock so every
+    /// reader of `spec.access` (Connect, the discovery log) sees the current one, and
+    /// [`Subsystem::set_access`] replaces it. Never nested.
+    Shared(Arc<RwLock<HostAccess>>),
 }
 
 impl HostAccess {
@@ -63,9 +68,35 @@ impl HostAccess {
         match self {
             HostAccess::AnyHost => true,
             HostAccess::Only(hosts) => hosts.contains(hostnqn),
+            HostAccess::Shared(current) => current
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .allows(hostnqn),
+        }
+    }
+
+    /// The list itself (the current one for a shared list).
+    pub fn current(&self) -> HostAccess {
+        match self {
+            HostAccess::Shared(current) => {
+                current.read().unwrap_or_else(|e| e.into_inner()).current()
+            }
+            other => other.clone(),
         }
     }
 }
+
+impl PartialEq for HostAccess {
+    fn eq(&self, other: &Self) -> bool {
+        match (self.current(), other.current()) {
+            (HostAccess::AnyHost, HostAccess::AnyHost) => true,
+            (HostAccess::Only(a), HostAccess::Only(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for HostAccess {}
 
 /// Static description of a subsystem, from configuration.
 #[derive(Debug, Clone)]
@@ -107,8 +138,11 @@ impl std::fmt::Debug for Subsystem {
 pub struct NoFreeControllerId;
 
 impl Subsystem {
-    pub fn new(kind: SubsystemKind, spec: SubsystemSpec) -> Self {
+    pub fn new(kind: SubsystemKind, mut spec: SubsystemSpec) -> Self {
         let first = spec.cntlid_min.max(cntlid::MIN);
+        if !matches!(spec.access, HostAccess::Shared(_)) {
+            spec.access = HostAccess::Shared(Arc::new(RwLock::new(spec.access.current())));
+        }
         Self {
             kind,
             spec,
@@ -139,6 +173,44 @@ impl Subsystem {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(ns.nsid, ns);
+    }
+
+    /// Takes a namespace out (`nvmeofctl namespace del`): new commands for it fail with
+    /// Invalid Namespace; commands already in flight hold their own reference, so its device
+    /// is closed when the last of them finishes and the caller drops the returned one. The
+    /// caller tells the hosts ([`Self::notify_namespace_changed`]).
+    pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        self.namespaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&nsid)
+    }
+
+    /// The hosts allowed to connect now.
+    pub fn access(&self) -> HostAccess {
+        self.spec.access.current()
+    }
+
+    /// Replaces the allowed hosts (`nvmeofctl host add/del`): new Connects are checked against
+    /// the new list at once. Controllers of hosts no longer allowed are torn down (their
+    /// connections close), as ceph-nvmeof does, rather than kept until they reconnect as
+    /// Linux nvmet does: removing a host is how an admin revokes its access, and a host whose
+    /// keep-alive goes on would otherwise read and write for as long as it stays connected.
+    /// Returns the controllers torn down.
+    pub fn set_access(&self, access: HostAccess) -> Vec<Arc<Controller>> {
+        let access = access.current();
+        if let HostAccess::Shared(current) = &self.spec.access {
+            *current.write().unwrap_or_else(|e| e.into_inner()) = access.clone();
+        }
+        let revoked: Vec<_> = self
+            .controllers()
+            .into_iter()
+            .filter(|c| !access.allows(&c.hostnqn))
+            .collect();
+        for c in &revoked {
+            c.teardown(TeardownReason::HostRemoved);
+        }
+        revoked
     }
 
     pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use super::controller::TeardownReason;
 use super::subsystem::{HostAccess, Subsystem, SubsystemKind, SubsystemSpec};
 use crate::spec::{cntlid, DISCOVERY_NQN};
 
@@ -101,6 +102,39 @@ impl Target {
             .unwrap_or_else(|e| e.into_inner())
             .push(listener);
         self.discovery_changed();
+    }
+
+    /// Takes an NVM subsystem out (`nvmeofctl subsystem del`): it leaves the discovery log
+    /// (discovery controllers get a Discovery Log Change event), new Connects to it are
+    /// refused, and its controllers are torn down (their connections close). Its namespaces'
+    /// devices close once the last command in flight and the returned subsystem are gone.
+    pub fn remove_subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        let removed = self
+            .subsystems
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(nqn)?;
+        self.discovery_changed();
+        for ctrl in removed.controllers() {
+            ctrl.teardown(TeardownReason::SubsystemRemoved);
+        }
+        Some(removed)
+    }
+
+    /// Takes a listener out of the discovery log (the transport stops listening itself);
+    /// discovery controllers get a Discovery Log Change event. False: no such listener.
+    pub fn remove_listener(&self, transport: TransportType, address: &str, port: u16) -> bool {
+        let removed = {
+            let mut listeners = self.listeners.write().unwrap_or_else(|e| e.into_inner());
+            let before = listeners.len();
+            listeners
+                .retain(|l| !(l.transport == transport && l.address == address && l.port == port));
+            listeners.len() != before
+        };
+        if removed {
+            self.discovery_changed();
+        }
+        removed
     }
 
     /// The subsystem named `nqn`, the discovery subsystem included.

@@ -878,3 +878,242 @@ fn features_required_by_the_host_answer() {
     ));
     assert_eq!(abort.completion.result & 1, 1, "not aborted");
 }
+
+/// Enables the given asynchronous events and parks one AER (cid 21).
+fn arm_aer(q: &mut Queue, events: u32) {
+    let mut aec = sqe(admin_opcode::SET_FEATURES, 20, 0);
+    set_cdw(&mut aec, 10, u32::from(spec::feat::ASYNC_EVENT));
+    set_cdw(&mut aec, 11, events);
+    assert!(one(run(q, Command::from_bytes(&aec), None))
+        .completion
+        .status
+        .is_success());
+    assert!(run(
+        q,
+        Command::from_bytes(&sqe(admin_opcode::ASYNC_EVENT, 21, 0)),
+        None
+    )
+    .is_empty());
+}
+
+/// The AER completion the queue has to send now (none: panics).
+fn fired_aer(q: &mut Queue) -> Completion {
+    let mut actions = Vec::new();
+    q.poll_events(&mut actions);
+    one(settle(q, actions)).completion
+}
+
+fn queue_closed(q: &mut Queue) -> bool {
+    let mut actions = Vec::new();
+    q.poll_events(&mut actions);
+    matches!(actions.as_slice(), [Action::Close])
+}
+
+fn discovery_records(f: &Fixture, host: &str) -> (u64, u64) {
+    let mut q = f.queue();
+    let r = one(run(
+        &mut q,
+        connect(0, 31, 0),
+        Some(connect_data(spec::DISCOVERY_NQN, host, 0xffff)),
+    ));
+    assert!(r.completion.status.is_success());
+    assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20)).is_success());
+    let page = get_log(&mut q, spec::log::DISC, 4096, 0, false)
+        .data
+        .unwrap()
+        .into_vec();
+    (
+        u64::from_le_bytes(page[0..8].try_into().unwrap()),
+        u64::from_le_bytes(page[8..16].try_into().unwrap()),
+    )
+}
+
+#[test]
+fn removed_namespace_is_announced_to_every_controller_and_in_flight_io_finishes() {
+    let f = fixture();
+    let mut admin_a = f.queue();
+    let a = admin_ready(&mut admin_a, 0);
+    arm_aer(&mut admin_a, spec::aer::CFG_NS_ATTR);
+    let mut admin_b = f.queue();
+    admin_ready(&mut admin_b, 0);
+    arm_aer(&mut admin_b, spec::aer::CFG_NS_ATTR);
+    let mut io = io_ready(&f, a, 1);
+    assert!(one(run(
+        &mut io,
+        rw(io_opcode::WRITE, 7, 0, 1),
+        Some(IoBuf::from_vec(vec![0xab; 512]))
+    ))
+    .completion
+    .status
+    .is_success());
+    // A read submitted to the device, not completed yet, when the namespace goes.
+    let mut in_flight = Vec::new();
+    io.execute(rw(io_opcode::READ, 8, 0, 1), None, &mut in_flight);
+    assert!(matches!(in_flight.as_slice(), [Action::Submit { .. }]));
+
+    let sub = f.target.subsystem(SUBNQN).unwrap();
+    let gone = sub.remove_namespace(1).expect("namespace 1 was there");
+    assert!(sub.remove_namespace(1).is_none(), "removed once");
+    sub.notify_namespace_changed(1);
+
+    for q in [&mut admin_a, &mut admin_b] {
+        assert_eq!(
+            fired_aer(q).result as u32,
+            0x04_00_02,
+            "notice, NS attribute changed, log 04h"
+        );
+        let list = get_log(q, spec::log::CHANGED_NS, 4096, 0, false)
+            .data
+            .unwrap()
+            .into_vec();
+        assert_eq!(
+            (le32(&list, 0), le32(&list, 4)),
+            (1, 0),
+            "changed list names NSID 1"
+        );
+        let active = identify(q, spec::cns::NS_ACTIVE_LIST, 0)
+            .data
+            .unwrap()
+            .into_vec();
+        assert_eq!(le32(&active, 0), 0, "no active namespace left");
+    }
+    // The read in flight completes with its data; new commands find no namespace.
+    let done = one(settle(&mut io, in_flight));
+    assert!(done.completion.status.is_success());
+    assert_eq!(done.data.unwrap().into_vec(), vec![0xab; 512]);
+    let r = one(run(&mut io, rw(io_opcode::READ, 9, 0, 1), None));
+    assert_eq!(r.completion.status.code(), sc::INVALID_NS);
+    // Nothing but the caller holds the namespace now: dropping it closes the device.
+    assert_eq!(Arc::strong_count(&gone), 1);
+}
+
+#[test]
+fn removed_host_is_refused_and_its_controllers_closed() {
+    let f = fixture();
+    let mut admin = f.queue();
+    let cntlid = admin_ready(&mut admin, 0);
+    let mut io = io_ready(&f, cntlid, 1);
+    assert_eq!(discovery_records(&f, HOSTNQN).1, 2);
+    let sub = f.target.subsystem(SUBNQN).unwrap();
+
+    // Another host added: the connected one is not disturbed.
+    let both = HostAccess::Only(BTreeSet::from([
+        HOSTNQN.to_string(),
+        OTHER_HOST.to_string(),
+    ]));
+    assert!(sub.set_access(both.clone()).is_empty());
+    assert_eq!(sub.access(), both);
+    assert!(!queue_closed(&mut io));
+    assert_eq!(
+        discovery_records(&f, OTHER_HOST).1,
+        2,
+        "now listed for host b"
+    );
+
+    // HOSTNQN removed: its controller is torn down, its queues close, it cannot come back.
+    let revoked = sub.set_access(HostAccess::Only(BTreeSet::from([OTHER_HOST.to_string()])));
+    assert_eq!(revoked.len(), 1);
+    assert_eq!(revoked[0].cntlid, cntlid);
+    assert!(queue_closed(&mut io));
+    assert!(queue_closed(&mut admin));
+    assert!(sub.controller(cntlid).is_none());
+    let mut again = f.queue();
+    let r = one(run(
+        &mut again,
+        connect(0, 31, 0),
+        Some(connect_data(SUBNQN, HOSTNQN, 0xffff)),
+    ));
+    assert_eq!(r.completion.status.code(), sc::CONNECT_INVALID_HOST);
+    assert_eq!(
+        discovery_records(&f, HOSTNQN).1,
+        1,
+        "only the discovery entry"
+    );
+    // Any host again.
+    sub.set_access(HostAccess::AnyHost);
+    assert_eq!(admin_ready(&mut again, 0), 11);
+}
+
+#[test]
+fn removed_subsystem_closes_its_controllers_and_leaves_the_discovery_log() {
+    let f = fixture();
+    let mut admin = f.queue();
+    admin_ready(&mut admin, 0);
+    let mut disc = f.queue();
+    assert!(one(run(
+        &mut disc,
+        connect(0, 31, 0),
+        Some(connect_data(spec::DISCOVERY_NQN, HOSTNQN, 0xffff)),
+    ))
+    .completion
+    .status
+    .is_success());
+    assert!(property_set_cc(&mut disc, 1 | (6 << 16) | (4 << 20)).is_success());
+    arm_aer(&mut disc, spec::aer::CFG_DISC_CHANGE);
+    let (generation, records) = discovery_records(&f, HOSTNQN);
+    assert_eq!(records, 2);
+
+    let removed = f.target.remove_subsystem(SUBNQN).expect("was there");
+    assert_eq!(removed.nqn(), SUBNQN);
+    assert!(f.target.remove_subsystem(SUBNQN).is_none());
+    assert!(f.target.subsystem(SUBNQN).is_none());
+    assert!(queue_closed(&mut admin), "its controller was torn down");
+    assert_eq!(
+        fired_aer(&mut disc).result as u32,
+        0x70_f0_02,
+        "notice, discovery log changed, log 70h"
+    );
+    let (after, records) = discovery_records(&f, HOSTNQN);
+    assert!(after > generation, "GENCTR moved: {generation} -> {after}");
+    assert_eq!(records, 1, "only the discovery entry");
+    let mut q = f.queue();
+    let r = one(run(
+        &mut q,
+        connect(0, 31, 0),
+        Some(connect_data(SUBNQN, HOSTNQN, 0xffff)),
+    ));
+    assert_eq!(r.completion.status.code(), sc::CONNECT_INVALID_PARAM);
+}
+
+#[test]
+fn removed_listener_leaves_the_discovery_log() {
+    let f = fixture();
+    f.target.add_listener(ListenerInfo {
+        transport: TransportType::Tcp,
+        address: "127.0.0.2".into(),
+        port: 4421,
+        port_id: 2,
+    });
+    let mut disc = f.queue();
+    assert!(one(run(
+        &mut disc,
+        connect(0, 31, 0),
+        Some(connect_data(spec::DISCOVERY_NQN, HOSTNQN, 0xffff)),
+    ))
+    .completion
+    .status
+    .is_success());
+    assert!(property_set_cc(&mut disc, 1 | (6 << 16) | (4 << 20)).is_success());
+    arm_aer(&mut disc, spec::aer::CFG_DISC_CHANGE);
+    let (generation, records) = discovery_records(&f, HOSTNQN);
+    assert_eq!(records, 4, "discovery + subsystem on two listeners");
+
+    assert!(
+        !f.target
+            .remove_listener(TransportType::Rdma, "127.0.0.2", 4421),
+        "wrong transport"
+    );
+    assert!(
+        !f.target
+            .remove_listener(TransportType::Tcp, "127.0.0.2", 4420),
+        "wrong port"
+    );
+    assert!(f
+        .target
+        .remove_listener(TransportType::Tcp, "127.0.0.2", 4421));
+    assert_eq!(fired_aer(&mut disc).result as u32, 0x70_f0_02);
+    let (after, records) = discovery_records(&f, HOSTNQN);
+    assert!(after > generation);
+    assert_eq!(records, 2);
+    assert!(f.target.listeners().iter().all(|l| l.port != 4421));
+}
