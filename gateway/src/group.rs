@@ -33,7 +33,7 @@ use rbd_backend::{BlockDevice, DeviceEvent, DeviceEventSink};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::config::{Config, NamespaceConfig, SubsystemConfig};
-use crate::core::{ListenerInfo, Namespace, Subsystem, Target, TransportType};
+use crate::core::{HostAccess, ListenerInfo, Namespace, Subsystem, Target, TransportType};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
 
@@ -515,6 +515,7 @@ async fn assignment_loop(
                         Ok(Some(a)) => {
                             if let Some(config) = &settings.config {
                                 apply_config(&target, config, &a).await;
+                                apply_removals(&target, config, &a).await;
                                 apply_listeners(&target, &a);
                                 let own = Some(own_listeners(&a, &settings.gateway));
                                 listeners.send_if_modified(|l| {
@@ -551,10 +552,15 @@ async fn assignment_loop(
     }
 }
 
-/// Adds every gateway's listeners of an assignment to this gateway's discovery log (once each;
-/// port IDs from 0x8000 up, clear of the local listeners' 1..).
+/// Port IDs of the listeners taken from the control plane start here, clear of the local
+/// listeners' 1.. (the file's).
+const PUSHED_PORT_ID_BASE: u16 = 0x8000;
+
+/// Makes this gateway's discovery log list every gateway's listeners of an assignment: the new
+/// ones are added (once each), and the ones taken from an earlier assignment that are gone
+/// (`nvmeofctl listener del`) are removed. Each change raises a Discovery Log Change event on
+/// the discovery controllers. Listeners from the gateway's own file stay.
 pub fn apply_listeners(target: &Target, a: &Assignment) {
-    let known = target.listeners();
     let mut all: Vec<(TransportType, String, u16)> = a
         .group_listeners
         .iter()
@@ -569,20 +575,114 @@ pub fn apply_listeners(target: &Target, a: &Assignment) {
         .collect();
     all.sort_by(|a, b| (a.1.as_str(), a.2).cmp(&(b.1.as_str(), b.2)));
     all.dedup();
-    for (i, (transport, address, port)) in all.into_iter().enumerate() {
+    if a.state_version != 0 {
+        for gone in target.listeners().into_iter().filter(|k| {
+            k.port_id >= PUSHED_PORT_ID_BASE
+                && !all.iter().any(|(t, addr, port)| {
+                    k.transport == *t && k.address == *addr && k.port == *port
+                })
+        }) {
+            tracing::info!(address = %gone.address, port = gone.port, "group listener removed from the discovery log");
+            target.remove_listener(gone.transport, &gone.address, gone.port);
+        }
+    }
+    for (transport, address, port) in all {
+        let known = target.listeners();
         if known
             .iter()
             .any(|k| k.transport == transport && k.address == address && k.port == port)
         {
             continue;
         }
-        tracing::info!(%address, port, "group listener added to the discovery log");
+        let port_id = (PUSHED_PORT_ID_BASE..=u16::MAX)
+            .find(|id| known.iter().all(|k| k.port_id != *id))
+            .unwrap_or(u16::MAX);
+        tracing::info!(%address, port, port_id, "group listener added to the discovery log");
         target.add_listener(ListenerInfo {
             transport,
             address,
             port,
-            port_id: 0x8000u16.saturating_add(u16::try_from(i).unwrap_or(u16::MAX)),
+            port_id,
         });
+    }
+}
+
+/// Applies what the control plane removed (`nvmeofctl subsystem/namespace/host del`) to the
+/// subsystems and namespaces it pushed: a subsystem no longer in the assignment is removed
+/// (its controllers torn down, discovery log changed); a namespace no longer in it is taken
+/// out, every controller of its subsystem gets Namespace Attribute Changed (the Changed
+/// Namespace List names it) and its commands in flight finish before the assignment is
+/// acknowledged (the device closes with the last of them); the allowed hosts follow the
+/// assignment (see [`Subsystem::set_access`] for the controllers of a removed host).
+/// Subsystems and namespaces of the gateway's own file are never removed, and an assignment
+/// built from no state at all (`state_version` 0) removes nothing.
+pub async fn apply_removals(target: &Target, base: &Config, a: &Assignment) {
+    if a.state_version == 0 {
+        return;
+    }
+    let from_file = |nqn: &str| base.subsystems.iter().find(|s| s.nqn == nqn);
+    let mut removed_devices = Vec::new();
+    for sub in target.subsystems() {
+        if sub.is_discovery() {
+            continue;
+        }
+        let file = from_file(sub.nqn());
+        let Some(pushed) = a.subsystems.iter().find(|s| s.nqn == sub.nqn()) else {
+            if file.is_none() {
+                let controllers = sub.controllers().len();
+                target.remove_subsystem(sub.nqn());
+                tracing::info!(nqn = %sub.nqn(), controllers, "subsystem deleted in the control plane: removed");
+                removed_devices.extend(sub.namespaces().into_iter().map(|ns| ns.device.clone()));
+            }
+            continue;
+        };
+        for ns in sub.namespaces() {
+            let in_file = file.is_some_and(|f| f.namespaces.iter().any(|n| n.nsid == ns.nsid));
+            let in_assignment = a
+                .namespaces
+                .iter()
+                .any(|n| n.subsystem_nqn == sub.nqn() && n.nsid == ns.nsid);
+            if in_file || in_assignment {
+                continue;
+            }
+            if let Some(gone) = sub.remove_namespace(ns.nsid) {
+                gone.device.set_event_sink(Arc::new(Detached));
+                sub.notify_namespace_changed(ns.nsid);
+                tracing::info!(nqn = %sub.nqn(), nsid = ns.nsid, "namespace deleted in the control plane: removed");
+                removed_devices.push(gone.device.clone());
+            }
+        }
+        if file.is_none() {
+            let access = if pushed.allow_any_host {
+                HostAccess::AnyHost
+            } else {
+                HostAccess::Only(pushed.hosts.iter().cloned().collect())
+            };
+            if sub.access() != access {
+                let revoked = sub.set_access(access);
+                tracing::info!(
+                    nqn = %sub.nqn(),
+                    any_host = pushed.allow_any_host,
+                    hosts = pushed.hosts.len(),
+                    controllers_closed = revoked.len(),
+                    "allowed hosts changed in the control plane"
+                );
+            }
+        }
+    }
+    // Their commands in flight finish before the assignment is acknowledged.
+    let started = std::time::Instant::now();
+    let in_flight = || removed_devices.iter().map(|d| d.in_flight()).sum::<usize>();
+    while in_flight() > 0 && started.elapsed() < DRAIN_TIMEOUT {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    if !removed_devices.is_empty() {
+        tracing::info!(
+            devices = removed_devices.len(),
+            in_flight = in_flight(),
+            ms = started.elapsed().as_millis() as u64,
+            "removed namespaces drained; their devices close with the last reference"
+        );
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use nvmeof_gateway::config::Config;
-use nvmeof_gateway::core::Target;
+use nvmeof_gateway::core::{Target, TransportType};
 use nvmeof_gateway::group::PushedListener;
 use nvmeof_gateway::rdma::server::RdmaServer;
 use nvmeof_gateway::tcp::server::TcpServer;
@@ -228,6 +228,7 @@ impl Listeners {
                 tracing::info!(addr = %gone.addr, rdma = gone.rdma, "listener deleted: stop listening");
                 self.stop(gone).await;
             }
+            self.forget(gone);
         }
         for new in now.difference(before) {
             if !self.running.contains_key(new) {
@@ -235,6 +236,22 @@ impl Listeners {
                 if let Err(e) = self.start(new.rdma, new.addr).await {
                     tracing::error!("{e}");
                 }
+            }
+        }
+    }
+
+    /// Takes a deleted listener out of the discovery log (a file's listener is listed under
+    /// the file's spelling of its address, hence the comparison as addresses).
+    fn forget(&self, gone: &PushedListener) {
+        let transport = if gone.rdma {
+            TransportType::Rdma
+        } else {
+            TransportType::Tcp
+        };
+        for l in self.target.listeners() {
+            let same_ip = l.address.parse::<std::net::IpAddr>().ok() == Some(gone.addr.ip());
+            if l.transport == transport && l.port == gone.addr.port() && same_ip {
+                self.target.remove_listener(transport, &l.address, l.port);
             }
         }
     }
