@@ -4,7 +4,8 @@
 #      NamespaceAdd per namespace, as nvmeofctl sends them; control-plane/examples/scale.rs),
 #      per batch of 100 so the growth with the state size shows, against a read-only RPC as
 #      the baseline;
-#   2. the cost of nvmeofctl itself (a process per namespace, as a shell loop would do);
+#   2. the cost of nvmeofctl itself: a process per namespace, as a shell loop would do,
+#      against `nvmeofctl namespace add-many` (one process, one connection);
 #   3. a gateway (target/release/nvmeof-gateway, [group] member, no subsystem in its file)
 #      starting with the N namespaces pushed by the control plane: time until they are all
 #      served and until its ANA group is optimized, RSS, threads; memory per namespace is
@@ -24,6 +25,7 @@ set -euo pipefail
 N=${1:-1000}
 M=${2:-200}
 CLI_SAMPLE=${CLI_SAMPLE:-50}
+CLI_MANY=${CLI_MANY:-200}
 ROOT=${BENCH_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
 WORK=$(mktemp -d /tmp/bench-scale.XXXXXX)
 export MICRO_CEPH_DIR=$WORK/ceph
@@ -92,13 +94,13 @@ until "${CTL[@]}" subsystem list >/dev/null 2>&1; do
     sleep 0.1
 done
 
-[ "$N" -le 1024 ] && [ $((M + CLI_SAMPLE)) -le 1024 ] || {
+[ "$N" -le 1024 ] && [ $((M + CLI_SAMPLE + CLI_MANY)) -le 1024 ] || {
     echo "bench-scale: at most 1024 namespaces per subsystem (MNAN)" >&2
     exit 2
 }
-echo "== $((N + M + CLI_SAMPLE)) RBD images (setup)" >&2
+echo "== $((N + M + CLI_SAMPLE + CLI_MANY)) RBD images (setup)" >&2
 "$SCALE" --server "$CP" --images-only --namespaces "$N"
-"$SCALE" --server "$CP" --images-only --namespaces $((M + CLI_SAMPLE)) --prefix scale2
+"$SCALE" --server "$CP" --images-only --namespaces $((M + CLI_SAMPLE + CLI_MANY)) --prefix scale2
 
 echo "== baseline: librbd alone opens the $N images" >&2
 "$SCALE" --open-only --namespaces "$N"
@@ -182,6 +184,14 @@ for i in $(seq $((M + 1)) $((M + CLI_SAMPLE))); do
 done
 t1=$(now)
 echo "scale: nvmeofctl_namespace_add count=$CLI_SAMPLE seconds=$(elapsed "$t0" "$t1") per_add_ms=$(awk -v a="$t0" -v b="$t1" -v n="$CLI_SAMPLE" 'BEGIN { printf "%.1f", (b - a) * 1000 / n }')"
+echo "== nvmeofctl namespace add-many, one process for $CLI_MANY" >&2
+for i in $(seq $((M + CLI_SAMPLE + 1)) $((M + CLI_SAMPLE + CLI_MANY))); do
+    printf 'scale2-%05d %d\n' "$i" "$i"
+done >"$WORK/many.txt"
+t0=$(now)
+"${CTL[@]}" namespace add-many -n "$NQN2" --ana-group 1 --file "$WORK/many.txt" >/dev/null
+t1=$(now)
+echo "scale: nvmeofctl_add_many count=$CLI_MANY seconds=$(elapsed "$t0" "$t1") per_add_ms=$(awk -v a="$t0" -v b="$t1" -v n="$CLI_MANY" 'BEGIN { printf "%.1f", (b - a) * 1000 / n }')"
 t0=$(now)
 "${CTL[@]}" -o json namespace list >"$WORK/list.json"
 echo "scale: nvmeofctl_namespace_list count=$(grep -c '"nsid"' "$WORK/list.json") seconds=$(elapsed "$t0" "$(now)")"
