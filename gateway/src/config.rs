@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rbd_backend::rbd::{CephSettings, ClusterPool, ImageSpec, RbdDevice, RbdError};
@@ -248,6 +248,57 @@ pub struct GroupSection {
     /// Beacon period in milliseconds (default 500, at most 1000).
     #[serde(default)]
     pub beacon_interval_ms: Option<u64>,
+    /// mTLS to the control plane (its replicas run with `--tls-*`): the CA that signed the
+    /// replicas' certificates (PEM). `tls_ca`, `tls_cert` and `tls_key` go together: all three
+    /// or none (plain gRPC).
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+    /// This gateway's client certificate (chain, PEM), signed by the CA the replicas trust.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl GroupSection {
+    /// The TLS files, for `control_plane::tls::client_tls_config` (empty: plain gRPC).
+    pub fn tls_files(&self) -> control_plane::tls::TlsFiles {
+        control_plane::tls::TlsFiles {
+            ca: self.tls_ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+        }
+    }
+
+    /// All three TLS files or none, each readable.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let fields = [
+            ("group.tls_ca", &self.tls_ca),
+            ("group.tls_cert", &self.tls_cert),
+            ("group.tls_key", &self.tls_key),
+        ];
+        let given = fields.iter().filter(|(_, p)| p.is_some()).count();
+        if given == 0 {
+            return Ok(());
+        }
+        for (field, path) in fields {
+            let Some(path) = path else {
+                return Err(invalid(
+                    field,
+                    "missing: mTLS to the control plane needs group.tls_ca, group.tls_cert and \
+                     group.tls_key together",
+                ));
+            };
+            if let Err(e) = std::fs::File::open(path) {
+                return Err(invalid(
+                    field,
+                    format!("cannot read {}: {e}", path.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Parses "1GiB", "256 MiB", "10G", "4096".
@@ -476,6 +527,7 @@ impl Config {
                     "required when [group] is set (the gateway's name in the group)",
                 ));
             }
+            g.validate_tls()?;
             if let Some(ms) = g.beacon_interval_ms {
                 if ms == 0 || ms > 1000 {
                     return Err(invalid(

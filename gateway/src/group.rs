@@ -30,7 +30,7 @@ use control_plane::proto::{
 };
 use rbd_backend::rbd::{ClusterPool, RbdDevice};
 use rbd_backend::{BlockDevice, DeviceEvent, DeviceEventSink};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 
 use crate::config::{Config, NamespaceConfig, SubsystemConfig};
 use crate::core::{HostAccess, ListenerInfo, Namespace, Subsystem, Target, TransportType};
@@ -49,6 +49,9 @@ pub struct GroupSettings {
     /// namespaces the control plane pushes are opened with it. None: pushed configuration is
     /// not applied (ANA states only).
     pub config: Option<Config>,
+    /// mTLS to the replicas (`[group] tls_*`, built with
+    /// `control_plane::tls::client_tls_config`); None: plain gRPC.
+    pub tls: Option<ClientTlsConfig>,
 }
 
 /// The running agent (its tasks end when it is dropped).
@@ -264,13 +267,10 @@ fn random_u64() -> u64 {
     h.finish()
 }
 
-fn channel(addr: &str) -> Option<Channel> {
-    let url = if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
-    match Endpoint::from_shared(url) {
+/// A lazily connected channel to one replica: `https://` with TLS (the replica's certificate
+/// checked against the CA, ours presented), `http://` without.
+fn channel(addr: &str, tls: Option<&ClientTlsConfig>) -> Option<Channel> {
+    match control_plane::tls::client_endpoint(addr, tls) {
         Ok(e) => Some(
             e.connect_timeout(Duration::from_secs(1))
                 .timeout(Duration::from_secs(5))
@@ -310,12 +310,13 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
     let channels: Vec<(String, Channel)> = settings
         .control_plane
         .iter()
-        .filter_map(|a| channel(a).map(|c| (a.clone(), c)))
+        .filter_map(|a| channel(a, settings.tls.as_ref()).map(|c| (a.clone(), c)))
         .collect();
     tracing::info!(
         gateway = %settings.gateway,
         incarnation,
         control_plane = ?settings.control_plane,
+        tls = settings.tls.is_some(),
         "joining the gateway group"
     );
     let beacons = tokio::spawn(beacon_loop(

@@ -80,6 +80,11 @@ async fn serve(config: Config) -> Result<(), String> {
     let _retry = config.spawn_namespace_retry(&target, &skipped, Duration::from_secs(10));
     // In a gateway group the control plane decides every ANA state: nothing is optimized
     // before its first assignment.
+    let group_tls = match &config.group {
+        Some(g) => control_plane::tls::client_tls_config(&g.tls_files(), None)
+            .map_err(|e| format!("[group] TLS: {e}"))?,
+        None => None,
+    };
     let _group = config.group.as_ref().map(|g| {
         nvmeof_gateway::group::start_inaccessible(&target);
         nvmeof_gateway::group::spawn(
@@ -90,6 +95,7 @@ async fn serve(config: Config) -> Result<(), String> {
                 ana_group: g.ana_group.unwrap_or(0),
                 beacon_interval: Duration::from_millis(g.beacon_interval_ms.unwrap_or(500)),
                 config: Some(config.clone()),
+                tls: group_tls.clone(),
             },
         )
     });
