@@ -85,6 +85,13 @@ async fn serve(config: Config) -> Result<(), String> {
             .map_err(|e| format!("[group] TLS: {e}"))?,
         None => None,
     };
+    if let Some(g) = &config.group {
+        // Parses the PEM files (a bad one stops the gateway here, not silently later).
+        for addr in &g.control_plane {
+            control_plane::tls::client_endpoint(addr, group_tls.as_ref())
+                .map_err(|e| format!("[group] control_plane {addr}: {e}"))?;
+        }
+    }
     let _group = config.group.as_ref().map(|g| {
         nvmeof_gateway::group::start_inaccessible(&target);
         nvmeof_gateway::group::spawn(
