@@ -180,6 +180,26 @@ async fn wait_optimized(admin: &HostConnection, group: u32) {
     }
 }
 
+/// The ports the discovery log of the gateway on `port` lists for the subsystem.
+async fn discovery_ports(port: u16) -> Vec<String> {
+    let d = HostConnection::connect(
+        format!("127.0.0.1:{port}").as_str(),
+        HostOptions::new(HOSTNQN),
+    )
+    .await
+    .expect("discovery connection");
+    d.connect_admin("nqn.2014-08.org.nvmexpress.discovery", 30_000)
+        .await
+        .expect("discovery connect");
+    d.enable_controller().await.expect("enable");
+    let log = d.discovery_log().await.expect("discovery log");
+    log.entries
+        .iter()
+        .filter(|e| e.subnqn == SUBNQN)
+        .map(|e| e.trsvcid.trim().to_string())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Ceph cluster: bash rbd-backend/tests/ceph-tests.sh"]
 async fn a_gateway_serves_what_the_control_plane_stores() {
@@ -505,6 +525,30 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
         "a connection through the deleted listener still works"
     );
     drop((x_admin, x_io));
+    // Deleted listeners leave the discovery log: this gateway's (just stopped) and another
+    // gateway's (gw2's 4999).
+    admin
+        .listener_del(proto::Listener {
+            subsystem_nqn: SUBNQN.into(),
+            gateway: "gw2".into(),
+            transport: "tcp".into(),
+            address: "127.0.0.1".into(),
+            port: 4999,
+        })
+        .await
+        .expect("listener del gw2");
+    let started = Instant::now();
+    loop {
+        let ports = discovery_ports(port).await;
+        if ports == [port.to_string()] {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "discovery log ports after listener del: {ports:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_eq!(
         h_io.read(1, 0, 8, 512)
             .await
