@@ -497,6 +497,7 @@ async fn assignment_loop(
             Ok(stream) => {
                 let mut stream = stream.into_inner();
                 let mut pending: Option<Assignment> = None;
+                let mut last: Option<Assignment> = None;
                 tracing::info!(control_plane = %addr, "assignment stream open");
                 loop {
                     // An assignment whose states are not all in force (osdmap refresh or a
@@ -510,8 +511,24 @@ async fn assignment_loop(
                                 Ok(Some(a))
                             }
                         },
-                        None => stream.message().await,
+                        None => loop {
+                            // Removals are applied again while no assignment comes: a
+                            // namespace deleted while its image was being retried in the
+                            // background (`Config::spawn_namespace_retry`) may be attached
+                            // after the deletion; it goes again within this period.
+                            tokio::select! {
+                                m = stream.message() => break m,
+                                _ = tokio::time::sleep(REMOVALS_RECHECK) => {
+                                    if let (Some(config), Some(a)) = (&settings.config, &last) {
+                                        apply_removals(&target, config, a).await;
+                                    }
+                                }
+                            }
+                        },
                     };
+                    if let Ok(Some(a)) = &next {
+                        last = Some(a.clone());
+                    }
                     match next {
                         Ok(Some(a)) => {
                             if let Some(config) = &settings.config {
@@ -968,6 +985,9 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
         let _ = config.spawn_namespace_retry(target, &skipped, Duration::from_secs(5));
     }
 }
+
+/// How often the last assignment's removals are applied again between assignments.
+const REMOVALS_RECHECK: Duration = Duration::from_secs(5);
 
 /// How long a group leaving optimized may take to finish its in-flight commands before the
 /// assignment is acknowledged anyway (the fence that follows cuts off what is left).
