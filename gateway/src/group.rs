@@ -15,6 +15,11 @@
 //!   A group that was taken away from this gateway (its clients may have been fenced since)
 //!   or whose client was found blocklisted is given fresh clients before it turns optimized
 //!   here again: its connections are retired and its images reopened on new ones.
+//! - Configuration the control plane pushed is followed both ways: added subsystems and
+//!   namespaces are opened ([`apply_config`]); deleted ones, and host list changes, are applied
+//!   to a running gateway ([`apply_removals`]); what the gateway's own file declares is never
+//!   removed. Deleted listeners leave the discovery log ([`apply_listeners`]).
+//! - With `[group] tls_*` the replicas are dialled over mTLS (`control_plane::tls`).
 //! - The data path never waits for the control plane: when it is unreachable the last
 //!   applied states stay.
 
@@ -1214,6 +1219,88 @@ ana_group = 2
             wait_for_osdmap: true,
             ..Assignment::default()
         }
+    }
+
+    /// The file's subsystem plus one "pushed" subsystem (built from the same file here, but
+    /// absent from the base configuration passed to `apply_removals`, as a pushed one is).
+    const PUSHED: &str = "nqn.2016-06.io.test:pushed";
+
+    fn pushed_assignment(state_version: u64, nsids: &[u32], hosts: &[&str]) -> Assignment {
+        Assignment {
+            version: state_version,
+            state_version,
+            subsystems: vec![control_plane::proto::Subsystem {
+                nqn: PUSHED.into(),
+                allow_any_host: hosts.is_empty(),
+                hosts: hosts.iter().map(|h| h.to_string()).collect(),
+                ..Default::default()
+            }],
+            namespaces: nsids
+                .iter()
+                .map(|&nsid| control_plane::proto::Namespace {
+                    subsystem_nqn: PUSHED.into(),
+                    nsid,
+                    ana_group: 1,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Assignment::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn removals_touch_only_what_the_control_plane_pushed() {
+        let base = Config::from_toml_str(TOML).expect("config");
+        let with_pushed = format!(
+            "{TOML}\n[[subsystem]]\nnqn = \"{PUSHED}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\nbackend = \"memory\"\nsize = \"1MiB\"\n\
+             [[subsystem.namespace]]\nnsid = 2\nbackend = \"memory\"\nsize = \"1MiB\"\n"
+        );
+        let target = Config::from_toml_str(&with_pushed)
+            .expect("config")
+            .build_target()
+            .expect("target");
+        let file_sub = target.subsystem("nqn.2016-06.io.test:group").expect("file");
+        let pushed = target.subsystem(PUSHED).expect("pushed");
+
+        // Built from no state: nothing removed although nothing is listed.
+        apply_removals(&target, &base, &Assignment::default()).await;
+        assert_eq!(pushed.namespaces().len(), 2);
+        assert!(target.subsystem(PUSHED).is_some());
+
+        // Namespace 2 deleted: it goes, namespace 1 and the file's subsystem stay.
+        apply_removals(&target, &base, &pushed_assignment(5, &[1], &[])).await;
+        let nsids: Vec<u32> = pushed.namespaces().iter().map(|n| n.nsid).collect();
+        assert_eq!(nsids, vec![1]);
+        assert_eq!(file_sub.namespaces().len(), 2, "the file's namespaces stay");
+
+        // Host list from the control plane.
+        let host = "nqn.2014-08.org.nvmexpress:uuid:allowed";
+        apply_removals(&target, &base, &pushed_assignment(6, &[1], &[host])).await;
+        assert!(pushed.spec.access.allows(host));
+        assert!(!pushed
+            .spec
+            .access
+            .allows("nqn.2014-08.org.nvmexpress:uuid:other"));
+        assert!(file_sub
+            .spec
+            .access
+            .allows("nqn.2014-08.org.nvmexpress:uuid:other"));
+
+        // Subsystem deleted: it goes; the file's subsystem is never removed.
+        let generation = target.discovery_generation();
+        apply_removals(
+            &target,
+            &base,
+            &Assignment {
+                state_version: 7,
+                ..Assignment::default()
+            },
+        )
+        .await;
+        assert!(target.subsystem(PUSHED).is_none());
+        assert!(target.subsystem("nqn.2016-06.io.test:group").is_some());
+        assert!(target.discovery_generation() > generation);
     }
 
     #[tokio::test]
