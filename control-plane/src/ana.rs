@@ -293,6 +293,10 @@ pub struct GroupMap {
     pub timing: Timing,
     pub gateways: BTreeMap<String, GatewayEntry>,
     pub groups: BTreeMap<u32, GroupEntry>,
+    /// The replica that persisted this map, i.e. the leader when it was written: what
+    /// replicas that do not lead report as the leader (empty in maps from older replicas).
+    #[serde(default)]
+    pub leader: String,
 }
 
 impl GroupMap {

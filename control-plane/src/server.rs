@@ -246,10 +246,13 @@ impl ControlPlane {
             // Take over from the stored map: every gateway's grace starts now.
             self.refresh().await;
             let st = self.state();
-            let map = st.map.unwrap_or_else(|| GroupMap::new(self.opts.timing));
+            let mut map = st.map.unwrap_or_else(|| GroupMap::new(self.opts.timing));
             tracing::info!(replica = %self.id, epoch = map.epoch, "leading the gateway group");
             *self.persisted.lock().unwrap_or_else(|e| e.into_inner()) =
                 serde_json::to_vec(&map).unwrap_or_default();
+            // Differs from what is persisted, so the next tick writes the map with this
+            // replica's name: the other replicas then report it as the leader.
+            map.leader = self.id.clone();
             *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(map);
         } else if !held && was {
             tracing::warn!(replica = %self.id, "lost the leader lease");
@@ -915,6 +918,11 @@ impl proto::admin_server::Admin for AdminService {
                 self.0.id.clone()
             } else {
                 String::new()
+            },
+            known_leader: if self.0.is_leader() {
+                self.0.id.clone()
+            } else {
+                self.0.state().map.map(|m| m.leader).unwrap_or_default()
             },
         }))
     }

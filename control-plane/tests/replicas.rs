@@ -160,6 +160,27 @@ async fn the_other_replica_takes_over_and_still_fails_over() {
         assert!(started.elapsed() < Duration::from_secs(20), "nobody leads");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    // The replica that does not lead names the leader (from the map the leader stored).
+    let started = Instant::now();
+    loop {
+        let mut a = AdminClient::new(channel(&other.addr).await);
+        let r = a
+            .gateway_list(proto::Empty {})
+            .await
+            .expect("gateway list")
+            .into_inner();
+        assert!(r.leader.is_empty(), "{} does not lead", other.addr);
+        if r.known_leader == lead.addr {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the other replica names {:?} as leader, not {}",
+            r.known_leader,
+            lead.addr
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // Both gateways registered (via the leader, visible to the other through RADOS).
     let started = Instant::now();
     loop {
