@@ -11,6 +11,7 @@
 #   - gateway/tests/group_config.rs (subsystems/namespaces pushed from the control plane)
 #   - gateway/tests/osd_down_start.rs (gateway start with the OSD stopped: serves, RBD later)
 #   - gateway/tests/fenced_group.rs (one ANA group's client blocklisted: only it stops)
+#   - gateway/tests/group_removals.rs (namespace/host/subsystem del applied on a running gateway)
 # and stops the cluster whatever happened. Exit code: non-zero if any test failed.
 #
 #   bash rbd-backend/tests/ceph-tests.sh [test binary args, e.g. --nocapture or a name filter]
@@ -37,4 +38,5 @@ rc=0
 "${CARGO:-cargo}" test -p nvmeof-gateway --test group_config -- --ignored "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_down_start -- --ignored "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test fenced_group -- --ignored "$@" || rc=1
+"${CARGO:-cargo}" test -p nvmeof-gateway --test group_removals -- --ignored "$@" || rc=1
 exit $rc

@@ -17,7 +17,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rbd_backend::rbd::{CephSettings, ClusterPool, ImageSpec, PoolAdmin, RbdError};
@@ -118,6 +118,31 @@ struct Waiter(Mutex<mpsc::Sender<IoDone>>);
 impl IoCompletion for Waiter {
     fn complete(&self, done: IoDone) {
         let _ = self.0.lock().unwrap().send(done);
+    }
+}
+
+/// Delivers completions only once released (blocking librbd's callback thread until then).
+struct GatedWaiter {
+    tx: Mutex<mpsc::Sender<IoDone>>,
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl GatedWaiter {
+    fn release(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+impl IoCompletion for GatedWaiter {
+    fn complete(&self, done: IoDone) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+        drop(open);
+        let _ = self.tx.lock().unwrap().send(done);
     }
 }
 
@@ -1075,8 +1100,15 @@ fn a_fence_of_one_ana_group_leaves_the_other_working() {
     assert!(by_group.get(&2).is_some_and(|a| a.contains(&addrs_b[0])));
 
     // Ops in flight are counted until their completion is delivered (what a drain waits for).
+    // The sink holds every delivery until released, so the count cannot have dropped to zero
+    // before it is read (a fast OSD may finish 32 writes while they are being submitted).
     let (tx, rx) = mpsc::channel();
-    let waiter: Arc<dyn IoCompletion> = Arc::new(Waiter(Mutex::new(tx)));
+    let gated = Arc::new(GatedWaiter {
+        tx: Mutex::new(tx),
+        open: Mutex::new(false),
+        opened: Condvar::new(),
+    });
+    let waiter: Arc<dyn IoCompletion> = gated.clone();
     for i in 0..32u64 {
         dev_b.submit(
             i,
@@ -1088,7 +1120,8 @@ fn a_fence_of_one_ana_group_leaves_the_other_working() {
             &waiter,
         );
     }
-    assert!(dev_b.in_flight() > 0, "32 writes to the OSD done at once?");
+    assert!(dev_b.in_flight() > 0, "nothing counted in flight");
+    gated.release();
     for _ in 0..32 {
         let done = rx
             .recv_timeout(Duration::from_secs(60))
