@@ -26,6 +26,13 @@ async fn start() -> String {
         .await
         .expect("control plane");
     tokio::spawn(cp.clone().run());
+    // Beacons are refused until this replica holds the lease (its first renewal, spawned
+    // just above, may not have run yet on a busy machine).
+    let started = std::time::Instant::now();
+    while !cp.is_leader() {
+        assert!(started.elapsed() < Duration::from_secs(10), "never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -129,6 +129,12 @@ async fn start_server(files: &TlsFiles) -> String {
     .await
     .expect("control plane");
     tokio::spawn(cp.clone().run());
+    // Beacons are refused until this replica holds the lease.
+    let started = std::time::Instant::now();
+    while !cp.is_leader() {
+        assert!(started.elapsed() < Duration::from_secs(10), "never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
