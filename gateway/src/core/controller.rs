@@ -1,12 +1,13 @@
 //! A controller: one host's association with one subsystem, shared by its queues.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::command::{Completion, Status};
 use super::subsystem::Subsystem;
-use super::target::{Target, TransportCaps};
+use super::target::{Target, TransportCaps, TransportType};
 use crate::spec::{aer, cc, csts, log};
 
 /// Asynchronous Event Request commands a host may keep outstanding: AERL + 1.
@@ -78,6 +79,8 @@ pub struct Controller {
     torn_down: AtomicBool,
     state: Mutex<ControllerState>,
     notifiers: Mutex<Vec<Weak<dyn QueueNotifier>>>,
+    /// The gateway address the host dialled for the admin queue, if the transport said.
+    pub local_address: Option<(TransportType, IpAddr)>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -117,7 +120,15 @@ impl Controller {
             torn_down: AtomicBool::new(false),
             state: Mutex::new(state),
             notifiers: Mutex::new(Vec::new()),
+            local_address: None,
         }
+    }
+
+    /// Records the address the host reached the admin queue at (see
+    /// `Queue::set_local_address`).
+    pub fn with_local_address(mut self, local: Option<(TransportType, IpAddr)>) -> Self {
+        self.local_address = local;
+        self
     }
 
     fn state(&self) -> MutexGuard<'_, ControllerState> {

@@ -208,18 +208,22 @@ impl Queue {
         }
         let target = self.target.clone();
         let caps = self.caps;
+        let local = self.local_address;
         let sub = subsystem.clone();
         subsystem
             .register_controller(|id| {
-                Arc::new(Controller::new(
-                    id,
-                    sub,
-                    target,
-                    req.hostnqn.clone(),
-                    req.hostid,
-                    req.kato_ms,
-                    caps,
-                ))
+                Arc::new(
+                    Controller::new(
+                        id,
+                        sub,
+                        target,
+                        req.hostnqn.clone(),
+                        req.hostid,
+                        req.kato_ms,
+                        caps,
+                    )
+                    .with_local_address(local),
+                )
             })
             .map_err(|_| Reject::plain(sc::CONNECT_CTRL_BUSY))
     }

@@ -1,5 +1,7 @@
 //! Log pages, built whole; Get Log Page slices the requested window out of them.
 
+use std::net::IpAddr;
+
 use super::admin::supported_log_pages;
 use super::command::Status;
 use super::controller::Controller;
@@ -138,7 +140,30 @@ fn ana(ctrl: &Controller, groups_only: bool) -> Vec<u8> {
     page
 }
 
-fn discovery_entry(page: &mut Vec<u8>, listener: &ListenerInfo, subtype: u8, subnqn: &str) {
+/// The address a discovery entry gives for `listener`: a wildcard listener (0.0.0.0, ::)
+/// cannot be dialled, so the address the host reached this controller at is listed
+/// instead when it came over the same transport (as Linux nvmet does); otherwise the
+/// listener's own address.
+fn advertised_address(listener: &ListenerInfo, local: Option<(TransportType, IpAddr)>) -> String {
+    let wildcard = listener
+        .address
+        .trim_matches(|c| c == '[' || c == ']')
+        .parse::<IpAddr>()
+        .is_ok_and(|ip| ip.is_unspecified());
+    match local {
+        Some((transport, ip)) if wildcard && transport == listener.transport => ip.to_string(),
+        _ => listener.address.clone(),
+    }
+}
+
+fn discovery_entry(
+    page: &mut Vec<u8>,
+    listener: &ListenerInfo,
+    local: Option<(TransportType, IpAddr)>,
+    subtype: u8,
+    subnqn: &str,
+) {
+    let address = advertised_address(listener, local);
     let at = page.len();
     page.resize(at + disc::ENTRY_LEN, 0);
     let entry = &mut page[at..];
@@ -146,7 +171,7 @@ fn discovery_entry(page: &mut Vec<u8>, listener: &ListenerInfo, subtype: u8, sub
         TransportType::Tcp => disc::TRTYPE_TCP,
         TransportType::Rdma => disc::TRTYPE_RDMA,
     };
-    entry[1] = if listener.address.contains(':') {
+    entry[1] = if address.contains(':') {
         disc::ADRFAM_IP6
     } else {
         disc::ADRFAM_IP4
@@ -158,7 +183,7 @@ fn discovery_entry(page: &mut Vec<u8>, listener: &ListenerInfo, subtype: u8, sub
     put_u16(entry, 8, 32); // ASQSZ: admin queue depth the host should use
     put_str(entry, 32, 32, &listener.port.to_string());
     put_str(entry, 256, NQN_FIELD_LEN, subnqn);
-    put_str(entry, 512, 256, &listener.address);
+    put_str(entry, 512, 256, &address);
     match listener.transport {
         TransportType::Tcp => entry[768] = disc::TCP_SECTYPE_NONE,
         TransportType::Rdma => {
@@ -179,6 +204,7 @@ fn discovery_log(ctrl: &Controller) -> Vec<u8> {
         discovery_entry(
             &mut page,
             listener,
+            ctrl.local_address,
             disc::SUBTYPE_CURRENT_DISCOVERY,
             ctrl.subsystem.nqn(),
         );
@@ -188,7 +214,13 @@ fn discovery_log(ctrl: &Controller) -> Vec<u8> {
             continue;
         }
         for listener in &listeners {
-            discovery_entry(&mut page, listener, disc::SUBTYPE_NVME, subsystem.nqn());
+            discovery_entry(
+                &mut page,
+                listener,
+                ctrl.local_address,
+                disc::SUBTYPE_NVME,
+                subsystem.nqn(),
+            );
         }
     }
     let records = ((page.len() - disc::HEADER_LEN) / disc::ENTRY_LEN) as u64;

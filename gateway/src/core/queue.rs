@@ -7,13 +7,14 @@
 //! every path is testable byte for byte without a socket.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Weak};
 
 use rbd_backend::{BlockDevice, IoBuf, IoOp};
 
 use super::command::{Command, Completion, Status};
 use super::controller::{Controller, QueueNotifier, TeardownReason};
-use super::target::{Target, TransportCaps};
+use super::target::{Target, TransportCaps, TransportType};
 use crate::spec::{fuse, io_opcode, sc};
 
 /// Maximum Data Transfer Size as a power of two of the 4 KiB minimum page: 2^8 * 4 KiB = 1 MiB.
@@ -137,6 +138,8 @@ pub struct Queue {
     parked_fused_first: Option<(Command, Option<IoBuf>)>,
     buffers: Box<dyn BufferSource>,
     pub(crate) notifier: Weak<dyn QueueNotifier>,
+    /// The local address the host reached this queue at (see [`Queue::set_local_address`]).
+    pub(crate) local_address: Option<(TransportType, IpAddr)>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -167,7 +170,16 @@ impl Queue {
             parked_fused_first: None,
             buffers: Box::new(RecycledBuffers::default()),
             notifier,
+            local_address: None,
         }
+    }
+
+    /// The address of this gateway that the host dialled (the socket's or CM ID's local
+    /// address). A controller created on this queue lists it in its discovery log in place
+    /// of a wildcard listener address (0.0.0.0 or ::), which a host could not dial; Linux
+    /// nvmet does the same (`nvmet_set_disc_traddr`).
+    pub fn set_local_address(&mut self, transport: TransportType, address: IpAddr) {
+        self.local_address = Some((transport, address.to_canonical()));
     }
 
     pub fn binding(&self) -> Option<&Binding> {

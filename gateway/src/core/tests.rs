@@ -772,6 +772,78 @@ fn discovery_log_lists_allowed_subsystems_on_every_listener() {
     }
 }
 
+/// TRADDR of each discovery log record, in order.
+fn discovery_traddrs(page: &[u8]) -> Vec<String> {
+    let records = u64::from_le_bytes(page[8..16].try_into().unwrap()) as usize;
+    (0..records)
+        .map(|i| {
+            let entry = &page[1024 * (i + 1)..1024 * (i + 2)];
+            String::from_utf8_lossy(&entry[512..768])
+                .trim_end_matches(['\0', ' '])
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn a_wildcard_listener_is_listed_with_the_address_the_host_dialled() {
+    let f = fixture();
+    f.target.add_listener(ListenerInfo {
+        transport: TransportType::Tcp,
+        address: "0.0.0.0".into(),
+        port: 4421,
+        port_id: 2,
+    });
+    f.target.add_listener(ListenerInfo {
+        transport: TransportType::Rdma,
+        address: "::".into(),
+        port: 4420,
+        port_id: 3,
+    });
+    let discover = |local: Option<&str>| {
+        let mut q = f.queue();
+        if let Some(ip) = local {
+            q.set_local_address(TransportType::Tcp, ip.parse().unwrap());
+        }
+        let r = one(run(
+            &mut q,
+            connect(0, 31, 0),
+            Some(connect_data(spec::DISCOVERY_NQN, HOSTNQN, 0xffff)),
+        ));
+        assert!(r.completion.status.is_success());
+        assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20)).is_success());
+        let page = get_log(&mut q, spec::log::DISC, 8192, 0, false)
+            .data
+            .unwrap()
+            .into_vec();
+        (discovery_traddrs(&page), page)
+    };
+    // The host reached us at 10.0.2.15 over TCP: the TCP wildcard becomes that address, a
+    // listener with its own address keeps it, and the RDMA wildcard (another transport, whose
+    // local address this connection does not know) stays as configured.
+    let (addrs, page) = discover(Some("10.0.2.15"));
+    assert_eq!(
+        addrs,
+        [
+            "127.0.0.1",
+            "10.0.2.15",
+            "::",
+            "127.0.0.1",
+            "10.0.2.15",
+            "::"
+        ],
+        "discovery entries (3 listeners) then the subsystem's (3 listeners)"
+    );
+    assert_eq!(page[1024 * 2 + 1], spec::disc::ADRFAM_IP4);
+    assert_eq!(page[1024 * 3 + 1], spec::disc::ADRFAM_IP6);
+    // An IPv4-mapped IPv6 local address (a dual-stack socket) is listed as plain IPv4.
+    let (addrs, _) = discover(Some("::ffff:192.168.1.7"));
+    assert_eq!(addrs[1], "192.168.1.7");
+    // Without a local address the listener's own address is all there is.
+    let (addrs, _) = discover(None);
+    assert_eq!(addrs[1], "0.0.0.0");
+}
+
 #[test]
 fn keep_alive_expiry_tears_down_one_controller_and_its_queues() {
     let f = fixture();

@@ -29,7 +29,7 @@ use tracing::Instrument;
 use super::{rdma_caps, stats, Device, RECV_LEN};
 use crate::core::command::SQE_LEN;
 use crate::core::{
-    Action, BufferSource, Command, Completion, Queue, Status, Target, TeardownReason,
+    Action, BufferSource, Command, Completion, Queue, Status, Target, TeardownReason, TransportType,
 };
 use crate::signals::QueueSignals;
 use crate::spec::{sc, sgl};
@@ -155,6 +155,9 @@ impl RdmaConnection {
         let (signals, completion_sink, notifier) = QueueSignals::new();
         let stash = Arc::new(Mutex::new(None));
         let mut queue = Queue::new(target, rdma_caps(), notifier);
+        if let Some(local) = id.local_addr() {
+            queue.set_local_address(TransportType::Rdma, local.ip());
+        }
         queue.set_buffer_source(Box::new(PoolSource {
             pool: device.pool.clone(),
             stash: stash.clone(),

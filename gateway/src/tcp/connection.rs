@@ -40,7 +40,7 @@ use super::pdu::{
 use crate::core::command::SQE_LEN;
 use crate::core::{
     Action, Command, Completion, Queue, QueueNotifier, Status, Target, TeardownReason,
-    TransportCaps,
+    TransportCaps, TransportType,
 };
 use crate::spec::sc;
 
@@ -258,6 +258,7 @@ impl Connection {
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "unknown".into());
+        let local = stream.local_addr().ok().map(|a| a.ip());
         let _ = stream.set_nodelay(true);
         let span = tracing::info_span!("nvme-tcp", peer = %peer, cntlid = tracing::field::Empty, qid = tracing::field::Empty);
         let mut cfg = DecoderConfig::new(Role::Target);
@@ -271,7 +272,13 @@ impl Connection {
             Shared {
                 writer,
                 state: Mutex::new(State {
-                    queue: Queue::new(target, tcp_caps(), notifier),
+                    queue: {
+                        let mut queue = Queue::new(target, tcp_caps(), notifier);
+                        if let Some(ip) = local {
+                            queue.set_local_address(TransportType::Tcp, ip);
+                        }
+                        queue
+                    },
                     completed: Vec::new(),
                     completion_sink,
                     decoder: PduDecoder::new(cfg),
