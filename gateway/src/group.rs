@@ -1277,15 +1277,9 @@ ana_group = 2
         // Host list from the control plane.
         let host = "nqn.2014-08.org.nvmexpress:uuid:allowed";
         apply_removals(&target, &base, &pushed_assignment(6, &[1], &[host])).await;
-        assert!(pushed.spec.access.allows(host));
-        assert!(!pushed
-            .spec
-            .access
-            .allows("nqn.2014-08.org.nvmexpress:uuid:other"));
-        assert!(file_sub
-            .spec
-            .access
-            .allows("nqn.2014-08.org.nvmexpress:uuid:other"));
+        assert!(pushed.allows_host(host));
+        assert!(!pushed.allows_host("nqn.2014-08.org.nvmexpress:uuid:other"));
+        assert!(file_sub.allows_host("nqn.2014-08.org.nvmexpress:uuid:other"));
 
         // Subsystem deleted: it goes; the file's subsystem is never removed.
         let generation = target.discovery_generation();

@@ -175,7 +175,7 @@ impl Queue {
             .target
             .subsystem(&req.subnqn)
             .ok_or(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_SUBNQN))?;
-        if !subsystem.spec.access.allows(&req.hostnqn) {
+        if !subsystem.allows_host(&req.hostnqn) {
             tracing::warn!(host = %req.hostnqn, subsystem = %req.subnqn, "connect refused: host not allowed");
             return Err(Reject::data(sc::CONNECT_INVALID_HOST, DATA_HOSTNQN));
         }

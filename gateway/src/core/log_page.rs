@@ -210,7 +210,7 @@ fn discovery_log(ctrl: &Controller) -> Vec<u8> {
         );
     }
     for subsystem in target.subsystems() {
-        if !subsystem.spec.access.allows(&ctrl.hostnqn) {
+        if !subsystem.allows_host(&ctrl.hostnqn) {
             continue;
         }
         for listener in &listeners {

@@ -52,15 +52,10 @@ pub enum SubsystemKind {
 }
 
 /// Which hosts may connect.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostAccess {
     AnyHost,
     Only(BTreeSet<String>),
-    /// The list of a running subsystem, which the control plane may change (`nvmeofctl host
-    /// add/del`): [`Subsystem::new`] puts the configured list behind this shared lock so every
-    /// reader of `spec.access` (Connect, the discovery log) sees the current one, and
-    /// [`Subsystem::set_access`] replaces it. Never nested.
-    Shared(Arc<RwLock<HostAccess>>),
 }
 
 impl HostAccess {
@@ -68,35 +63,9 @@ impl HostAccess {
         match self {
             HostAccess::AnyHost => true,
             HostAccess::Only(hosts) => hosts.contains(hostnqn),
-            HostAccess::Shared(current) => current
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .allows(hostnqn),
-        }
-    }
-
-    /// The list itself (the current one for a shared list).
-    pub fn current(&self) -> HostAccess {
-        match self {
-            HostAccess::Shared(current) => {
-                current.read().unwrap_or_else(|e| e.into_inner()).current()
-            }
-            other => other.clone(),
         }
     }
 }
-
-impl PartialEq for HostAccess {
-    fn eq(&self, other: &Self) -> bool {
-        match (self.current(), other.current()) {
-            (HostAccess::AnyHost, HostAccess::AnyHost) => true,
-            (HostAccess::Only(a), HostAccess::Only(b)) => a == b,
-            _ => false,
-        }
-    }
-}
-
-impl Eq for HostAccess {}
 
 /// Static description of a subsystem, from configuration.
 #[derive(Debug, Clone)]
@@ -122,6 +91,9 @@ pub struct Subsystem {
     ana_groups: RwLock<BTreeMap<u32, u8>>,
     /// Bumped on every ANA change, reported in the ANA log page.
     ana_change_count: AtomicU64,
+    /// The hosts allowed now: `spec.access` at start, replaced by [`Self::set_access`]
+    /// (`nvmeofctl host add/del` on a running gateway).
+    access: RwLock<HostAccess>,
 }
 
 impl std::fmt::Debug for Subsystem {
@@ -138,12 +110,10 @@ impl std::fmt::Debug for Subsystem {
 pub struct NoFreeControllerId;
 
 impl Subsystem {
-    pub fn new(kind: SubsystemKind, mut spec: SubsystemSpec) -> Self {
+    pub fn new(kind: SubsystemKind, spec: SubsystemSpec) -> Self {
         let first = spec.cntlid_min.max(cntlid::MIN);
-        if !matches!(spec.access, HostAccess::Shared(_)) {
-            spec.access = HostAccess::Shared(Arc::new(RwLock::new(spec.access.current())));
-        }
         Self {
+            access: RwLock::new(spec.access.clone()),
             kind,
             spec,
             namespaces: RwLock::new(BTreeMap::new()),
@@ -188,7 +158,18 @@ impl Subsystem {
 
     /// The hosts allowed to connect now.
     pub fn access(&self) -> HostAccess {
-        self.spec.access.current()
+        self.access
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether `hostnqn` may connect now (Connect, the discovery log).
+    pub fn allows_host(&self, hostnqn: &str) -> bool {
+        self.access
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .allows(hostnqn)
     }
 
     /// Replaces the allowed hosts (`nvmeofctl host add/del`): new Connects are checked against
@@ -198,10 +179,7 @@ impl Subsystem {
     /// keep-alive goes on would otherwise read and write for as long as it stays connected.
     /// Returns the controllers torn down.
     pub fn set_access(&self, access: HostAccess) -> Vec<Arc<Controller>> {
-        let access = access.current();
-        if let HostAccess::Shared(current) = &self.spec.access {
-            *current.write().unwrap_or_else(|e| e.into_inner()) = access.clone();
-        }
+        *self.access.write().unwrap_or_else(|e| e.into_inner()) = access.clone();
         let revoked: Vec<_> = self
             .controllers()
             .into_iter()
