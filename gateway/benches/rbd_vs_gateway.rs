@@ -477,13 +477,24 @@ struct Side {
 }
 
 /// Median of `v` (0 when empty).
-fn median(mut v: Vec<f64>) -> f64 {
+fn median(v: Vec<f64>) -> f64 {
+    quartiles(v)[1]
+}
+
+/// First quartile, median and third quartile of `v` (linear interpolation between the
+/// sorted values; all 0 when empty). The spread of the per-round ratios says how far a
+/// median on this shared machine can be trusted.
+fn quartiles(mut v: Vec<f64>) -> [f64; 3] {
     v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
+    let at = |q: f64| {
+        if v.is_empty() {
+            return 0.0;
+        }
+        let pos = q * (v.len() - 1) as f64;
+        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+        v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+    };
+    [at(0.25), at(0.5), at(0.75)]
 }
 
 impl Side {
@@ -1090,10 +1101,11 @@ fn main() {
         }
         for (g, runs) in gs.iter().enumerate() {
             // Paired figures (gateway vs the direct run of the same round) are robust to drift.
-            let paired = |f: fn(&Side, &Side) -> f64| {
-                median(ds.iter().zip(runs).map(|(d, g)| f(d, g)).collect())
+            let pairs = |f: fn(&Side, &Side) -> f64| -> Vec<f64> {
+                ds.iter().zip(runs).map(|(d, g)| f(d, g)).collect()
             };
-            let ratio = paired(|d, g| g.iops / d.iops.max(1.0));
+            let paired = |f: fn(&Side, &Side) -> f64| median(pairs(f));
+            let [ratio_q1, ratio, ratio_q3] = quartiles(pairs(|d, g| g.iops / d.iops.max(1.0)));
             let added_mean = paired(|d, g| g.mean_us - d.mean_us);
             let added_mean_pct = paired(|d, g| (g.mean_us / d.mean_us.max(1e-9) - 1.0) * 100.0);
             let added_p50 = paired(|d, g| g.p50_us - d.p50_us);
@@ -1102,7 +1114,14 @@ fn main() {
                 &variants[g].label,
                 Side::median(&ds),
                 Side::median(runs),
-                [ratio, added_mean, added_mean_pct, added_p50],
+                [
+                    ratio,
+                    ratio_q1,
+                    ratio_q3,
+                    added_mean,
+                    added_mean_pct,
+                    added_p50,
+                ],
             ));
         }
     }
@@ -1122,11 +1141,11 @@ fn main() {
         );
     }
     println!(
-        "medians of {} rounds of {:.0} s runs (after {:.0} s ramp), each round direct then every gateway; ratio and added latency: medians of the per-round pairs (gateway vs that round's direct run); latency = submission to completion; us/IO = CPU (user + system) of the process running librbd (fio incl. its start and ramp, or the gateway) per I/O; cs/IO = context switches of that process's threads per I/O (its wake-ups; fio incl. start and ramp)",
+        "medians of {} rounds of {:.0} s runs (after {:.0} s ramp), each round direct then every gateway; ratio and added latency: medians of the per-round pairs (gateway vs that round's direct run), the ratio with the quartiles of the per-round ratios; latency = submission to completion; us/IO = CPU (user + system) of the process running librbd (fio incl. its start and ramp, or the gateway) per I/O; cs/IO = context switches of that process's threads per I/O (its wake-ups; fio incl. start and ramp)",
         args.repeat, args.seconds, args.ramp
     );
     println!(
-        "{:<18} {:<8} | {:>9} {:>8} {:>8} {:>6} {:>5} | {:>9} {:>8} {:>8} {:>6} {:>5} | {:>6} | {:>16} {:>12}",
+        "{:<18} {:<8} | {:>9} {:>8} {:>8} {:>6} {:>5} | {:>9} {:>8} {:>8} {:>6} {:>5} | {:>16} | {:>16} {:>12}",
         "workload",
         "gateway",
         "direct",
@@ -1139,13 +1158,15 @@ fn main() {
         "p99 us",
         "us/IO",
         "cs/IO",
-        "ratio",
+        "ratio (q1-q3)",
         "added mean us",
         "added p50 us",
     );
-    for (w, label, d, g, [ratio, added_mean, added_mean_pct, added_p50]) in &rows {
+    for (w, label, d, g, [ratio, ratio_q1, ratio_q3, added_mean, added_mean_pct, added_p50]) in
+        &rows
+    {
         println!(
-            "{:<18} {:<8} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} {:>5.1} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} {:>5.1} | {:>6.2} | {:>7.1} ({:>+6.1}%) {:>12.1}",
+            "{:<18} {:<8} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} {:>5.1} | {:>9.0} {:>8.1} {:>8.1} {:>6.1} {:>5.1} | {:>4.2} ({:.2}-{:.2}) | {:>7.1} ({:>+6.1}%) {:>12.1}",
             w.name,
             label,
             d.iops,
@@ -1159,15 +1180,17 @@ fn main() {
             g.cpu_us_per_io,
             g.switches_per_io,
             ratio,
+            ratio_q1,
+            ratio_q3,
             added_mean,
             added_mean_pct,
             added_p50,
         );
     }
     println!();
-    println!("CPU per I/O in us (user + system), medians: direct = fio process + cluster daemons; gateway = gateway process + benchmark host thread + cluster daemons (cluster: micro Ceph's mon and OSD, '-' for an external cluster)");
+    println!("CPU per I/O in us (user + system), medians: direct = fio process + cluster daemons; gateway = gateway process + benchmark host thread + cluster daemons (cluster: micro Ceph's mon and OSD, '-' for an external cluster); 'w/o host': the same ratio without the host thread, which in a deployment runs on another machine (fio's own engine cost stays in)");
     println!(
-        "{:<18} {:<8} | {:>7} {:>8} {:>7} | {:>8} {:>7} {:>8} {:>7} | {:>11}",
+        "{:<18} {:<8} | {:>7} {:>8} {:>7} | {:>8} {:>7} {:>8} {:>7} | {:>11} {:>8}",
         "workload",
         "gateway",
         "fio",
@@ -1177,7 +1200,8 @@ fn main() {
         "host",
         "cluster",
         "total",
-        "total ratio"
+        "total ratio",
+        "w/o host"
     );
     let known = !daemons.is_empty();
     let cluster_col = |v: f64| {
@@ -1191,7 +1215,7 @@ fn main() {
         let direct_total = d.cpu_us_per_io + d.cluster_us_per_io;
         let gateway_total = g.cpu_us_per_io + g.host_us_per_io + g.cluster_us_per_io;
         println!(
-            "{:<18} {:<8} | {:>7.1} {:>8} {:>7.1} | {:>8.1} {:>7.1} {:>8} {:>7.1} | {:>11.2}",
+            "{:<18} {:<8} | {:>7.1} {:>8} {:>7.1} | {:>8.1} {:>7.1} {:>8} {:>7.1} | {:>11.2} {:>8.2}",
             w.name,
             label,
             d.cpu_us_per_io,
@@ -1202,6 +1226,7 @@ fn main() {
             cluster_col(g.cluster_us_per_io),
             gateway_total,
             gateway_total / direct_total.max(1e-9),
+            (gateway_total - g.host_us_per_io) / direct_total.max(1e-9),
         );
     }
     drop(gateways);
