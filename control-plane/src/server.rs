@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use crate::ana::{self, Action, Event, GroupMap, Timing};
 use crate::proto;
 use crate::state::{self, ConfigError, GroupState, ListenerEntry, NamespaceEntry};
-use crate::store::{Store, StoreError};
+use crate::store::{Delta, Store, StoreError};
 
 /// Timers of a control-plane replica.
 #[derive(Debug, Clone, Copy)]
@@ -51,7 +51,7 @@ pub struct ControlPlane {
     id: String,
     opts: Options,
     started: Instant,
-    cached: RwLock<GroupState>,
+    cached: RwLock<Arc<GroupState>>,
     /// Bumped whenever `cached` changes: joined gateways re-send their assignment.
     changed: watch::Sender<u64>,
     leader: AtomicBool,
@@ -122,7 +122,7 @@ impl ControlPlane {
             id,
             opts,
             started: Instant::now(),
-            cached: RwLock::new(state),
+            cached: RwLock::new(Arc::new(state)),
             changed,
             leader: AtomicBool::new(false),
             lease_until: Mutex::new(None),
@@ -131,20 +131,25 @@ impl ControlPlane {
             connections: Mutex::new(std::collections::BTreeMap::new()),
             applied_state: Mutex::new(std::collections::BTreeMap::new()),
         });
-        // Re-read on every notify, off the librados thread.
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        // Follow every notify off the librados thread: apply the write it carries, or re-read.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<Vec<u8>>>();
         let weak = Arc::downgrade(&cp);
         tokio::spawn(async move {
-            while rx.recv().await.is_some() {
-                while rx.try_recv().is_ok() {}
+            while let Some(first) = rx.recv().await {
                 let Some(cp) = weak.upgrade() else { return };
-                cp.refresh().await;
+                let mut reread = !cp.follow(first);
+                while let Ok(next) = rx.try_recv() {
+                    reread |= !cp.follow(next);
+                }
+                if reread {
+                    cp.refresh().await;
+                }
             }
         });
         let backend = cp.store.backend().clone();
         let guard = tokio::task::spawn_blocking(move || {
-            backend.watch(Box::new(move || {
-                let _ = tx.send(());
+            backend.watch(Box::new(move |payload| {
+                let _ = tx.send(payload);
             }))
         })
         .await
@@ -172,19 +177,50 @@ impl ControlPlane {
         &self.id
     }
 
+    /// A copy of the cached state.
     pub fn state(&self) -> GroupState {
+        GroupState::clone(&self.snapshot())
+    }
+
+    /// The cached state, shared (no copy).
+    pub fn snapshot(&self) -> Arc<GroupState> {
         self.cached
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 
-    fn set_cached(&self, st: GroupState) {
+    fn set_cached(&self, st: Arc<GroupState>) {
         let mut c = self.cached.write().unwrap_or_else(|e| e.into_inner());
-        if st.version >= c.version {
+        if st.version > c.version || (st.version == c.version && st != *c) {
             *c = st;
             drop(c);
             self.changed.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Follows one watch event. A notify carrying a write made from the cached version is
+    /// applied; one this replica has already seen (its own writes) is skipped. False: the
+    /// state must be re-read (the watch broke, a version was missed, or the writer did not
+    /// say what it wrote).
+    fn follow(&self, event: Option<Vec<u8>>) -> bool {
+        let Some(delta) = event.as_deref().and_then(Delta::parse) else {
+            return false;
+        };
+        let cached = self.snapshot();
+        if delta.to <= cached.version {
+            return true;
+        }
+        match delta.applied_to(&cached) {
+            Some(Ok(next)) => {
+                self.set_cached(Arc::new(next));
+                true
+            }
+            Some(Err(e)) => {
+                tracing::warn!("applying a notified state change: {e}; re-reading");
+                false
+            }
+            None => false,
         }
     }
 
@@ -192,18 +228,22 @@ impl ControlPlane {
     pub async fn refresh(&self) {
         let s = self.store.clone();
         match tokio::task::spawn_blocking(move || s.load()).await {
-            Ok(Ok(st)) => self.set_cached(st),
+            Ok(Ok(st)) => self.set_cached(Arc::new(st)),
             Ok(Err(e)) => tracing::warn!("re-reading the group state: {e}"),
             Err(e) => tracing::warn!("re-reading the group state: {e}"),
         }
     }
 
+    /// Applies `change` from the cached state (see [`Store::update_from`]); the cache then
+    /// holds the state written.
     async fn update<T: Send + 'static>(
-        &self,
+        self: &Arc<Self>,
         change: impl FnMut(&mut GroupState) -> Result<T, ConfigError> + Send + 'static,
-    ) -> Result<(T, GroupState), Status> {
+    ) -> Result<(T, Arc<GroupState>), Status> {
         let s = self.store.clone();
-        let (out, st) = blocking(move || s.update(change)).await?;
+        let me = self.clone();
+        let (out, st) = blocking(move || s.update_from(|| Some(me.snapshot()), change)).await?;
+        let st = Arc::new(st);
         self.set_cached(st.clone());
         Ok((out, st))
     }
@@ -245,8 +285,11 @@ impl ControlPlane {
         if held && !was {
             // Take over from the stored map: every gateway's grace starts now.
             self.refresh().await;
-            let st = self.state();
-            let mut map = st.map.unwrap_or_else(|| GroupMap::new(self.opts.timing));
+            let st = self.snapshot();
+            let mut map = st
+                .map
+                .clone()
+                .unwrap_or_else(|| GroupMap::new(self.opts.timing));
             tracing::info!(replica = %self.id, epoch = map.epoch, "leading the gateway group");
             *self.persisted.lock().unwrap_or_else(|e| e.into_inner()) =
                 serde_json::to_vec(&map).unwrap_or_default();
@@ -464,7 +507,7 @@ fn listener_entry(l: proto::Listener) -> Result<ListenerEntry, Status> {
 impl ControlPlane {
     /// What `gateway` serves, from the cached state; None before it ever beaconed.
     pub fn assignment(&self, gateway: &str) -> Option<proto::Assignment> {
-        let st = self.state();
+        let st = self.snapshot();
         let map = st.map.as_ref()?;
         let gw = map.gateways.get(gateway)?;
         Some(proto::Assignment {
@@ -507,7 +550,7 @@ impl ControlPlane {
     /// reply.
     async fn wait_for_drain(&self, group: u32, version: u64) -> String {
         let started = Instant::now();
-        let holder = self.state().map.and_then(|m| {
+        let holder = self.snapshot().map.as_ref().and_then(|m| {
             let g = m.groups.get(&group)?;
             let gw = m.gateways.get(&g.holder)?;
             (gw.availability == ana::Availability::Available).then(|| g.holder.clone())
@@ -591,7 +634,7 @@ impl ControlPlane {
     fn gateway_infos(&self) -> Vec<proto::GatewayInfo> {
         let now = self.now_ms();
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let map = live.or_else(|| self.state().map);
+        let map = live.or_else(|| self.snapshot().map.clone());
         let Some(map) = map else {
             return Vec::new();
         };
@@ -667,7 +710,7 @@ impl proto::admin_server::Admin for AdminService {
         &self,
         _: Request<proto::Empty>,
     ) -> Result<Response<proto::SubsystemListReply>, Status> {
-        let st = self.0.state();
+        let st = self.0.snapshot();
         Ok(Response::new(proto::SubsystemListReply {
             subsystems: st
                 .subsystems
@@ -695,8 +738,8 @@ impl proto::admin_server::Admin for AdminService {
         };
         // Syntax and references first (cheap, and no cluster round trip for a bad request).
         self.0
-            .state()
-            .add_namespace(entry.clone())
+            .snapshot()
+            .check_namespace(entry.clone())
             .map_err(config_status)?;
         let backend = self.0.store.backend().clone();
         let e = entry.clone();
@@ -772,7 +815,7 @@ impl proto::admin_server::Admin for AdminService {
         r: Request<proto::NamespaceResizeRequest>,
     ) -> Result<Response<proto::Reply>, Status> {
         let r = r.into_inner();
-        let st = self.0.state();
+        let st = self.0.snapshot();
         let ns = st
             .namespaces
             .get(&(r.subsystem_nqn.clone(), r.nsid))
@@ -810,7 +853,7 @@ impl proto::admin_server::Admin for AdminService {
         r: Request<proto::NamespaceListRequest>,
     ) -> Result<Response<proto::NamespaceListReply>, Status> {
         let nqn = r.into_inner().subsystem_nqn;
-        let st = self.0.state();
+        let st = self.0.snapshot();
         if !nqn.is_empty() && !st.subsystems.contains_key(&nqn) {
             return Err(config_status(ConfigError::NoSubsystem(nqn)));
         }
@@ -850,7 +893,7 @@ impl proto::admin_server::Admin for AdminService {
         r: Request<proto::ListenerListRequest>,
     ) -> Result<Response<proto::ListenerListReply>, Status> {
         let nqn = r.into_inner().subsystem_nqn;
-        let st = self.0.state();
+        let st = self.0.snapshot();
         if !nqn.is_empty() && !st.subsystems.contains_key(&nqn) {
             return Err(config_status(ConfigError::NoSubsystem(nqn)));
         }
@@ -890,7 +933,7 @@ impl proto::admin_server::Admin for AdminService {
         r: Request<proto::HostListRequest>,
     ) -> Result<Response<proto::HostListReply>, Status> {
         let nqn = r.into_inner().subsystem_nqn;
-        let st = self.0.state();
+        let st = self.0.snapshot();
         if !nqn.is_empty() && !st.subsystems.contains_key(&nqn) {
             return Err(config_status(ConfigError::NoSubsystem(nqn)));
         }
@@ -922,7 +965,12 @@ impl proto::admin_server::Admin for AdminService {
             known_leader: if self.0.is_leader() {
                 self.0.id.clone()
             } else {
-                self.0.state().map.map(|m| m.leader).unwrap_or_default()
+                self.0
+                    .snapshot()
+                    .map
+                    .as_ref()
+                    .map(|m| m.leader.clone())
+                    .unwrap_or_default()
             },
         }))
     }
@@ -949,7 +997,7 @@ impl proto::admin_server::Admin for AdminService {
         &self,
         _: Request<proto::Empty>,
     ) -> Result<Response<proto::AnaShowReply>, Status> {
-        let st = self.0.state();
+        let st = self.0.snapshot();
         let live = self
             .0
             .live

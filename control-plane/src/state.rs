@@ -227,22 +227,16 @@ impl GroupState {
     pub fn to_omap(&self) -> Omap {
         let mut m = Omap::new();
         for s in self.subsystems.values() {
-            m.insert(format!("subsystem/{}", key_part(&s.nqn)), json(s));
+            m.insert(subsystem_key(&s.nqn), json(s));
         }
         for n in self.namespaces.values() {
-            m.insert(
-                format!("namespace/{}/{:010}", key_part(&n.subsystem_nqn), n.nsid),
-                json(n),
-            );
+            m.insert(namespace_key(n), json(n));
         }
         for l in &self.listeners {
             m.insert(listener_key(l), json(l));
         }
         for (nqn, host) in &self.hosts {
-            m.insert(
-                format!("host/{}/{}", key_part(nqn), key_part(host)),
-                json(&(nqn, host)),
-            );
+            m.insert(host_key(nqn, host), json(&(nqn, host)));
         }
         if let Some(map) = &self.map {
             m.insert("groupmap".into(), json(map));
@@ -250,21 +244,93 @@ impl GroupState {
         m
     }
 
-    /// The keys to set and remove to go from `old` to `self` (never `version`).
+    /// The keys to set and remove to go from `old` to `self` (never `version`). Entries are
+    /// compared as values and only the changed ones encoded: no full encoding of either state.
     pub fn diff(&self, old: &GroupState) -> (Vec<(String, Vec<u8>)>, Vec<String>) {
-        let new = self.to_omap();
-        let before = old.to_omap();
-        let set = new
-            .iter()
-            .filter(|(k, v)| before.get(*k) != Some(*v))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let remove = before
-            .keys()
-            .filter(|k| !new.contains_key(*k))
-            .cloned()
-            .collect();
+        let mut set = Vec::new();
+        let mut remove = Vec::new();
+        diff_section(
+            &old.subsystems,
+            &self.subsystems,
+            |_, s| subsystem_key(&s.nqn),
+            &mut set,
+            &mut remove,
+        );
+        diff_section(
+            &old.namespaces,
+            &self.namespaces,
+            |_, n| namespace_key(n),
+            &mut set,
+            &mut remove,
+        );
+        if self.listeners != old.listeners {
+            for l in self.listeners.difference(&old.listeners) {
+                set.push((listener_key(l), json(l)));
+            }
+            for l in old.listeners.difference(&self.listeners) {
+                remove.push(listener_key(l));
+            }
+        }
+        if self.hosts != old.hosts {
+            for h in self.hosts.difference(&old.hosts) {
+                set.push((host_key(&h.0, &h.1), json(h)));
+            }
+            for h in old.hosts.difference(&self.hosts) {
+                remove.push(host_key(&h.0, &h.1));
+            }
+        }
+        // The map carries beacon times that are not stored: compare its encoding (small,
+        // one entry per gateway and ANA group).
+        let map_bytes = |m: &Option<GroupMap>| m.as_ref().map(json);
+        match (map_bytes(&self.map), map_bytes(&old.map)) {
+            (Some(new), old_bytes) if Some(&new) != old_bytes.as_ref() => {
+                set.push(("groupmap".into(), new));
+            }
+            (None, Some(_)) => remove.push("groupmap".into()),
+            _ => {}
+        }
         (set, remove)
+    }
+
+    /// Applies a delta written by another replica (see [`GroupState::diff`]) in place.
+    pub fn apply(
+        &mut self,
+        set: &[(String, Vec<u8>)],
+        remove: &[String],
+    ) -> Result<(), ConfigError> {
+        for k in remove {
+            let mut parts = k.split('/');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some("namespace"), Some(nqn), Some(nsid)) => {
+                    if let Ok(nsid) = nsid.parse::<u32>() {
+                        self.namespaces.remove(&(unescape_key_part(nqn), nsid));
+                    }
+                }
+                (Some("subsystem"), Some(nqn), None) => {
+                    self.subsystems.remove(&unescape_key_part(nqn));
+                }
+                (Some("host"), Some(nqn), Some(host)) => {
+                    self.hosts
+                        .remove(&(unescape_key_part(nqn), unescape_key_part(host)));
+                }
+                (Some("listener"), ..) => self.listeners.retain(|l| listener_key(l) != *k),
+                (Some("groupmap"), None, None) => self.map = None,
+                _ => {} // a newer writer's key
+            }
+        }
+        let mut omap = Omap::new();
+        for (k, v) in set {
+            omap.insert(k.clone(), v.clone());
+        }
+        let part = GroupState::from_omap(&omap)?;
+        self.subsystems.extend(part.subsystems);
+        self.namespaces.extend(part.namespaces);
+        self.listeners.extend(part.listeners);
+        self.hosts.extend(part.hosts);
+        if part.map.is_some() {
+            self.map = part.map;
+        }
+        Ok(())
     }
 
     /// ANA groups that have a gateway.
@@ -346,7 +412,16 @@ impl GroupState {
 
     /// Adds a namespace; `nsid` 0 = the lowest free, `ana_group` 0 = the group with the
     /// fewest namespaces. Returns the entry added.
-    pub fn add_namespace(&mut self, mut ns: NamespaceEntry) -> Result<NamespaceEntry, ConfigError> {
+    pub fn add_namespace(&mut self, ns: NamespaceEntry) -> Result<NamespaceEntry, ConfigError> {
+        let ns = self.check_namespace(ns)?;
+        self.namespaces
+            .insert((ns.subsystem_nqn.clone(), ns.nsid), ns.clone());
+        Ok(ns)
+    }
+
+    /// The checks of [`GroupState::add_namespace`] without adding: the entry as it would be
+    /// added (NSID, ANA group and block size chosen).
+    pub fn check_namespace(&self, mut ns: NamespaceEntry) -> Result<NamespaceEntry, ConfigError> {
         let max = self.subsystem(&ns.subsystem_nqn)?.max_namespaces;
         check_name("pool", &ns.pool)?;
         check_name("image", &ns.image)?;
@@ -359,23 +434,28 @@ impl GroupState {
         if ns.block_size != 512 && ns.block_size != 4096 {
             return Err(ConfigError::BlockSize(ns.block_size));
         }
-        let used: BTreeSet<u32> = self
-            .namespaces
-            .keys()
-            .filter(|(n, _)| *n == ns.subsystem_nqn)
-            .map(|(_, id)| *id)
-            .collect();
+        let nqn = ns.subsystem_nqn.clone();
+        let used = |nsid: u32| self.namespaces.contains_key(&(nqn.clone(), nsid));
         if ns.nsid == 0 {
-            ns.nsid =
-                (1..=max)
-                    .find(|i| !used.contains(i))
-                    .ok_or_else(|| ConfigError::NoFreeNsid {
-                        nqn: ns.subsystem_nqn.clone(),
-                        max,
-                    })?;
+            // The first gap in this subsystem's NSIDs (keys are sorted).
+            let mut free = 1u32;
+            for (_, id) in self
+                .namespaces
+                .range((nqn.clone(), 1)..=(nqn.clone(), u32::MAX))
+                .map(|(k, _)| k)
+            {
+                if *id != free {
+                    break;
+                }
+                free += 1;
+            }
+            if free > max {
+                return Err(ConfigError::NoFreeNsid { nqn, max });
+            }
+            ns.nsid = free;
         } else if ns.nsid > max {
             return Err(ConfigError::NsidRange { nsid: ns.nsid, max });
-        } else if used.contains(&ns.nsid) {
+        } else if used(ns.nsid) {
             return Err(ConfigError::NamespaceExists {
                 nqn: ns.subsystem_nqn.clone(),
                 nsid: ns.nsid,
@@ -400,8 +480,6 @@ impl GroupState {
         } else if !groups.contains(&ns.ana_group) {
             return Err(ConfigError::NoAnaGroup(ns.ana_group));
         }
-        self.namespaces
-            .insert((ns.subsystem_nqn.clone(), ns.nsid), ns.clone());
         Ok(ns)
     }
 
@@ -540,6 +618,44 @@ fn listener_key(l: &ListenerEntry) -> String {
 /// One component of an omap key: `%` and `/` escaped, so components never run together.
 fn key_part(s: &str) -> String {
     s.replace('%', "%25").replace('/', "%2F")
+}
+
+/// The inverse of [`key_part`]. `%2F` is undone first: in an escaped string every `%` starts
+/// `%25` or `%2F`, so a `%2F` there is always an escaped `/`.
+fn unescape_key_part(s: &str) -> String {
+    s.replace("%2F", "/").replace("%25", "%")
+}
+
+fn subsystem_key(nqn: &str) -> String {
+    format!("subsystem/{}", key_part(nqn))
+}
+
+fn namespace_key(n: &NamespaceEntry) -> String {
+    format!("namespace/{}/{:010}", key_part(&n.subsystem_nqn), n.nsid)
+}
+
+fn host_key(nqn: &str, host: &str) -> String {
+    format!("host/{}/{}", key_part(nqn), key_part(host))
+}
+
+/// Adds to `set`/`remove` the keys of `new`'s entries that differ from `old`'s.
+fn diff_section<K: Ord, V: PartialEq + Serialize>(
+    old: &BTreeMap<K, V>,
+    new: &BTreeMap<K, V>,
+    key: impl Fn(&K, &V) -> String,
+    set: &mut Vec<(String, Vec<u8>)>,
+    remove: &mut Vec<String>,
+) {
+    for (k, v) in new {
+        if old.get(k) != Some(v) {
+            set.push((key(k, v), json(v)));
+        }
+    }
+    for (k, v) in old {
+        if !new.contains_key(k) {
+            remove.push(key(k, v));
+        }
+    }
 }
 
 #[cfg(test)]

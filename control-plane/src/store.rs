@@ -29,6 +29,9 @@ pub enum StoreError {
 pub trait Guard: Send + Sync {}
 impl<T: Send + Sync> Guard for T {}
 
+/// A watcher's callback: `Some(payload)` per notify, None when the watch broke.
+pub type OnChange = Box<dyn Fn(Option<Vec<u8>>) + Send + Sync>;
+
 /// The state object and the cluster operations the control plane needs.
 pub trait Backend: Send + Sync + 'static {
     /// The state object's omap (empty when it does not exist yet).
@@ -41,11 +44,11 @@ pub trait Backend: Send + Sync + 'static {
         set: Vec<(String, Vec<u8>)>,
         remove: Vec<String>,
     ) -> Result<bool, StoreError>;
-    /// Wakes every watcher (best effort).
-    fn notify(&self);
-    /// Calls `on_change` (on some library thread; it must not block) after every notify and
-    /// when the watch breaks (the state must then be re-read).
-    fn watch(&self, on_change: Box<dyn Fn() + Send + Sync>) -> Result<Box<dyn Guard>, StoreError>;
+    /// Wakes every watcher with `payload` (best effort).
+    fn notify(&self, payload: &[u8]);
+    /// Calls `on_change` (on some library thread; it must not block) after every notify with
+    /// its payload, and with None when the watch breaks (the state must then be re-read).
+    fn watch(&self, on_change: OnChange) -> Result<Box<dyn Guard>, StoreError>;
     /// Takes or renews the leader lease for `id`. `Ok(false)`: another replica holds it.
     fn lead(&self, id: &str, lease: Duration) -> Result<bool, StoreError>;
     /// Blocklists every address, then refreshes this client's osdmap.
@@ -151,21 +154,19 @@ impl Backend for RadosBackend {
         }
     }
 
-    fn notify(&self) {
-        if let Err(e) = self
-            .pool
-            .notify(&self.oid, b"changed", Duration::from_secs(2))
-        {
+    fn notify(&self, payload: &[u8]) {
+        if let Err(e) = self.pool.notify(&self.oid, payload, Duration::from_secs(2)) {
             tracing::debug!("notify {}: {e}", self.oid);
         }
     }
 
-    fn watch(&self, on_change: Box<dyn Fn() + Send + Sync>) -> Result<Box<dyn Guard>, StoreError> {
-        let w = self.pool.watch(&self.oid, move |e| {
-            if let rados::WatchEvent::Error(errno) = e {
+    fn watch(&self, on_change: OnChange) -> Result<Box<dyn Guard>, StoreError> {
+        let w = self.pool.watch(&self.oid, move |e| match e {
+            rados::WatchEvent::Notify(payload) => on_change(Some(payload)),
+            rados::WatchEvent::Error(errno) => {
                 tracing::warn!(errno, "state watch broke; re-reading");
+                on_change(None);
             }
-            on_change();
         })?;
         Ok(Box::new(w))
     }
@@ -239,12 +240,17 @@ impl Backend for RadosBackend {
     }
 }
 
+type Watcher = Arc<dyn Fn(Option<Vec<u8>>) + Send + Sync>;
+
 /// An in-process backend for unit tests of the server (the RADOS backend is tested against
 /// a real cluster).
 #[derive(Default)]
 pub struct MemoryBackend {
     omap: Mutex<Omap>,
-    watchers: Mutex<Vec<Arc<dyn Fn() + Send + Sync>>>,
+    watchers: Mutex<Vec<Watcher>>,
+    /// Full reads of the omap (`read`), so tests can tell an update that re-read from one
+    /// that started from the cached state.
+    pub reads: std::sync::atomic::AtomicU64,
     lease: Mutex<Option<(String, Instant)>>,
     pub fenced: Mutex<Vec<String>>,
     pub images: Mutex<BTreeSet<String>>,
@@ -254,6 +260,8 @@ pub struct MemoryBackend {
 
 impl Backend for MemoryBackend {
     fn read(&self) -> Result<Omap, StoreError> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(self.omap.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
@@ -277,18 +285,18 @@ impl Backend for MemoryBackend {
         Ok(true)
     }
 
-    fn notify(&self) {
+    fn notify(&self, payload: &[u8]) {
         let w = self
             .watchers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         for f in w {
-            f();
+            f(Some(payload.to_vec()));
         }
     }
 
-    fn watch(&self, on_change: Box<dyn Fn() + Send + Sync>) -> Result<Box<dyn Guard>, StoreError> {
+    fn watch(&self, on_change: OnChange) -> Result<Box<dyn Guard>, StoreError> {
         self.watchers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -378,16 +386,36 @@ impl Store {
     /// Returns the change's result and the state after it.
     pub fn update<T>(
         &self,
+        change: impl FnMut(&mut GroupState) -> Result<T, ConfigError>,
+    ) -> Result<(T, GroupState), StoreError> {
+        self.update_from(|| None, change)
+    }
+
+    /// [`Store::update`] starting from `cached` (a state this replica read or wrote, with
+    /// its version) instead of reading the whole object: the compare-and-set on `version`
+    /// refuses the write if the object moved past it, and then `cached` is asked again (it
+    /// may have caught up meanwhile) or, when it has not, the object is re-read. A state at
+    /// a given version is always the same state (every write bumps `version` in the same
+    /// atomic operation), so a write from a current cache is exactly a write from a fresh
+    /// read; a stale one never lands.
+    pub fn update_from<T>(
+        &self,
+        mut cached: impl FnMut() -> Option<Arc<GroupState>>,
         mut change: impl FnMut(&mut GroupState) -> Result<T, ConfigError>,
     ) -> Result<(T, GroupState), StoreError> {
+        let mut refused_at: Option<u64> = None;
         for _ in 0..MAX_ATTEMPTS {
-            let old = self.load()?;
-            let mut new = old.clone();
+            let old = match cached() {
+                Some(c) if refused_at.is_none_or(|v| c.version > v) => c,
+                _ => Arc::new(self.load()?),
+            };
+            let mut new = GroupState::clone(&old);
             let out = change(&mut new)?;
             let (set, remove) = new.diff(&old);
             if set.is_empty() && remove.is_empty() {
-                return Ok((out, old));
+                return Ok((out, new));
             }
+            let note = Delta::note(old.version, &set, &remove);
             if self.backend.compare_and_set(old.version, set, remove)? {
                 new.version = old.version + 1;
                 // A notify waits for every watcher's ack, up to its timeout for a dead one
@@ -395,7 +423,7 @@ impl Store {
                 let backend = self.backend.clone();
                 if let Err(e) = std::thread::Builder::new()
                     .name("state-notify".into())
-                    .spawn(move || backend.notify())
+                    .spawn(move || backend.notify(&note))
                 {
                     tracing::warn!("cannot notify the state change: {e}");
                 }
@@ -405,8 +433,73 @@ impl Store {
                 version = old.version,
                 "state changed concurrently; retrying"
             );
+            refused_at = Some(refused_at.map_or(old.version, |v| v.max(old.version)));
         }
         Err(StoreError::Contended(MAX_ATTEMPTS))
+    }
+}
+
+/// Largest notify payload that carries the change itself; a bigger change (a batch) is
+/// announced by its versions only and watchers re-read the object.
+const MAX_DELTA_NOTE: usize = 64 * 1024;
+
+/// The payload of a state notify: the write that took the state from version `from` to
+/// `to`, so a watcher at `from` applies it instead of re-reading the whole object. Watchers
+/// that cannot use it (another version, no `set`, or an older writer's `changed`) re-read.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Delta {
+    pub from: u64,
+    pub to: u64,
+    /// None: too big to carry; re-read.
+    pub set: Option<Vec<(String, String)>>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+impl Delta {
+    fn note(from: u64, set: &[(String, Vec<u8>)], remove: &[String]) -> Vec<u8> {
+        let size: usize = set.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            + remove.iter().map(String::len).sum::<usize>();
+        let text: Option<Vec<(String, String)>> = if size <= MAX_DELTA_NOTE {
+            set.iter()
+                .map(|(k, v)| Some((k.clone(), String::from_utf8(v.clone()).ok()?)))
+                .collect()
+        } else {
+            None
+        };
+        let delta = Delta {
+            from,
+            to: from + 1,
+            remove: if text.is_some() {
+                remove.to_vec()
+            } else {
+                Vec::new()
+            },
+            set: text,
+        };
+        serde_json::to_vec(&delta).unwrap_or_default()
+    }
+
+    /// Decodes a notify payload; None for anything else (an older writer's `changed`).
+    pub fn parse(payload: &[u8]) -> Option<Delta> {
+        serde_json::from_slice(payload).ok()
+    }
+
+    /// The state after this write, when `st` is the state it was made from.
+    pub fn applied_to(&self, st: &GroupState) -> Option<Result<GroupState, ConfigError>> {
+        let set = self.set.as_ref()?;
+        if st.version != self.from {
+            return None;
+        }
+        let set: Vec<(String, Vec<u8>)> = set
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone().into_bytes()))
+            .collect();
+        let mut next = st.clone();
+        Some(next.apply(&set, &self.remove).map(|()| {
+            next.version = self.to;
+            next
+        }))
     }
 }
 
@@ -439,6 +532,76 @@ mod tests {
         let st = store.load().expect("load");
         assert_eq!(st.subsystems.len(), 40);
         assert_eq!(st.version, 40);
+    }
+
+    fn add(store: &Store, cached: Option<Arc<GroupState>>, name: &str) -> GroupState {
+        store
+            .update_from(
+                || cached.clone(),
+                |st| st.add_subsystem(&format!("nqn.2016-06.io.test:{name}"), "", true, 0),
+            )
+            .expect("update")
+            .1
+    }
+
+    #[test]
+    fn an_update_from_a_current_cache_reads_nothing_and_a_stale_one_never_lands() {
+        let backend = Arc::new(MemoryBackend::default());
+        let store = Store::new(backend.clone());
+        let reads = || backend.reads.load(std::sync::atomic::Ordering::Relaxed);
+        let v1 = add(&store, None, "a");
+        assert_eq!(reads(), 1);
+        // From the state it wrote: no read.
+        let v2 = add(&store, Some(Arc::new(v1.clone())), "b");
+        assert_eq!((reads(), v2.version), (1, 2));
+        // From a stale state (version 1, before "b"): the compare-and-set refuses it, the
+        // object is re-read and "b" is kept.
+        let v3 = add(&store, Some(Arc::new(v1)), "c");
+        assert_eq!((reads(), v3.version), (2, 3));
+        let stored = store.load().expect("load");
+        assert_eq!(stored, v3);
+        assert_eq!(stored.subsystems.len(), 3);
+    }
+
+    #[test]
+    fn a_notified_delta_rebuilds_the_written_state() {
+        let backend = Arc::new(MemoryBackend::default());
+        let notes = Arc::new(Mutex::new(Vec::new()));
+        let n = notes.clone();
+        let _guard = backend
+            .watch(Box::new(move |p| {
+                n.lock().expect("notes").push(p);
+            }))
+            .expect("watch");
+        let store = Store::new(backend.clone());
+        let mut follower = store.load().expect("load");
+        type Write = Box<dyn Fn(&mut GroupState) -> Result<(), ConfigError>>;
+        let writes: Vec<Write> = vec![
+            Box::new(|st| st.add_subsystem("nqn.2016-06.io.test:x/y", "", false, 0)),
+            Box::new(|st| st.add_host("nqn.2016-06.io.test:x/y", "nqn.2016-06.io.test:h%2F")),
+            Box::new(|st| st.del_host("nqn.2016-06.io.test:x/y", "nqn.2016-06.io.test:h%2F")),
+            Box::new(|st| st.del_subsystem("nqn.2016-06.io.test:x/y", true)),
+        ];
+        for w in writes {
+            store.update(&w).expect("write");
+            // The notify is sent from a thread of its own.
+            let started = Instant::now();
+            let note = loop {
+                if let Some(p) = notes.lock().expect("notes").pop() {
+                    break p;
+                }
+                assert!(started.elapsed() < Duration::from_secs(5), "no notify");
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            let delta = Delta::parse(&note.expect("payload")).expect("a delta");
+            follower = delta
+                .applied_to(&follower)
+                .expect("applies to its base")
+                .expect("decodes");
+            assert_eq!(follower, store.load().expect("load"));
+            // Not to another version.
+            assert!(delta.applied_to(&follower).is_none());
+        }
     }
 
     #[test]
