@@ -68,6 +68,9 @@ pub struct ControlPlane {
     /// The state version each gateway last reported applied (group beacons), per replica:
     /// what a namespace move waits for.
     applied_state: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Namespace moves this replica is ending (an admin request waiting for the drain, or
+    /// the leader ending a move whose request died with its replica).
+    ending_moves: Mutex<std::collections::BTreeSet<(String, u32)>>,
 }
 
 fn status(e: StoreError) -> Status {
@@ -130,6 +133,7 @@ impl ControlPlane {
             persisted: Mutex::new(Vec::new()),
             connections: Mutex::new(std::collections::BTreeMap::new()),
             applied_state: Mutex::new(std::collections::BTreeMap::new()),
+            ending_moves: Mutex::new(std::collections::BTreeSet::new()),
         });
         // Follow every notify off the librados thread: apply the write it carries, or re-read.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<Vec<u8>>>();
@@ -262,6 +266,7 @@ impl ControlPlane {
                         if let Err(e) = self.feed(Event::Tick { now_ms: now }).await {
                             tracing::debug!("tick: {}", e.message());
                         }
+                        self.adopt_moves();
                     }
                 }
             }
@@ -381,6 +386,70 @@ impl ControlPlane {
             }
         }
         Ok(actions)
+    }
+
+    /// The leader ends every namespace move that nobody on this replica is ending: the
+    /// replica whose `namespace move` request marked it may have died while it waited for the
+    /// drain. Same steps as the request: wait for the old group's gateway to acknowledge a
+    /// state with the move in it (at most [`MOVE_DRAIN_TIMEOUT`]), then end the move, if it
+    /// still leaves the same group. Ending a move twice (that replica is alive after all and
+    /// ends it too) changes nothing.
+    fn adopt_moves(self: &Arc<Self>) {
+        let st = self.snapshot();
+        for n in st.namespaces.values().filter(|n| n.moving_from != 0) {
+            let key = (n.subsystem_nqn.clone(), n.nsid);
+            if !self.begin_ending(&key) {
+                continue;
+            }
+            tracing::warn!(
+                nqn = %key.0,
+                nsid = key.1,
+                from = n.moving_from,
+                to = n.ana_group,
+                "namespace move left unfinished; ending it"
+            );
+            let (me, from, version) = (self.clone(), n.moving_from, st.version);
+            tokio::spawn(async move {
+                let drained = me.wait_for_drain(from, version).await;
+                match me.end_move(&key, from).await {
+                    Ok(_) => {
+                        tracing::info!(nqn = %key.0, nsid = key.1, "namespace move ended{drained}")
+                    }
+                    Err(e) => {
+                        tracing::warn!(nqn = %key.0, nsid = key.1, "ending a namespace move: {}", e.message())
+                    }
+                }
+                me.done_ending(&key);
+            });
+        }
+    }
+
+    /// Claims ending the move of `key` on this replica; false: already being ended here.
+    fn begin_ending(&self, key: &(String, u32)) -> bool {
+        self.ending_moves
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone())
+    }
+
+    fn done_ending(&self, key: &(String, u32)) {
+        self.ending_moves
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
+    /// Ends the move of `key` away from group `from` (nothing if it no longer leaves `from`).
+    async fn end_move(
+        self: &Arc<Self>,
+        key: &(String, u32),
+        from: u32,
+    ) -> Result<Arc<GroupState>, Status> {
+        let (nqn, nsid) = key.clone();
+        let (_, st) = self
+            .update(move |st| st.finish_move_from(&nqn, nsid, from))
+            .await?;
+        Ok(st)
     }
 
     /// Blocklists a restarted gateway's previous clients in the background (logged; nothing
@@ -797,10 +866,14 @@ impl proto::admin_server::Admin for AdminService {
             .map(|n| n.moving_from)
             .unwrap_or(0);
         let (st, drained) = if moving_from != 0 {
+            let key = (nqn.clone(), nsid);
+            let claimed = self.0.begin_ending(&key);
             let drained = self.0.wait_for_drain(moving_from, st.version).await;
-            let (n2, id2) = (nqn.clone(), nsid);
-            let (_, st) = self.0.update(move |st| st.finish_move(&n2, id2)).await?;
-            (st, drained)
+            let ended = self.0.end_move(&key, moving_from).await;
+            if claimed {
+                self.0.done_ending(&key);
+            }
+            (ended?, drained)
         } else {
             (st, String::new())
         };

@@ -526,6 +526,17 @@ impl GroupState {
         Ok(())
     }
 
+    /// Ends a namespace move away from group `from`; nothing if the namespace is gone or no
+    /// longer leaves `from` (moved back, or ended and moved again since).
+    pub fn finish_move_from(&mut self, nqn: &str, nsid: u32, from: u32) -> Result<(), ConfigError> {
+        if let Some(ns) = self.namespaces.get_mut(&(nqn.to_string(), nsid)) {
+            if ns.moving_from == from {
+                ns.moving_from = 0;
+            }
+        }
+        Ok(())
+    }
+
     pub fn add_listener(&mut self, l: ListenerEntry) -> Result<(), ConfigError> {
         self.subsystem(&l.subsystem_nqn)?;
         check_name("gateway", &l.gateway)?;
@@ -721,6 +732,13 @@ mod tests {
         st.finish_move(NQN, 1).expect("finish");
         assert_eq!(st.namespaces[&key].moving_from, 0);
         assert_eq!(st.namespaces[&key].ana_group, 2);
+        // A late end of an earlier move (from group 1) leaves a newer one (from 2) alone.
+        st.move_namespace(NQN, 1, 3).expect("move");
+        st.finish_move_from(NQN, 1, 1).expect("stale end");
+        assert_eq!(st.namespaces[&key].moving_from, 2);
+        st.finish_move_from(NQN, 1, 2).expect("end");
+        assert_eq!(st.namespaces[&key].moving_from, 0);
+        assert_eq!(st.namespaces[&key].ana_group, 3);
     }
 
     #[test]

@@ -364,6 +364,118 @@ async fn assignments_follow_a_fenced_failover() {
     beacons.abort();
 }
 
+/// Group beacons from `gw` every 100 ms, acknowledging the state version in `applied`.
+fn group_beacons(
+    g: &GatewayControlClient<Channel>,
+    gw: &'static str,
+    group: u32,
+    applied: Arc<std::sync::atomic::AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    let mut g = g.clone();
+    tokio::spawn(async move {
+        loop {
+            let r = g
+                .send_group_beacon(proto::GroupBeacon {
+                    beacon: Some(proto::Beacon {
+                        gateway: gw.into(),
+                        ana_group: group,
+                        incarnation: u64::from(group),
+                        client_addrs: vec![format!("127.0.0.1:0/{group}")],
+                        ..Default::default()
+                    }),
+                    group_clients: vec![proto::GroupClients {
+                        ana_group: group,
+                        addrs: vec![format!("127.0.0.1:0/{group}")],
+                    }],
+                    applied_state_version: applied.load(std::sync::atomic::Ordering::SeqCst),
+                })
+                .await;
+            if let Err(e) = r {
+                eprintln!("{gw} beacon: {e}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+/// A `namespace move` marks the namespace moving and waits for the old group's gateway to
+/// drain it; the replica serving that request dies (here: the test writes the request's
+/// first step itself and never does the rest). The leader must end the move, and only once
+/// that gateway acknowledged the state with the move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_ends_a_move_whose_replica_died() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let f = start().await;
+    let mut a = AdminClient::new(channel(&f.addr).await);
+    let g = GatewayControlClient::new(channel(&f.addr).await);
+    let gw1_applied = Arc::new(AtomicU64::new(0));
+    let b1 = group_beacons(&g, "gw1", 1, gw1_applied.clone());
+    let b2 = group_beacons(&g, "gw2", 2, Arc::new(AtomicU64::new(u64::MAX)));
+    let started = Instant::now();
+    while f.cp.state().groups() != vec![1, 2] {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "groups never mapped"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.subsystem_add(proto::SubsystemAddRequest {
+        nqn: NQN.into(),
+        allow_any_host: true,
+        ..Default::default()
+    })
+    .await
+    .expect("subsystem");
+    a.namespace_add(proto::NamespaceAddRequest {
+        subsystem_nqn: NQN.into(),
+        nsid: 1,
+        pool: "rbd".into(),
+        image: "img1".into(),
+        ana_group: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("namespace");
+    // The dead replica's half of `namespace move --nsid 1 --ana-group 2`.
+    let store = Store::new(f.backend.clone());
+    let (_, moved) = store
+        .update(|st| st.move_namespace(NQN, 1, 2))
+        .expect("mark moving");
+    let key = (NQN.to_string(), 1);
+    assert_eq!(moved.namespaces[&key].moving_from, 1);
+    // gw1 (group 1) has not drained it: still moving, well within the drain timeout.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let now = store.load().expect("load");
+    assert_eq!(
+        now.namespaces[&key].moving_from, 1,
+        "ended before the drain"
+    );
+    // gw1 acknowledges the state with the move: the leader ends it.
+    gw1_applied.store(moved.version, Ordering::SeqCst);
+    let started = Instant::now();
+    loop {
+        let now = store.load().expect("load");
+        if now.namespaces[&key].moving_from == 0 {
+            assert_eq!(now.namespaces[&key].ana_group, 2);
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the move was never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let listed = a
+        .namespace_list(proto::NamespaceListRequest::default())
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(listed.namespaces[0].moving_from_group, 0);
+    assert_eq!(listed.namespaces[0].ana_group, 2);
+    b1.abort();
+    b2.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nvmeofctl_prints_tables_json_and_exit_codes() {
     let f = start().await;
