@@ -58,8 +58,97 @@ pub struct GatewaySection {
 #[serde(deny_unknown_fields)]
 pub struct ListenerConfig {
     pub transport: String,
+    /// A numeric address: "192.0.2.10", "::1" or "[::1]"; it may carry the port, as in
+    /// "192.0.2.10:4420" or "[::]:4420".
     pub address: String,
-    pub port: u16,
+    /// Required unless `address` carries the port.
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+impl ListenerConfig {
+    /// The socket address to listen on; Err names the field at fault (`address` or `port`)
+    /// and the problem.
+    pub fn socket_addr(&self) -> Result<SocketAddr, (&'static str, String)> {
+        let (ip, in_address) = parse_listen_address(&self.address).map_err(|e| ("address", e))?;
+        let port = match (in_address, self.port) {
+            (Some(a), Some(p)) if a != p => {
+                return Err((
+                    "port",
+                    format!("{p} differs from the port in address {:?}", self.address),
+                ))
+            }
+            (Some(p), _) | (None, Some(p)) => p,
+            (None, None) => {
+                return Err((
+                    "port",
+                    format!(
+                        "missing: give `port = 4420` or put it in the address ({})",
+                        with_port_example(ip, &self.address)
+                    ),
+                ))
+            }
+        };
+        if port == 0 {
+            return Err(("port", "must not be 0".into()));
+        }
+        Ok(SocketAddr::new(ip, port))
+    }
+}
+
+/// How an address with a port is written for `ip`'s family; `text` is how it was given.
+fn with_port_example(ip: IpAddr, text: &str) -> String {
+    match ip {
+        IpAddr::V4(_) => format!("\"{ip}:4420\""),
+        // "::1:4420" is itself a valid IPv6 address (::1:4420), hence the brackets.
+        IpAddr::V6(_) if !text.starts_with('[') => format!(
+            "\"[{ip}]:4420\"; an IPv6 address takes its port after brackets: {text:?} is read as \
+             the address {ip}"
+        ),
+        IpAddr::V6(_) => format!("\"[{ip}]:4420\""),
+    }
+}
+
+/// A listener address: a numeric IPv4/IPv6 address, an IPv6 address in brackets, or either
+/// with a port ("192.0.2.10:4420", "[::1]:4420"). Host names are refused: a listener binds
+/// one address, and the discovery log must give hosts an address they can dial.
+fn parse_listen_address(text: &str) -> Result<(IpAddr, Option<u16>), String> {
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Ok((ip, None));
+    }
+    if let Ok(sa) = text.parse::<SocketAddr>() {
+        if let SocketAddr::V6(v6) = sa {
+            if v6.scope_id() != 0 {
+                return Err(format!(
+                    "{text:?}: scoped (%zone) IPv6 addresses are not supported"
+                ));
+            }
+        }
+        return Ok((sa.ip(), Some(sa.port())));
+    }
+    if let Some(inner) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
+        if let Ok(ip) = inner.parse::<std::net::Ipv6Addr>() {
+            return Ok((IpAddr::V6(ip), None));
+        }
+    }
+    Err(format!(
+        "{text:?} is not a numeric IPv4/IPv6 address (e.g. \"192.0.2.10\", \"::1\", \"[::]\", \
+         or with the port \"192.0.2.10:4420\", \"[::1]:4420\")"
+    ))
+}
+
+/// Whether two listeners of one transport cannot both bind: on Linux a wildcard address
+/// takes its port on every address of its family, and `::` (dual-stack unless
+/// net.ipv6.bindv6only=1) on IPv4 addresses as well.
+fn listeners_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    if a.port() != b.port() {
+        return false;
+    }
+    let (a, b) = (a.ip(), b.ip());
+    let takes = |w: IpAddr, other: IpAddr| {
+        w.is_unspecified() && (w.is_ipv6() || other.to_canonical().is_ipv4())
+    };
+    a.to_canonical() == b.to_canonical() || takes(a, b) || takes(b, a)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -540,7 +629,7 @@ impl Config {
         if self.listeners.is_empty() {
             return Err(invalid("listener", "at least one [[listener]] is required"));
         }
-        let mut seen_addrs = BTreeSet::new();
+        let mut seen: Vec<(&str, SocketAddr)> = Vec::new();
         for (i, l) in self.listeners.iter().enumerate() {
             let field = format!("listener[{i}]");
             if l.transport != "tcp" && l.transport != "rdma" {
@@ -552,22 +641,26 @@ impl Config {
                     ),
                 ));
             }
-            if l.address.parse::<IpAddr>().is_err() {
-                return Err(invalid(
-                    format!("{field}.address"),
-                    format!("{:?} is not a numeric IPv4/IPv6 address", l.address),
-                ));
-            }
-            if l.port == 0 {
-                return Err(invalid(format!("{field}.port"), "must not be 0"));
-            }
+            let addr = l
+                .socket_addr()
+                .map_err(|(key, problem)| invalid(format!("{field}.{key}"), problem))?;
             // TCP and rdma_cm have separate port spaces: one port may serve both.
-            if !seen_addrs.insert((l.transport.clone(), l.address.clone(), l.port)) {
-                return Err(invalid(
-                    field,
-                    format!("{}:{} is listed twice", l.address, l.port),
-                ));
+            if let Some(j) = seen
+                .iter()
+                .position(|(t, other)| *t == l.transport && listeners_overlap(*other, addr))
+            {
+                let problem = if seen[j].1.ip().to_canonical() == addr.ip().to_canonical() {
+                    format!("{addr} is listed twice (listener[{j}])")
+                } else {
+                    format!(
+                        "{addr} overlaps listener[{j}] {}: a wildcard address (0.0.0.0, ::) \
+                         takes the port on every address, and :: on IPv4 ones too",
+                        seen[j].1
+                    )
+                };
+                return Err(invalid(field, problem));
             }
+            seen.push((l.transport.as_str(), addr));
         }
         let (min, max) = self.cntlid_range();
         if min < cntlid::MIN || max > cntlid::MAX || min > max {
@@ -735,7 +828,7 @@ impl Config {
         self.listeners
             .iter()
             .filter(|l| l.transport == transport)
-            .filter_map(|l| Some(SocketAddr::new(l.address.parse().ok()?, l.port)))
+            .filter_map(|l| l.socket_addr().ok())
             .collect()
     }
 
@@ -1027,14 +1120,19 @@ impl Config {
             target.add_subsystem(subsystem);
         }
         for (i, l) in self.listeners.iter().enumerate() {
+            // Validated already; the address is kept in its canonical text (no brackets, no
+            // port), which is what the discovery log's TRADDR carries.
+            let Ok(addr) = l.socket_addr() else {
+                continue;
+            };
             target.add_listener(ListenerInfo {
                 transport: if l.transport == "rdma" {
                     TransportType::Rdma
                 } else {
                     TransportType::Tcp
                 },
-                address: l.address.clone(),
-                port: l.port,
+                address: addr.ip().to_string(),
+                port: addr.port(),
                 port_id: i as u16 + 1,
             });
         }
@@ -1161,6 +1259,129 @@ mod tests {
         for (text, field) in cases {
             let err = parse(&text).unwrap_err().to_string();
             assert!(err.starts_with(field), "{err:?} should name {field}");
+        }
+    }
+
+    /// GOOD with its listener's address and port lines replaced by `listener` (TOML lines).
+    fn with_listener(listener: &str) -> String {
+        GOOD.replace("address = \"127.0.0.1\"\n        port = 4420", listener)
+    }
+
+    #[test]
+    fn ipv6_listener_addresses_parse_with_or_without_brackets_and_port() {
+        let cases = [
+            ("address = \"::1\"\nport = 4420", "[::1]:4420"),
+            ("address = \"[::1]\"\nport = 4420", "[::1]:4420"),
+            ("address = \"[::1]:4420\"", "[::1]:4420"),
+            ("address = \"[::]:4420\"\nport = 4420", "[::]:4420"),
+            ("address = \"[0:0::1]:4421\"", "[::1]:4421"),
+            ("address = \"0.0.0.0:4422\"", "0.0.0.0:4422"),
+        ];
+        for (lines, want) in cases {
+            let c = parse(&with_listener(lines)).unwrap_or_else(|e| panic!("{lines}: {e}"));
+            let want: SocketAddr = want.parse().unwrap();
+            assert_eq!(c.listen_addrs(), vec![want], "{lines}");
+            // The discovery log's TRADDR is the canonical text: no brackets, no port.
+            let t = c.build_target().unwrap();
+            let l = &t.listeners()[0];
+            assert_eq!(l.address, want.ip().to_string(), "{lines}");
+            assert_eq!(l.port, want.port(), "{lines}");
+        }
+    }
+
+    #[test]
+    fn bad_listener_addresses_name_the_field_and_the_problem() {
+        let cases = [
+            (
+                "address = \"[::1]:4420\"\nport = 4421",
+                "listener[0].port",
+                "differs",
+            ),
+            ("address = \"[::1]\"", "listener[0].port", "[::1]:4420"),
+            (
+                "address = \"192.0.2.1\"",
+                "listener[0].port",
+                "192.0.2.1:4420",
+            ),
+            ("address = \"[::1]:0\"", "listener[0].port", "must not be 0"),
+            (
+                "address = \"::1:4420\"",
+                "listener[0].port",
+                "is read as the address ::1:4420",
+            ),
+            (
+                "address = \"[127.0.0.1]\"\nport = 1",
+                "listener[0].address",
+                "not a numeric",
+            ),
+            (
+                "address = \"[::1\"\nport = 1",
+                "listener[0].address",
+                "not a numeric",
+            ),
+            (
+                "address = \"::1]:4420\"",
+                "listener[0].address",
+                "not a numeric",
+            ),
+            (
+                "address = \"localhost:4420\"",
+                "listener[0].address",
+                "not a numeric",
+            ),
+            (
+                "address = \"\"\nport = 1",
+                "listener[0].address",
+                "not a numeric",
+            ),
+            (
+                "address = \" ::1\"\nport = 1",
+                "listener[0].address",
+                "not a numeric",
+            ),
+            (
+                "address = \"[fe80::1%2]:4420\"",
+                "listener[0].address",
+                "scoped",
+            ),
+        ];
+        for (lines, field, words) in cases {
+            let err = parse(&with_listener(lines)).unwrap_err().to_string();
+            assert!(
+                err.starts_with(field),
+                "{lines}: {err:?} should name {field}"
+            );
+            assert!(err.contains(words), "{lines}: {err:?} should say {words:?}");
+        }
+    }
+
+    #[test]
+    fn listeners_that_cannot_both_bind_are_refused() {
+        let two = |a: &str, b: &str| {
+            with_listener(&format!(
+                "address = \"{a}\"\n\n        [[listener]]\n        transport = \"tcp\"\n        address = \"{b}\""
+            ))
+        };
+        for (a, b, words) in [
+            ("[::]:4420", "127.0.0.1:4420", "overlaps listener[0]"),
+            ("127.0.0.1:4420", "[::]:4420", "overlaps listener[0]"),
+            ("0.0.0.0:4420", "10.0.0.1:4420", "overlaps listener[0]"),
+            ("[::]:4420", "[::1]:4420", "overlaps listener[0]"),
+            ("[::1]:4420", "[0::1]:4420", "listed twice"),
+            ("[::ffff:127.0.0.1]:4420", "127.0.0.1:4420", "listed twice"),
+        ] {
+            let err = parse(&two(a, b)).unwrap_err().to_string();
+            assert!(err.starts_with("listener[1]"), "{a} + {b}: {err:?}");
+            assert!(err.contains(words), "{a} + {b}: {err:?}");
+        }
+        // Different ports, or an IPv4 wildcard next to an IPv6 address: both bind.
+        for (a, b) in [
+            ("[::]:4420", "127.0.0.1:4421"),
+            ("0.0.0.0:4420", "[::1]:4420"),
+            ("[::1]:4420", "127.0.0.1:4420"),
+        ] {
+            let c = parse(&two(a, b)).unwrap_or_else(|e| panic!("{a} + {b}: {e}"));
+            assert_eq!(c.listen_addrs().len(), 2);
         }
     }
 

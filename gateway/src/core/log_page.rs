@@ -140,19 +140,38 @@ fn ana(ctrl: &Controller, groups_only: bool) -> Vec<u8> {
     page
 }
 
-/// The address a discovery entry gives for `listener`: a wildcard listener (0.0.0.0, ::)
-/// cannot be dialled, so the address the host reached this controller at is listed
-/// instead when it came over the same transport (as Linux nvmet does); otherwise the
-/// listener's own address.
-fn advertised_address(listener: &ListenerInfo, local: Option<(TransportType, IpAddr)>) -> String {
-    let wildcard = listener
+/// The address a discovery entry gives for `listener`, with its ADRFAM. A wildcard listener
+/// (0.0.0.0, ::) cannot be dialled, so the address the host reached this controller at is
+/// listed instead when it came over the same transport (as Linux nvmet does); otherwise the
+/// listener's own address. Addresses are listed in canonical text, as `nvme connect -a`
+/// takes them: no brackets, no port, IPv6 compressed ("::1", not "0:0::1"), and an
+/// IPv4-mapped address as the IPv4 address it is. Where nvmet lists a dual-stack [::]
+/// port reached over IPv4 as ADRFAM IPv6 "::ffff:a.b.c.d", this lists IPv4 "a.b.c.d": the
+/// address the host dialled, and one a host without IPv6 can dial too.
+fn advertised_address(
+    listener: &ListenerInfo,
+    local: Option<(TransportType, IpAddr)>,
+) -> (u8, String) {
+    let configured = listener
         .address
-        .trim_matches(|c| c == '[' || c == ']')
+        .trim_start_matches('[')
+        .trim_end_matches(']')
         .parse::<IpAddr>()
-        .is_ok_and(|ip| ip.is_unspecified());
-    match local {
-        Some((transport, ip)) if wildcard && transport == listener.transport => ip.to_string(),
-        _ => listener.address.clone(),
+        .ok();
+    let ip = match (configured, local) {
+        (Some(ip), Some((transport, dialled)))
+            if ip.is_unspecified() && transport == listener.transport =>
+        {
+            Some(dialled)
+        }
+        (ip, _) => ip,
+    };
+    match ip.map(|ip| ip.to_canonical()) {
+        Some(ip @ IpAddr::V4(_)) => (disc::ADRFAM_IP4, ip.to_string()),
+        Some(ip @ IpAddr::V6(_)) => (disc::ADRFAM_IP6, ip.to_string()),
+        // Not numeric (neither the file nor the control plane accepts that): as given.
+        None if listener.address.contains(':') => (disc::ADRFAM_IP6, listener.address.clone()),
+        None => (disc::ADRFAM_IP4, listener.address.clone()),
     }
 }
 
@@ -163,7 +182,7 @@ fn discovery_entry(
     subtype: u8,
     subnqn: &str,
 ) {
-    let address = advertised_address(listener, local);
+    let (adrfam, address) = advertised_address(listener, local);
     let at = page.len();
     page.resize(at + disc::ENTRY_LEN, 0);
     let entry = &mut page[at..];
@@ -171,11 +190,7 @@ fn discovery_entry(
         TransportType::Tcp => disc::TRTYPE_TCP,
         TransportType::Rdma => disc::TRTYPE_RDMA,
     };
-    entry[1] = if address.contains(':') {
-        disc::ADRFAM_IP6
-    } else {
-        disc::ADRFAM_IP4
-    };
+    entry[1] = adrfam;
     entry[2] = subtype;
     entry[3] = disc::TREQ_NOT_REQUIRED;
     put_u16(entry, 4, listener.port_id);

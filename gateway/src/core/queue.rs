@@ -177,7 +177,8 @@ impl Queue {
     /// The address of this gateway that the host dialled (the socket's or CM ID's local
     /// address). A controller created on this queue lists it in its discovery log in place
     /// of a wildcard listener address (0.0.0.0 or ::), which a host could not dial; Linux
-    /// nvmet does the same (`nvmet_set_disc_traddr`).
+    /// nvmet does the same (`nvmet_set_disc_traddr`). An IPv4-mapped address (IPv4 through
+    /// a dual-stack [::] socket) is kept as the IPv4 address (nvmet lists ::ffff:a.b.c.d).
     pub fn set_local_address(&mut self, transport: TransportType, address: IpAddr) {
         self.local_address = Some((transport, address.to_canonical()));
     }

@@ -845,6 +845,98 @@ fn a_wildcard_listener_is_listed_with_the_address_the_host_dialled() {
 }
 
 #[test]
+fn ipv6_listeners_are_listed_with_adrfam_ipv6_and_canonical_traddr() {
+    let f = fixture();
+    // A pushed listener as the control plane may spell it (uncompressed, bracketed), and a
+    // dual-stack wildcard.
+    f.target.add_listener(ListenerInfo {
+        transport: TransportType::Tcp,
+        address: "[0:0:0:0:0:0:0:1]".into(),
+        port: 4430,
+        port_id: 2,
+    });
+    f.target.add_listener(ListenerInfo {
+        transport: TransportType::Tcp,
+        address: "::".into(),
+        port: 4431,
+        port_id: 3,
+    });
+    let page_for = |local: &str| {
+        let mut q = f.queue();
+        q.set_local_address(TransportType::Tcp, local.parse().unwrap());
+        let r = one(run(
+            &mut q,
+            connect(0, 31, 0),
+            Some(connect_data(spec::DISCOVERY_NQN, HOSTNQN, 0xffff)),
+        ));
+        assert!(r.completion.status.is_success());
+        assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20)).is_success());
+        get_log(&mut q, spec::log::DISC, 8192, 0, false)
+            .data
+            .unwrap()
+            .into_vec()
+    };
+    // (ADRFAM byte, TRSVCID field, TRADDR field) of record `i` (1-based: 0 is the header).
+    let record = |page: &[u8], i: usize| {
+        let e = page[1024 * i..1024 * (i + 1)].to_vec();
+        (e[1], e[32..64].to_vec(), e[512..768].to_vec())
+    };
+    let field = |text: &str, len: usize| {
+        let mut f = text.as_bytes().to_vec();
+        f.resize(len, 0);
+        f
+    };
+
+    // Dialled at ::1 over IPv6.
+    let page = page_for("::1");
+    assert_eq!(
+        u64::from_le_bytes(page[8..16].try_into().unwrap()),
+        6,
+        "NUMREC: 3 listeners x (discovery + the NVM subsystem)"
+    );
+    for base in [0, 3] {
+        assert_eq!(
+            record(&page, base + 1),
+            (
+                spec::disc::ADRFAM_IP4,
+                field("4420", 32),
+                field("127.0.0.1", 256)
+            )
+        );
+        assert_eq!(
+            record(&page, base + 2),
+            (spec::disc::ADRFAM_IP6, field("4430", 32), field("::1", 256)),
+            "no brackets, compressed"
+        );
+        assert_eq!(
+            record(&page, base + 3),
+            (spec::disc::ADRFAM_IP6, field("4431", 32), field("::1", 256)),
+            "the wildcard [::] listed as the address dialled"
+        );
+    }
+    // Dialled at a global IPv6 address.
+    let page = page_for("fd00:0:0:0::15");
+    assert_eq!(
+        record(&page, 3),
+        (
+            spec::disc::ADRFAM_IP6,
+            field("4431", 32),
+            field("fd00::15", 256)
+        )
+    );
+    // Dialled over IPv4 through the dual-stack [::] socket: IPv4 and its dotted address.
+    let page = page_for("::ffff:127.0.0.1");
+    assert_eq!(
+        record(&page, 3),
+        (
+            spec::disc::ADRFAM_IP4,
+            field("4431", 32),
+            field("127.0.0.1", 256)
+        )
+    );
+}
+
+#[test]
 fn keep_alive_expiry_tears_down_one_controller_and_its_queues() {
     let f = fixture();
     let mut admin_a = f.queue();

@@ -22,6 +22,12 @@ impl TcpServer {
         Ok(Self { listener, target })
     }
 
+    /// Serves on a socket the caller bound (a test that needs the port before it builds the
+    /// target's configuration).
+    pub fn from_listener(listener: TcpListener, target: Arc<Target>) -> Self {
+        Self { listener, target }
+    }
+
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }
