@@ -16,11 +16,13 @@
 # (f) unknown host NQN refused, (g) unknown subsystem NQN refused (gateway
 # alive after each), (h) final SIGTERM. Extra steps x1-x4: admin commands
 # (id-ctrl/id-ns fields, logs, features), idling past KATO, data intact across
-# a reconnect to the same process, header+data digests.
+# a reconnect to the same process, header+data digests. Steps v6.*
+# (e2e-tcp-ipv6.sh): a target on [::], discovered and connected over IPv6.
 # Last line: "N passed, N failed". Exit 0 only if nothing failed.
 #
 # Env: E2E_LOG_DIR (default: ./target/vm-logs if writable, else /tmp/e2e-logs),
-#      E2E_FIO_SIZE (default 32M), E2E_PORT (default 4420), RUST_LOG (default info).
+#      E2E_FIO_SIZE (default 32M), E2E_PORT (default 4420), RUST_LOG (default info),
+#      E2E_PORT6, E2E_ADDR6 (see e2e-tcp-ipv6.sh).
 set -u
 export LC_ALL=C
 
@@ -61,6 +63,7 @@ COPTS=(-t tcp -a "$ADDR" -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1)
 
 GWPID=""
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/e2e-tcp-ipv6.sh"
 
 gwlog_tail() { # n: tail of the gateway log (current run)
   [ -s "$GWLOG" ] || return 0
@@ -361,6 +364,7 @@ cleanup() {
   for c in $(connected_ctrls $NQN); do echo 1 > /sys/class/nvme/$c/delete_controller 2>/dev/null; done
   if [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; then kill -KILL "$GWPID" 2>/dev/null; fi
   [ -s "$GWLOG" ] && cp "$GWLOG" "$LOGDIR/" 2>/dev/null
+  v6_cleanup
   dmesg > "$LOGDIR/dmesg.log" 2>/dev/null
 }
 trap cleanup EXIT
@@ -422,6 +426,8 @@ if step gateway.start "start the target on $ADDR:$PORT" start_gateway first; the
 else
   skip_from a.discover "gateway did not start"
 fi
+
+ipv6_steps
 
 cleanup; trap - EXIT
 echo
