@@ -7,6 +7,8 @@ pub mod ana;
 pub mod server;
 pub mod state;
 pub mod store;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 pub mod tls;
 
 /// The generated gRPC types, clients and servers.

@@ -1,154 +1,35 @@
-//! mTLS between clients and `nvmeof-control`, with certificates made here (a CA, the
-//! server's, a client's, and a client's from another CA): a client with a certificate signed
-//! by the CA is served; no certificate, another CA's certificate, no TLS at all, or a server
-//! certificate the client does not trust are refused, and the server goes on serving. Then
-//! the same through the real binaries: `nvmeof-control --tls-*` and `nvmeofctl` with flags and
-//! environment variables, and its exit codes.
+//! mTLS between clients and `nvmeof-control`, with certificates made by
+//! `control_plane::test_support` (a CA, the server's, a client's, and a client's from another
+//! CA): a client with a certificate signed by the CA is served; no certificate, another CA's
+//! certificate, no TLS at all, or a server certificate the client does not trust are refused,
+//! and the server goes on serving. Then the same through the real binaries:
+//! `nvmeof-control --tls-*` and `nvmeofctl` with flags and environment variables, and its
+//! exit codes.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::proto::{self, admin_client::AdminClient};
-use control_plane::server::{ControlPlane, Options};
-use control_plane::store::{MemoryBackend, Store};
+use control_plane::test_support::{serve_in_memory_over_tls, TestPki};
 use control_plane::tls::{self, TlsFiles};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose,
-};
 
-/// A CA able to sign leaf certificates.
-struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-}
-
-fn new_ca(name: &str) -> Ca {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let key = KeyPair::generate().expect("CA key");
-    let cert = params.self_signed(&key).expect("CA certificate");
-    Ca { cert, key }
-}
-
-/// Writes `<name>.crt` and `<name>.key` signed by `ca` into `dir`.
-fn leaf(
-    dir: &Path,
-    ca: &Ca,
-    name: &str,
-    sans: &[&str],
-    usage: ExtendedKeyUsagePurpose,
-) -> (PathBuf, PathBuf) {
-    let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-        .expect("leaf params");
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.extended_key_usages = vec![usage];
-    let key = KeyPair::generate().expect("leaf key");
-    let cert = params
-        .signed_by(&key, &ca.cert, &ca.key)
-        .expect("leaf certificate");
-    let (crt_path, key_path) = (
-        dir.join(format!("{name}.crt")),
-        dir.join(format!("{name}.key")),
-    );
-    std::fs::write(&crt_path, cert.pem()).expect("write certificate");
-    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
-    (crt_path, key_path)
-}
-
-struct Pki {
-    dir: PathBuf,
-    ca: PathBuf,
-    other_ca: PathBuf,
-    server: TlsFiles,
-    client: TlsFiles,
-    /// Signed by another CA (trusts the right CA, so only the server can refuse it).
-    stranger: TlsFiles,
-    /// Trusts only the other CA: the server's certificate is not trusted.
-    wrong_trust: TlsFiles,
-    no_cert: TlsFiles,
-}
-
-fn pki(tag: &str) -> Pki {
-    let dir = std::env::temp_dir().join(format!("cp-tls-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let ca = new_ca("nvmeof test CA");
-    let other = new_ca("some other CA");
-    let ca_path = dir.join("ca.crt");
-    let other_path = dir.join("other-ca.crt");
-    std::fs::write(&ca_path, ca.cert.pem()).expect("write CA");
-    std::fs::write(&other_path, other.cert.pem()).expect("write other CA");
-    let (scrt, skey) = leaf(
-        &dir,
-        &ca,
-        "control",
-        &["localhost", "127.0.0.1"],
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    let (ccrt, ckey) = leaf(&dir, &ca, "admin", &[], ExtendedKeyUsagePurpose::ClientAuth);
-    let (xcrt, xkey) = leaf(
-        &dir,
-        &other,
-        "stranger",
-        &[],
-        ExtendedKeyUsagePurpose::ClientAuth,
-    );
-    let files = |ca: &Path, cert: Option<&Path>, key: Option<&Path>| TlsFiles {
-        ca: Some(ca.to_path_buf()),
-        cert: cert.map(Path::to_path_buf),
-        key: key.map(Path::to_path_buf),
-    };
-    Pki {
-        server: files(&ca_path, Some(&scrt), Some(&skey)),
-        client: files(&ca_path, Some(&ccrt), Some(&ckey)),
-        stranger: files(&ca_path, Some(&xcrt), Some(&xkey)),
-        wrong_trust: files(&other_path, Some(&ccrt), Some(&ckey)),
-        no_cert: files(&ca_path, None, None),
-        ca: ca_path,
-        other_ca: other_path,
-        dir,
+/// A client that trusts only the other CA: the server's certificate is not trusted.
+fn trusting_the_other_ca(pki: &TestPki) -> TlsFiles {
+    TlsFiles {
+        ca: Some(pki.other_ca.clone()),
+        ..pki.client.clone()
     }
 }
 
-async fn start_server(files: &TlsFiles) -> String {
-    let cp = ControlPlane::start(
-        Store::new(Arc::new(MemoryBackend::default())),
-        "tls-test".into(),
-        Options::default(),
-    )
-    .await
-    .expect("control plane");
-    tokio::spawn(cp.clone().run());
-    // Beacons are refused until this replica holds the lease.
-    let started = std::time::Instant::now();
-    while !cp.is_leader() {
-        assert!(started.elapsed() < Duration::from_secs(10), "never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// A client that trusts the CA but has no certificate of its own.
+fn without_certificate(pki: &TestPki) -> TlsFiles {
+    TlsFiles {
+        ca: Some(pki.ca.clone()),
+        cert: None,
+        key: None,
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    let config = tls::server_tls_config(files)
-        .expect("server TLS")
-        .expect("TLS on");
-    tokio::spawn(tls::serve(
-        cp,
-        listener,
-        Some(config),
-        std::future::pending::<()>(),
-    ));
-    addr
 }
 
 /// One admin request through a fresh connection: Ok(number of subsystems) or the error text.
@@ -189,18 +70,18 @@ async fn beacon(addr: &str, files: &TlsFiles) -> Result<proto::BeaconReply, Stri
 
 #[tokio::test]
 async fn only_clients_with_a_certificate_from_the_ca_are_served() {
-    let pki = pki("api");
-    let addr = start_server(&pki.server).await;
+    let pki = TestPki::create("cp-tls-api");
+    let addr = serve_in_memory_over_tls(&pki.server, "tls-test").await;
 
     assert_eq!(list_subsystems(&addr, &pki.client).await, Ok(0));
 
-    let no_cert = list_subsystems(&addr, &pki.no_cert).await;
+    let no_cert = list_subsystems(&addr, &without_certificate(&pki)).await;
     assert!(no_cert.is_err(), "a client without certificate was served");
     let stranger = list_subsystems(&addr, &pki.stranger).await;
     assert!(stranger.is_err(), "another CA's certificate was accepted");
     let plain = list_subsystems(&addr, &TlsFiles::default()).await;
     assert!(plain.is_err(), "a plain-text client was served");
-    let untrusted = list_subsystems(&addr, &pki.wrong_trust)
+    let untrusted = list_subsystems(&addr, &trusting_the_other_ca(&pki))
         .await
         .expect_err("the client trusted a server its CA did not sign");
     assert!(
@@ -222,17 +103,16 @@ async fn only_clients_with_a_certificate_from_the_ca_are_served() {
 
     // The gateways' service is behind the same TLS: a gateway with a certificate beacons.
     assert!(beacon(&addr, &pki.client).await.is_ok());
-    assert!(beacon(&addr, &pki.no_cert).await.is_err());
+    assert!(beacon(&addr, &without_certificate(&pki)).await.is_err());
     assert!(beacon(&addr, &pki.stranger).await.is_err());
 
     // The refused handshakes did not stop the server.
     assert_eq!(list_subsystems(&addr, &pki.client).await, Ok(0));
-    let _ = std::fs::remove_dir_all(&pki.dir);
 }
 
 #[test]
 fn incomplete_or_contradictory_options_are_refused() {
-    let pki = pki("options");
+    let pki = TestPki::create("cp-tls-options");
     let no_key = TlsFiles {
         key: None,
         ..pki.server.clone()
@@ -273,7 +153,6 @@ fn incomplete_or_contradictory_options_are_refused() {
     assert!(tls::client_endpoint("https://127.0.0.1:1", None).is_err());
     assert!(tls::client_endpoint("127.0.0.1:1", Some(&client)).is_ok());
     assert!(tls::client_endpoint("127.0.0.1:1", None).is_ok());
-    let _ = std::fs::remove_dir_all(&pki.dir);
 }
 
 fn free_port() -> u16 {
@@ -311,7 +190,7 @@ fn nvmeofctl(args: &[&str], env: &[(&str, &Path)]) -> Output {
 
 #[test]
 fn the_binaries_with_tls_options() {
-    let pki = pki("bins");
+    let pki = TestPki::create("cp-tls-bins");
     let port = free_port();
     let server = format!("127.0.0.1:{port}");
     let daemon = Daemon(
@@ -451,5 +330,4 @@ fn the_binaries_with_tls_options() {
         .expect("run nvmeof-control");
     assert!(!partial.status.success());
     assert!(String::from_utf8_lossy(&partial.stderr).contains("--tls-key"));
-    let _ = std::fs::remove_dir_all(&pki.dir);
 }

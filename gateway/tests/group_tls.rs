@@ -3,114 +3,18 @@
 //! certificate its CA signed (beacons reach it, the assignment stream is applied); the same
 //! agent with a certificate from another CA, or without TLS, gets nothing. The `[group]` TLS
 //! fields are checked when the file is read (all three or none, readable, the field named).
-//! Certificates are made here with rcgen, as in control-plane/tests/tls.rs. No Ceph needed:
-//! the control plane keeps its state in memory and the gateway serves a memory namespace.
+//! Certificates and the TLS replica come from `control_plane::test_support`, shared with
+//! control-plane/tests/tls.rs. No Ceph needed: the control plane keeps its state in memory and
+//! the gateway serves a memory namespace.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use control_plane::proto::{self, admin_client::AdminClient};
-use control_plane::server::{ControlPlane, Options};
-use control_plane::store::{MemoryBackend, Store};
+use control_plane::test_support::{serve_in_memory_over_tls, TestPki};
 use control_plane::tls::{self, TlsFiles};
 use nvmeof_gateway::config::Config;
 use nvmeof_gateway::group::{self, GroupSettings};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose,
-};
-
-struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-}
-
-fn new_ca(name: &str) -> Ca {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let key = KeyPair::generate().expect("CA key");
-    let cert = params.self_signed(&key).expect("CA certificate");
-    Ca { cert, key }
-}
-
-/// Writes `<name>.crt` and `<name>.key` signed by `ca` into `dir`.
-fn leaf(
-    dir: &Path,
-    ca: &Ca,
-    name: &str,
-    sans: &[&str],
-    usage: ExtendedKeyUsagePurpose,
-) -> (PathBuf, PathBuf) {
-    let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-        .expect("leaf params");
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.extended_key_usages = vec![usage];
-    let key = KeyPair::generate().expect("leaf key");
-    let cert = params
-        .signed_by(&key, &ca.cert, &ca.key)
-        .expect("leaf certificate");
-    let (crt, k) = (
-        dir.join(format!("{name}.crt")),
-        dir.join(format!("{name}.key")),
-    );
-    std::fs::write(&crt, cert.pem()).expect("write certificate");
-    std::fs::write(&k, key.serialize_pem()).expect("write key");
-    (crt, k)
-}
-
-struct Pki {
-    dir: PathBuf,
-    ca: PathBuf,
-    server: TlsFiles,
-    /// The gateway's certificate, signed by the CA.
-    gateway: (PathBuf, PathBuf),
-    /// Signed by another CA.
-    stranger: (PathBuf, PathBuf),
-}
-
-/// Certificates in a directory of their own per test (`tag`): the tests run concurrently.
-fn pki(tag: &str) -> Pki {
-    let dir = std::env::temp_dir().join(format!("gw-group-tls-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let ca = new_ca("nvmeof test CA");
-    let other = new_ca("some other CA");
-    let ca_path = dir.join("ca.crt");
-    std::fs::write(&ca_path, ca.cert.pem()).expect("write CA");
-    let (scrt, skey) = leaf(
-        &dir,
-        &ca,
-        "control",
-        &["localhost", "127.0.0.1"],
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    let gateway = leaf(&dir, &ca, "gw1", &[], ExtendedKeyUsagePurpose::ClientAuth);
-    let stranger = leaf(
-        &dir,
-        &other,
-        "stranger",
-        &[],
-        ExtendedKeyUsagePurpose::ClientAuth,
-    );
-    Pki {
-        server: TlsFiles {
-            ca: Some(ca_path.clone()),
-            cert: Some(scrt),
-            key: Some(skey),
-        },
-        ca: ca_path,
-        gateway,
-        stranger,
-        dir,
-    }
-}
 
 /// The gateway's file: gateway `gwN` owns ANA group N, serves a memory namespace in group 1;
 /// the `[group]` section has the `tls` lines.
@@ -141,6 +45,12 @@ ana_group = 1
     )
 }
 
+/// The `[group]` TLS lines of a gateway using `files`.
+fn tls_lines_for(files: &TlsFiles) -> String {
+    let file = |path: &Option<PathBuf>| path.clone().expect("a TLS file");
+    tls_lines(&file(&files.ca), &file(&files.cert), &file(&files.key))
+}
+
 fn tls_lines(ca: &Path, cert: &Path, key: &Path) -> String {
     format!(
         "tls_ca = {:?}\ntls_cert = {:?}\ntls_key = {:?}",
@@ -148,31 +58,6 @@ fn tls_lines(ca: &Path, cert: &Path, key: &Path) -> String {
         cert.display().to_string(),
         key.display().to_string()
     )
-}
-
-async fn start_tls_control_plane(files: &TlsFiles) -> String {
-    let cp = ControlPlane::start(
-        Store::new(Arc::new(MemoryBackend::default())),
-        "tls-replica".into(),
-        Options::default(),
-    )
-    .await
-    .expect("control plane");
-    tokio::spawn(cp.clone().run());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    let config = tls::server_tls_config(files)
-        .expect("server TLS")
-        .expect("TLS on");
-    tokio::spawn(tls::serve(
-        cp,
-        listener,
-        Some(config),
-        std::future::pending::<()>(),
-    ));
-    addr
 }
 
 /// Starts the group agent as `nvmeof-gateway` does for this file.
@@ -218,26 +103,15 @@ async fn gateways_known(addr: &str, admin_files: &TlsFiles) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_group_agent_joins_a_control_plane_over_mtls() {
-    let pki = pki("agent");
-    let addr = start_tls_control_plane(&pki.server).await;
-    let admin_files = TlsFiles {
-        ca: Some(pki.ca.clone()),
-        cert: Some(pki.gateway.0.clone()),
-        key: Some(pki.gateway.1.clone()),
-    };
+    let pki = TestPki::create("gw-group-tls-agent");
+    let addr = serve_in_memory_over_tls(&pki.server, "tls-replica").await;
+    // The gateways' certificate also serves the admin requests that check what arrived.
+    let admin_files = &pki.client;
 
     // The agent with the CA's certificate: beacons arrive, the assignment is applied.
-    let good = start_agent(&gateway_toml(
-        "gw1",
-        &addr,
-        &tls_lines(&pki.ca, &pki.gateway.0, &pki.gateway.1),
-    ));
+    let good = start_agent(&gateway_toml("gw1", &addr, &tls_lines_for(&pki.client)));
     // Another CA's certificate, and no TLS at all: refused by the replica.
-    let stranger = start_agent(&gateway_toml(
-        "gw2",
-        &addr,
-        &tls_lines(&pki.ca, &pki.stranger.0, &pki.stranger.1),
-    ));
+    let stranger = start_agent(&gateway_toml("gw2", &addr, &tls_lines_for(&pki.stranger)));
     let plain = start_agent(&gateway_toml("gw3", &addr, ""));
 
     let started = Instant::now();
@@ -255,7 +129,7 @@ async fn the_group_agent_joins_a_control_plane_over_mtls() {
     );
     let started = Instant::now();
     loop {
-        let known = gateways_known(&addr, &admin_files).await;
+        let known = gateways_known(&addr, admin_files).await;
         if known.iter().any(|n| n == "gw1") {
             break;
         }
@@ -273,18 +147,14 @@ async fn the_group_agent_joins_a_control_plane_over_mtls() {
         "another CA's certificate was served"
     );
     assert_eq!(plain.applied_epoch(), 0, "a plain-text agent was served");
-    let known = gateways_known(&addr, &admin_files).await;
+    let known = gateways_known(&addr, admin_files).await;
     assert!(
         !known.iter().any(|n| n == "gw2" || n == "gw3"),
         "a refused agent's beacons arrived: {known:?}"
     );
     // Control: a second gateway like gw2 and gw3 but with the CA's certificate is served, so
     // what kept them out was TLS, not being a second gateway of group 1.
-    let second = start_agent(&gateway_toml(
-        "gw4",
-        &addr,
-        &tls_lines(&pki.ca, &pki.gateway.0, &pki.gateway.1),
-    ));
+    let second = start_agent(&gateway_toml("gw4", &addr, &tls_lines_for(&pki.client)));
     let started = Instant::now();
     while second.applied_epoch() == 0 {
         assert!(
@@ -296,13 +166,16 @@ async fn the_group_agent_joins_a_control_plane_over_mtls() {
     assert_eq!(stranger.applied_epoch(), 0);
     assert_eq!(plain.applied_epoch(), 0);
     drop((good, stranger, plain, second));
-    let _ = std::fs::remove_dir_all(&pki.dir);
 }
 
 #[test]
 fn the_group_tls_fields_go_together_and_must_be_readable() {
-    let pki = pki("fields");
-    let (ca, (cert, key)) = (&pki.ca, &pki.gateway);
+    let pki = TestPki::create("gw-group-tls-fields");
+    let ca = &pki.ca;
+    let (cert, key) = (
+        pki.client.cert.as_ref().expect("client certificate"),
+        pki.client.key.as_ref().expect("client key"),
+    );
     let ok = Config::from_toml_str(&gateway_toml(
         "gw1",
         "127.0.0.1:5500",
@@ -347,5 +220,4 @@ fn the_group_tls_fields_go_together_and_must_be_readable() {
         e.contains("group.tls_cert") && e.contains("nope.crt"),
         "{e}"
     );
-    let _ = std::fs::remove_dir_all(&pki.dir);
 }
