@@ -41,6 +41,9 @@ impl Default for Options {
     }
 }
 
+/// Namespaces in one `NamespaceAddMany` (a subsystem's NSIDs, [`state::DEFAULT_MAX_NAMESPACES`]).
+const MAX_BATCH: usize = state::DEFAULT_MAX_NAMESPACES as usize;
+
 /// How long a namespace move waits for the old group's gateway to drain it.
 const MOVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -546,6 +549,19 @@ fn namespace_proto(n: &NamespaceEntry) -> proto::Namespace {
     }
 }
 
+fn namespace_entry(r: proto::NamespaceAddRequest) -> NamespaceEntry {
+    NamespaceEntry {
+        subsystem_nqn: r.subsystem_nqn,
+        nsid: r.nsid,
+        pool: r.pool,
+        rados_namespace: r.rados_namespace,
+        image: r.image,
+        block_size: r.block_size,
+        ana_group: r.ana_group,
+        moving_from: 0,
+    }
+}
+
 fn listener_proto(l: &ListenerEntry) -> proto::Listener {
     proto::Listener {
         subsystem_nqn: l.subsystem_nqn.clone(),
@@ -794,17 +810,7 @@ impl proto::admin_server::Admin for AdminService {
         &self,
         r: Request<proto::NamespaceAddRequest>,
     ) -> Result<Response<proto::Reply>, Status> {
-        let r = r.into_inner();
-        let entry = NamespaceEntry {
-            subsystem_nqn: r.subsystem_nqn,
-            nsid: r.nsid,
-            pool: r.pool,
-            rados_namespace: r.rados_namespace,
-            image: r.image,
-            block_size: r.block_size,
-            ana_group: r.ana_group,
-            moving_from: 0,
-        };
+        let entry = namespace_entry(r.into_inner());
         // Syntax and references first (cheap, and no cluster round trip for a bad request).
         self.0
             .snapshot()
@@ -832,6 +838,90 @@ impl proto::admin_server::Admin for AdminService {
                 added.nsid, added.subsystem_nqn, added.ana_group
             ),
         ))
+    }
+
+    async fn namespace_add_many(
+        &self,
+        r: Request<proto::NamespaceAddManyRequest>,
+    ) -> Result<Response<proto::NamespaceAddManyReply>, Status> {
+        let entries: Vec<NamespaceEntry> = r
+            .into_inner()
+            .namespaces
+            .into_iter()
+            .map(namespace_entry)
+            .collect();
+        if entries.len() > MAX_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "{} namespaces in one request: at most {MAX_BATCH}",
+                entries.len()
+            )));
+        }
+        // Checks in order against the cached state (each namespace sees the ones before it),
+        // then the images, up to the first refusal.
+        let mut trial = self.0.state();
+        let mut refusal: Option<(usize, Status)> = None;
+        for (i, e) in entries.iter().enumerate() {
+            if let Err(err) = trial.add_namespace(e.clone()) {
+                refusal = Some((i, config_status(err)));
+                break;
+            }
+        }
+        let checked = refusal.as_ref().map_or(entries.len(), |(i, _)| *i);
+        let backend = self.0.store.backend().clone();
+        let to_check = entries[..checked].to_vec();
+        let missing = blocking(move || {
+            for (i, e) in to_check.iter().enumerate() {
+                if !backend.image_exists(&e.pool, &e.rados_namespace, &e.image)? {
+                    return Ok(Some(i));
+                }
+            }
+            Ok(None)
+        })
+        .await?;
+        if let Some(i) = missing {
+            refusal = Some((
+                i,
+                Status::not_found(format!(
+                    "image {} not found",
+                    state::image_spec(&entries[i])
+                )),
+            ));
+        }
+        let accepted: Vec<NamespaceEntry> =
+            entries[..refusal.as_ref().map_or(entries.len(), |(i, _)| *i)].to_vec();
+        // Applied together; a namespace refused now (the state changed since the check)
+        // ends the batch there like one refused above.
+        let ((added, late), st) = self
+            .0
+            .update(move |st| {
+                let mut added = Vec::with_capacity(accepted.len());
+                for (i, e) in accepted.iter().enumerate() {
+                    match st.add_namespace(e.clone()) {
+                        Ok(n) => added.push(n),
+                        Err(err) => return Ok((added, Some((i, err)))),
+                    }
+                }
+                Ok((added, None))
+            })
+            .await?;
+        if let Some((i, err)) = late {
+            refusal = Some((i, config_status(err)));
+        }
+        tracing::info!(
+            added = added.len(),
+            refused = ?refusal.as_ref().map(|(i, s)| (i, s.message().to_string())),
+            version = st.version,
+            "namespaces added"
+        );
+        Ok(Response::new(proto::NamespaceAddManyReply {
+            version: st.version,
+            added: added.iter().map(namespace_proto).collect(),
+            refused: refusal.map(|(i, s)| proto::NamespaceAddRefusal {
+                index: u32::try_from(i).unwrap_or(u32::MAX),
+                code: s.code() as i32,
+                message: s.message().to_string(),
+            }),
+        }))
     }
 
     async fn namespace_del(

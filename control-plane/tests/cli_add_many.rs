@@ -120,6 +120,17 @@ async fn namespaces_from_a_file() {
         "a malformed file added something"
     );
 
+    let version = |a: &mut AdminClient<Channel>| {
+        let mut a = a.clone();
+        async move {
+            a.namespace_list(proto::NamespaceListRequest::default())
+                .await
+                .expect("list")
+                .into_inner()
+                .version
+        }
+    };
+    let before = version(&mut a).await;
     let good = file(
         "good.txt",
         "# three images\nimg1\nimg2 10 2\nimg3   # next free NSID\n",
@@ -147,6 +158,8 @@ async fn namespaces_from_a_file() {
             (10, "img2".to_string(), 2),
         ]
     );
+    // The three went in one state update (one NamespaceAddMany).
+    assert_eq!(version(&mut a).await, before + 1);
 
     // The second line names an image that does not exist: the first is added, the rest not.
     let partial = file("partial.txt", "img4\nmissing\nimg5\n");

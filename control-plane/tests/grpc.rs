@@ -364,6 +364,85 @@ async fn assignments_follow_a_fenced_failover() {
     beacons.abort();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_namespaces_in_one_update_up_to_the_first_refusal() {
+    let f = start().await;
+    f.backend
+        .images
+        .lock()
+        .expect("images")
+        .extend((3..=5).map(|i| format!("rbd/img{i}")));
+    let mut a = AdminClient::new(channel(&f.addr).await);
+    let mut g = GatewayControlClient::new(channel(&f.addr).await);
+    beacon(&mut g, "gw1", 1, 0).await;
+    beacon(&mut g, "gw2", 2, 0).await;
+    a.subsystem_add(proto::SubsystemAddRequest {
+        nqn: NQN.into(),
+        allow_any_host: true,
+        ..Default::default()
+    })
+    .await
+    .expect("subsystem");
+    let ns = |image: &str, nsid: u32| proto::NamespaceAddRequest {
+        subsystem_nqn: NQN.into(),
+        nsid,
+        pool: "rbd".into(),
+        image: image.into(),
+        ..Default::default()
+    };
+    let v0 = f.cp.state().version;
+    // The third takes the second's NSID: the first two are added, in one write.
+    let r = a
+        .namespace_add_many(proto::NamespaceAddManyRequest {
+            namespaces: vec![ns("img1", 0), ns("img2", 7), ns("img3", 7), ns("img4", 0)],
+        })
+        .await
+        .expect("add many")
+        .into_inner();
+    let got: Vec<(u32, String)> = r.added.iter().map(|n| (n.nsid, n.image.clone())).collect();
+    assert_eq!(got, vec![(1, "img1".into()), (7, "img2".into())]);
+    assert_eq!(r.added[0].ana_group, 1);
+    assert_eq!(r.added[1].ana_group, 2, "spread over the groups");
+    let refused = r.refused.expect("refused");
+    assert_eq!(refused.index, 2);
+    assert_eq!(refused.code, tonic::Code::AlreadyExists as i32);
+    assert!(
+        refused.message.contains("namespace 7"),
+        "{}",
+        refused.message
+    );
+    assert_eq!(r.version, v0 + 1);
+    let stored = Store::new(f.backend.clone()).load().expect("load");
+    assert_eq!(stored.namespaces.len(), 2);
+    assert_eq!(stored.version, v0 + 1);
+    // A missing image refuses from there on; nothing is written when the first is refused.
+    let r = a
+        .namespace_add_many(proto::NamespaceAddManyRequest {
+            namespaces: vec![ns("missing", 0), ns("img5", 0)],
+        })
+        .await
+        .expect("add many")
+        .into_inner();
+    assert!(r.added.is_empty());
+    let refused = r.refused.expect("refused");
+    assert_eq!(
+        (refused.index, refused.code),
+        (0, tonic::Code::NotFound as i32)
+    );
+    assert_eq!(
+        Store::new(f.backend.clone()).load().expect("load").version,
+        v0 + 1
+    );
+    // More than a subsystem's NSIDs in one request.
+    let e = a
+        .namespace_add_many(proto::NamespaceAddManyRequest {
+            namespaces: (0..1025).map(|i| ns(&format!("x{i}"), 0)).collect(),
+        })
+        .await
+        .expect_err("too many");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+}
+
 /// Group beacons from `gw` every 100 ms, acknowledging the state version in `applied`.
 fn group_beacons(
     g: &GatewayControlClient<Channel>,

@@ -124,9 +124,10 @@ enum NamespaceCmd {
     /// Adds many namespaces over one connection (a process per namespace costs ~50 ms, most
     /// of it start-up). FILE (`-`: stdin) has one namespace per line: `IMAGE [NSID
     /// [ANA_GROUP]]` (NSID 0 or none: the lowest free; ANA_GROUP none: --ana-group); blank
-    /// lines and `#` comments are skipped. The whole file is checked before anything is sent.
-    /// Each namespace is one request: at the first refusal it stops, the ones before it stay
-    /// added, and the message names the line.
+    /// lines and `#` comments are skipped. The whole file is checked before anything is sent,
+    /// then sent as one `NamespaceAddMany` (one state update for up to 1024; one
+    /// `NamespaceAdd` per line to a control plane without it). At the first refusal it
+    /// stops: the ones before it stay added, and the message names the line.
     AddMany {
         #[arg(long, short = 'n')]
         subsystem: String,
@@ -522,42 +523,86 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             file,
         }) => {
             let started = std::time::Instant::now();
-            let mut replies = Vec::with_capacity(lines.len());
-            for (i, line) in lines.iter().enumerate() {
-                let reply = c
-                    .namespace_add(proto::NamespaceAddRequest {
-                        subsystem_nqn: subsystem.clone(),
-                        nsid: line.nsid,
-                        pool: pool.clone(),
-                        rados_namespace: rados_namespace.clone(),
-                        image: line.image.clone(),
-                        block_size,
-                        ana_group: line.ana_group.unwrap_or(ana_group),
+            let request = |line: &NamespaceLine| proto::NamespaceAddRequest {
+                subsystem_nqn: subsystem.clone(),
+                nsid: line.nsid,
+                pool: pool.clone(),
+                rados_namespace: rados_namespace.clone(),
+                image: line.image.clone(),
+                block_size,
+                ana_group: line.ana_group.unwrap_or(ana_group),
+            };
+            let refused_line = |line: &NamespaceLine, before: usize, s: tonic::Status| {
+                Failure::Refused(tonic::Status::new(
+                    s.code(),
+                    format!(
+                        "{}:{} ({}): {}; the {before} namespaces before it were added",
+                        file.display(),
+                        line.number,
+                        line.image,
+                        s.message()
+                    ),
+                ))
+            };
+            // One NamespaceAddMany per chunk: one state update each. A control plane
+            // without it (older) gets one NamespaceAdd per line.
+            let mut added: Vec<proto::Namespace> = Vec::with_capacity(lines.len());
+            let mut version = 0;
+            let mut batched = true;
+            for chunk in lines.chunks(ADD_MANY_CHUNK) {
+                if !batched {
+                    break;
+                }
+                let reply = match c
+                    .namespace_add_many(proto::NamespaceAddManyRequest {
+                        namespaces: chunk.iter().map(request).collect(),
                     })
                     .await
-                    .map_err(|status| match refused(status) {
-                        Failure::Refused(s) => Failure::Refused(tonic::Status::new(
-                            s.code(),
-                            format!(
-                                "{}:{} ({}): {}; the {i} namespaces before it were added",
-                                file.display(),
-                                line.number,
-                                line.image,
-                                s.message()
-                            ),
-                        )),
-                        other => other,
-                    })?
-                    .into_inner();
-                replies.push(reply);
+                {
+                    Ok(r) => r.into_inner(),
+                    Err(s) if s.code() == tonic::Code::Unimplemented && added.is_empty() => {
+                        batched = false;
+                        continue;
+                    }
+                    Err(s) => {
+                        return Err(match refused(s) {
+                            Failure::Refused(s) => refused_line(&chunk[0], added.len(), s),
+                            other => other,
+                        })
+                    }
+                };
+                version = reply.version;
+                added.extend(reply.added);
+                if let Some(r) = reply.refused {
+                    let i = usize::try_from(r.index).unwrap_or(usize::MAX);
+                    let line = chunk.get(i).unwrap_or(&chunk[chunk.len() - 1]);
+                    let status = tonic::Status::new(tonic::Code::from(r.code), r.message);
+                    return Err(refused_line(line, added.len(), status));
+                }
+            }
+            if !batched {
+                for (i, line) in lines.iter().enumerate() {
+                    let reply = c
+                        .namespace_add(request(line))
+                        .await
+                        .map_err(|status| match refused(status) {
+                            Failure::Refused(s) => refused_line(line, i, s),
+                            other => other,
+                        })?
+                        .into_inner();
+                    version = reply.version;
+                }
             }
             match out {
-                Output::Json => json(&replies),
+                Output::Json => json(&proto::NamespaceAddManyReply {
+                    version,
+                    added,
+                    refused: None,
+                }),
                 Output::Table => println!(
-                    "{} namespaces added to {subsystem} in {:.2} s (state version {})",
-                    replies.len(),
+                    "{} namespaces added to {subsystem} in {:.2} s (state version {version})",
+                    lines.len(),
                     started.elapsed().as_secs_f64(),
-                    replies.last().map(|r| r.version).unwrap_or_default()
                 ),
             }
         }
@@ -867,6 +912,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     }
     Ok(())
 }
+
+/// Namespaces per `NamespaceAddMany` request (the server's limit).
+const ADD_MANY_CHUNK: usize = 1024;
 
 /// One line of `namespace add-many`'s file.
 #[derive(Debug, PartialEq, Eq)]
