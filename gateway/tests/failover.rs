@@ -15,228 +15,57 @@
 //! cargo test -p nvmeof-gateway --test failover -- --ignored --nocapture
 //! ```
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::ops::RangeInclusive;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use control_plane::ana::{Availability, Timing};
-use control_plane::server::{self, ControlPlane, Options};
-use control_plane::store::{RadosBackend, Store};
-use nvmeof_gateway::host::{HostConnection, HostOptions};
-use nvmeof_gateway::spec::{ana, log};
+use common::ceph::{ceph_conf, ceph_settings, create_image_pair, pool, remove_image, run};
+use common::control::start_rados_control_plane;
+use common::gateway_process::{group_member_toml, two_group_subsystem_toml, GatewayProcess};
+use common::host::{connect_within, wait_for_ana_states, Attach, HostQueues};
+use common::{free_port, scratch_dir, unique_tag};
+use control_plane::ana::Availability;
+use nvmeof_gateway::spec::ana;
 use rbd_backend::rados::Client;
-use rbd_backend::rbd::CephSettings;
 
 const SUBNQN: &str = "nqn.2016-06.io.test:failover";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000f0";
 const BLOCK: u32 = 512;
 
-fn ceph_conf() -> String {
-    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
-    assert!(
-        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
-        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
-         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
-    );
-    conf
-}
+/// gw1's and gw2's controller IDs: disjoint, as in any group.
+const GW1_CNTLIDS: RangeInclusive<u16> = 1..=2040;
+const GW2_CNTLIDS: RangeInclusive<u16> = 2041..=4080;
 
-fn pool() -> String {
-    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
-}
-
-fn settings() -> CephSettings {
-    CephSettings {
-        conf: Some(PathBuf::from(ceph_conf())),
-        keyring: std::env::var("CEPH_KEYRING").ok().map(PathBuf::from),
-        max_connections: 1,
-        ..CephSettings::default()
-    }
-}
-
-fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd} {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// A gateway process, killed when dropped.
-struct GatewayProcess {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl GatewayProcess {
-    fn signal(&self, sig: &str) {
-        run("kill", &[sig, &self.child.id().to_string()]);
-    }
-}
-
-impl Drop for GatewayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
+/// A gateway of the group (`name` owns ANA group `group`) serving both test images, one per
+/// ANA group.
 fn spawn_gateway(
-    dir: &std::path::Path,
+    dir: &Path,
     name: &str,
     group: u32,
-    cntlid: (u16, u16),
+    cntlids: RangeInclusive<u16>,
     cp: &str,
     images: &[String; 2],
 ) -> GatewayProcess {
     let port = free_port();
-    let config = format!(
-        r#"
-[gateway]
-name = "{name}"
-cntlid_min = {lo}
-cntlid_max = {hi}
-worker_threads = 1
-
-[group]
-control_plane = ["{cp}"]
-ana_group = {group}
-beacon_interval_ms = 250
-
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1"
-port = {port}
-
-[[subsystem]]
-nqn = "{SUBNQN}"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "rbd"
-pool = "{pool}"
-image = "{img1}"
-ana_group = 1
-
-[[subsystem.namespace]]
-nsid = 2
-backend = "rbd"
-pool = "{pool}"
-image = "{img2}"
-ana_group = 2
-
-[ceph]
-conf = "{conf}"
-connections = 1
-"#,
-        lo = cntlid.0,
-        hi = cntlid.1,
-        pool = pool(),
-        img1 = images[0],
-        img2 = images[1],
-        conf = ceph_conf(),
-    );
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, config).expect("write config");
-    let log = dir.join(format!("{name}.log"));
-    let child = Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
-        .arg("--config")
-        .arg(&path)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"))
-        .spawn()
-        .expect("start nvmeof-gateway");
-    GatewayProcess { child, port, log }
+    let config = group_member_toml(name, Some(cntlids), cp, group, port)
+        + &two_group_subsystem_toml(SUBNQN, images);
+    GatewayProcess::spawn(dir, name, port, &config)
 }
 
-struct Host {
-    admin: HostConnection,
-    io: HostConnection,
-}
-
-async fn connect(port: u16, within: Duration) -> Host {
-    let addr = format!("127.0.0.1:{port}");
-    let started = Instant::now();
-    loop {
-        let mut o = HostOptions::new(HOSTNQN);
-        o.timeout = Duration::from_secs(60);
-        let attempt = async {
-            let admin = HostConnection::connect(addr.as_str(), o.clone()).await?;
-            let cntlid = admin.connect_admin(SUBNQN, 120_000).await?;
-            admin.enable_controller().await?;
-            let ctrl = admin.identify_controller().await?;
-            let io = HostConnection::connect(addr.as_str(), o).await?;
-            io.set_in_capsule_data_max(ctrl.in_capsule_data_max());
-            io.connect_io(SUBNQN, cntlid, 1, 31).await?;
-            Ok::<_, nvmeof_gateway::host::HostError>(Host { admin, io })
-        };
-        match attempt.await {
-            Ok(h) => return h,
-            Err(e) if started.elapsed() < within => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("cannot connect to the gateway on {addr}: {e}"),
-        }
-    }
-}
-
-/// ANA group → state, from the ANA log page (0Ch).
-async fn ana_states(admin: &HostConnection) -> BTreeMap<u32, u8> {
-    let page = admin
-        .get_log_page(log::ANA, 0, 4096, 0)
-        .await
-        .expect("ANA log page");
-    let mut out = BTreeMap::new();
-    let groups = u16::from_le_bytes([page[8], page[9]]);
-    let mut off = 16usize;
-    for _ in 0..groups {
-        let d = &page[off..];
-        let id = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
-        let nnsid = u32::from_le_bytes([d[4], d[5], d[6], d[7]]) as usize;
-        out.insert(id, d[16]);
-        off += 32 + 4 * nnsid;
-    }
-    out
-}
-
-async fn wait_for_states(admin: &HostConnection, want: &[(u32, u8)], within: Duration) {
-    let started = Instant::now();
-    loop {
-        let got = ana_states(admin).await;
-        if want.iter().all(|(g, s)| got.get(g) == Some(s)) {
-            return;
-        }
-        assert!(
-            started.elapsed() < within,
-            "ANA states {got:?}, expected {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+async fn connect(port: u16, within: Duration) -> HostQueues {
+    connect_within(port, &Attach::new(HOSTNQN, SUBNQN), within).await
 }
 
 fn pattern(seed: u8) -> Vec<u8> {
-    (0..BLOCK as usize * 8)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
+    common::pattern(BLOCK as usize * 8, seed)
+}
+
+/// The OSD blocklist, as `ceph osd blocklist ls` prints it.
+fn osd_blocklist() -> String {
+    String::from_utf8_lossy(&run("ceph", &["osd", "blocklist", "ls"])).into_owned()
 }
 
 /// `group`'s client addresses (of one gateway's per-group report) are all in the blocklist,
@@ -282,63 +111,27 @@ fn assert_group_fenced_alone(groups: &BTreeMap<u32, Vec<String>>, group: u32, bl
 #[ignore = "needs a Ceph cluster: bash rbd-backend/tests/ceph-tests.sh"]
 async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     ceph_conf();
-    let tag = format!("{}-{}", std::process::id(), free_port());
-    let images = [format!("failover-{tag}-1"), format!("failover-{tag}-2")];
-    for i in &images {
-        run(
-            "rbd",
-            &["create", "--size", "64M", &format!("{}/{i}", pool())],
-        );
-    }
-    let dir = std::env::temp_dir().join(format!("failover-{tag}"));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let name = format!("failover-{}", unique_tag());
+    let images = create_image_pair(&name, "64M");
+    let dir = scratch_dir(&name);
 
     // The control plane, state in RADOS.
-    let group = format!("failover-{tag}");
-    let (s, p, g) = (settings(), pool(), group.clone());
-    let backend = tokio::task::spawn_blocking(move || RadosBackend::connect(&s, &p, &g))
-        .await
-        .expect("join")
-        .expect("state object");
-    let oid = backend.oid().to_string();
-    let cp = ControlPlane::start(
-        Store::new(Arc::new(backend)),
-        "test-replica".into(),
-        Options {
-            timing: Timing {
-                grace_ms: 1500,
-                failback_delay_ms: 500,
-            },
-            lease: Duration::from_secs(3),
-            tick: Duration::from_millis(100),
-        },
-    )
-    .await
-    .expect("control plane");
-    tokio::spawn(cp.clone().run());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let cp_addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(server::serve(
-        cp.clone(),
-        listener,
-        std::future::pending::<()>(),
-    ));
+    let control = start_rados_control_plane(&name, 500).await;
+    let (cp, cp_addr, oid) = (control.cp, control.addr, control.state_oid);
 
-    let gw1 = spawn_gateway(&dir, "gw1", 1, (1, 2040), &cp_addr, &images);
-    let gw2 = spawn_gateway(&dir, "gw2", 2, (2041, 4080), &cp_addr, &images);
+    let gw1 = spawn_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, &images);
+    let gw2 = spawn_gateway(&dir, "gw2", 2, GW2_CNTLIDS, &cp_addr, &images);
     eprintln!("gateway logs: {} {}", gw1.log.display(), gw2.log.display());
     let h1 = connect(gw1.port, Duration::from_secs(30)).await;
     let h2 = connect(gw2.port, Duration::from_secs(30)).await;
     let steady = Duration::from_secs(20);
-    wait_for_states(
+    wait_for_ana_states(
         &h1.admin,
         &[(1, ana::OPTIMIZED), (2, ana::INACCESSIBLE)],
         steady,
     )
     .await;
-    wait_for_states(
+    wait_for_ana_states(
         &h2.admin,
         &[(1, ana::INACCESSIBLE), (2, ana::OPTIMIZED)],
         steady,
@@ -365,7 +158,7 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     assert!(!gw1_addrs.is_empty(), "gw1 reported no client addresses");
     let frozen = Instant::now();
     gw1.signal("-STOP");
-    wait_for_states(&h2.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(30)).await;
+    wait_for_ana_states(&h2.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(30)).await;
     let failover = frozen.elapsed();
     eprintln!(
         "failover: group 1 optimized on gw2 {} ms after gw1 froze (grace 1500 ms)",
@@ -377,7 +170,7 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     assert_eq!(map.groups[&1].holder, "gw2");
     // The blocklist holds gw1's clients for group 1, and only those: its connections are
     // sharded per ANA group, so its group-2 clients were left alone.
-    let blocklist = run("ceph", &["osd", "blocklist", "ls"]);
+    let blocklist = osd_blocklist();
     let gw1_groups = map.gateways["gw1"]
         .group_addrs
         .clone()
@@ -410,23 +203,18 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         r.err().map(|e| e.to_string()).unwrap_or_default()
     );
     // It is told, and says so in its log.
-    let started = Instant::now();
-    while !std::fs::read_to_string(&gw1.log)
-        .unwrap_or_default()
-        .contains("this gateway was fenced")
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "gw1 never logged that it was fenced"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    gw1.wait_for_log(
+        "this gateway was fenced",
+        Duration::from_secs(10),
+        "gw1 never logged that it was fenced",
+    )
+    .await;
     // Without restarting, it drops its fenced clients; once it reports none of the fenced
     // addresses the control plane lets it serve again, and group 1 fails back to it (drained
     // on gw2, gw2's group-1 clients fenced), served through fresh clients.
     let thawed = Instant::now();
-    wait_for_states(&h1.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(30)).await;
-    wait_for_states(
+    wait_for_ana_states(&h1.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(30)).await;
+    wait_for_ana_states(
         &h2.admin,
         &[(1, ana::INACCESSIBLE)],
         Duration::from_secs(10),
@@ -442,9 +230,9 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         st.gateways["gw1"].incarnation,
         map.gateways["gw1"].incarnation
     );
-    let log = std::fs::read_to_string(&gw1.log).unwrap_or_default();
     assert!(
-        log.contains("ANA group given fresh cluster clients"),
+        gw1.log_text()
+            .contains("ANA group given fresh cluster clients"),
         "gw1 served group 1 again without fresh clients"
     );
     assert_eq!(
@@ -479,15 +267,15 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     drop(h1);
     drop(gw1);
     let restarted = Instant::now();
-    let gw1 = spawn_gateway(&dir, "gw1", 1, (1, 2040), &cp_addr, &images);
+    let gw1 = spawn_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, &images);
     let h1 = connect(gw1.port, Duration::from_secs(30)).await;
-    wait_for_states(
+    wait_for_ana_states(
         &h1.admin,
         &[(1, ana::OPTIMIZED), (2, ana::INACCESSIBLE)],
         Duration::from_secs(30),
     )
     .await;
-    wait_for_states(
+    wait_for_ana_states(
         &h2.admin,
         &[(1, ana::INACCESSIBLE), (2, ana::OPTIMIZED)],
         Duration::from_secs(10),
@@ -505,7 +293,7 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         .group_addrs
         .clone()
         .expect("gw2 reports its clients per ANA group");
-    let blocklist = run("ceph", &["osd", "blocklist", "ls"]);
+    let blocklist = osd_blocklist();
     assert_group_fenced_alone(&gw2_groups, 1, &blocklist);
     gw1_addrs.extend(gw2_groups.get(&1).cloned().unwrap_or_default());
     h2.io
@@ -560,9 +348,9 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         pauses.push(frozen.elapsed());
         drop(h1);
         drop(gw1);
-        gw1 = spawn_gateway(&dir, "gw1", 1, (1, 2040), &cp_addr, &images);
+        gw1 = spawn_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, &images);
         h1 = connect(gw1.port, Duration::from_secs(30)).await;
-        wait_for_states(&h1.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(30)).await;
+        wait_for_ana_states(&h1.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(30)).await;
         h1.io
             .write(1, 0, pattern(20 + round as u8), BLOCK)
             .await
@@ -581,9 +369,9 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     // gw2 had group 1 taken away (and its clients for it fenced) at every failback: each later
     // failover gave it fresh clients and reopened the image before it turned optimized.
     if runs > 1 {
-        let log = std::fs::read_to_string(&gw2.log).unwrap_or_default();
         assert!(
-            log.contains("ANA group given fresh cluster clients"),
+            gw2.log_text()
+                .contains("ANA group given fresh cluster clients"),
             "gw2 served group 1 again without fresh clients"
         );
     }
@@ -598,31 +386,24 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     );
     let stopping = Instant::now();
     gw1.signal("-TERM");
-    wait_for_states(&h2.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(15)).await;
+    wait_for_ana_states(&h2.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(15)).await;
     let moved = stopping.elapsed();
     h2.io
         .write(1, 0, pattern(30), BLOCK)
         .await
         .expect("write via gw2 after the planned move");
-    let exited = loop {
-        if let Some(status) = gw1.child.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(
-            stopping.elapsed() < Duration::from_secs(20),
-            "gw1 did not exit after SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let remaining = Duration::from_secs(20).saturating_sub(stopping.elapsed());
+    let exited = gw1
+        .exit_within(remaining, "gw1 did not exit after SIGTERM")
+        .await;
     assert!(exited.success(), "gw1 exited with {exited}");
     eprintln!(
         "planned move (SIGTERM): group 1 optimized on gw2 {} ms after the signal, gw1 exited after {} ms",
         moved.as_millis(),
         stopping.elapsed().as_millis()
     );
-    let log = std::fs::read_to_string(&gw1.log).unwrap_or_default();
     assert!(
-        log.contains("groups moved away"),
+        gw1.log_text().contains("groups moved away"),
         "gw1 did not wait for the move"
     );
 
@@ -631,7 +412,7 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     drop(h2);
     drop(gw1);
     drop(gw2);
-    let (s, p) = (settings(), pool());
+    let (s, p) = (ceph_settings(), pool());
     let logs = dir.clone();
     tokio::task::spawn_blocking(move || {
         if let Ok(c) = Client::connect(&s) {
@@ -646,9 +427,7 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     .await
     .expect("cleanup");
     for i in &images {
-        let _ = Command::new("rbd")
-            .args(["rm", "--no-progress", &format!("{}/{i}", pool())])
-            .output();
+        remove_image(i);
     }
     let _ = std::fs::remove_dir_all(logs);
 }

@@ -14,116 +14,26 @@
 //! cargo test -p nvmeof-gateway --test fenced_group -- --ignored --nocapture
 //! ```
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
 
-use nvmeof_gateway::host::{HostConnection, HostError, HostOptions};
-use nvmeof_gateway::spec::{ana, log};
+use common::ceph::{
+    ceph_conf, create_image_pair, image_spec, rbd, remove_from_blocklist, remove_image_retrying,
+    run,
+};
+use common::gateway_process::{listener_toml, two_group_subsystem_toml, GatewayProcess};
+use common::host::{ana_states, connect_within, Attach, HostQueues};
+use common::{free_port, scratch_dir, unique_tag};
+use nvmeof_gateway::host::HostError;
+use nvmeof_gateway::spec::ana;
 
 const SUBNQN: &str = "nqn.2016-06.io.test:fenced-group";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000fe";
 const BLOCK: u32 = 512;
 
-fn ceph_conf() -> String {
-    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
-    assert!(
-        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
-        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
-         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
-    );
-    conf
-}
-
-fn pool() -> String {
-    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
-}
-
-fn run(cmd: &str, args: &[&str]) -> Vec<u8> {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd} {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-struct GatewayProcess {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for GatewayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn connect(port: u16) -> (HostConnection, HostConnection) {
-    let addr = format!("127.0.0.1:{port}");
-    let started = Instant::now();
-    loop {
-        let mut o = HostOptions::new(HOSTNQN);
-        o.timeout = Duration::from_secs(30);
-        let attempt = async {
-            let admin = HostConnection::connect(addr.as_str(), o.clone()).await?;
-            let cntlid = admin.connect_admin(SUBNQN, 120_000).await?;
-            admin.enable_controller().await?;
-            let ctrl = admin.identify_controller().await?;
-            let io = HostConnection::connect(addr.as_str(), o).await?;
-            io.set_in_capsule_data_max(ctrl.in_capsule_data_max());
-            io.connect_io(SUBNQN, cntlid, 1, 31).await?;
-            Ok::<_, HostError>((admin, io))
-        };
-        match attempt.await {
-            Ok(h) => return h,
-            Err(e) => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "cannot connect to the gateway on {addr}: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
-}
-
-/// ANA group → state, from the ANA log page (0Ch).
-async fn ana_states(admin: &HostConnection) -> BTreeMap<u32, u8> {
-    let page = admin
-        .get_log_page(log::ANA, 0, 4096, 0)
-        .await
-        .expect("ANA log page");
-    let mut out = BTreeMap::new();
-    let groups = u16::from_le_bytes([page[8], page[9]]);
-    let mut off = 16usize;
-    for _ in 0..groups {
-        let d = &page[off..];
-        let id = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
-        let nnsid = u32::from_le_bytes([d[4], d[5], d[6], d[7]]) as usize;
-        out.insert(id, d[16]);
-        off += 32 + 4 * nnsid;
-    }
-    out
-}
-
 fn pattern(seed: u8) -> Vec<u8> {
-    (0..BLOCK as usize * 8)
-        .map(|i| (i as u8).wrapping_mul(29) ^ seed)
-        .collect()
+    common::pattern(BLOCK as usize * 8, seed)
 }
 
 /// The addresses the gateway logged for its connection(s) of `group`.
@@ -156,73 +66,26 @@ fn group_addrs_from_log(log: &str, group: u32) -> Vec<String> {
 #[ignore = "needs a Ceph cluster: bash rbd-backend/tests/ceph-tests.sh"]
 async fn fencing_one_ana_group_stops_only_that_group_on_the_gateway() {
     let conf = ceph_conf();
-    let tag = format!("{}-{}", std::process::id(), free_port());
-    let images = [format!("fenced-{tag}-1"), format!("fenced-{tag}-2")];
-    for i in &images {
-        run(
-            "rbd",
-            &["create", "--size", "16M", &format!("{}/{i}", pool())],
-        );
-    }
-    let dir = std::env::temp_dir().join(format!("fenced-group-{tag}"));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let tag = unique_tag();
+    let images = create_image_pair(&format!("fenced-{tag}"), "16M");
+    let dir = scratch_dir(&format!("fenced-group-{tag}"));
     let port = free_port();
+    // A gateway of its own (no group, no control plane): the test fences by hand.
     let config = format!(
-        r#"
-[gateway]
-worker_threads = 1
-
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1"
-port = {port}
-
-[[subsystem]]
-nqn = "{SUBNQN}"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "rbd"
-pool = "{pool}"
-image = "{img1}"
-ana_group = 1
-
-[[subsystem.namespace]]
-nsid = 2
-backend = "rbd"
-pool = "{pool}"
-image = "{img2}"
-ana_group = 2
-
-[ceph]
-conf = "{conf}"
-"#,
-        pool = pool(),
-        img1 = images[0],
-        img2 = images[1],
+        "[gateway]\nworker_threads = 1\n{listener}{subsystem}\n[ceph]\nconf = \"{conf}\"\n",
+        listener = listener_toml(port),
+        subsystem = two_group_subsystem_toml(SUBNQN, &images),
     );
-    let path = dir.join("gw.toml");
-    std::fs::write(&path, config).expect("write config");
-    let log = dir.join("gw.log");
-    let gw = GatewayProcess {
-        child: Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
-            .arg("--config")
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("start nvmeof-gateway"),
-        log,
-    };
+    let gw = GatewayProcess::spawn(&dir, "gw", port, &config);
     eprintln!("gateway log: {}", gw.log.display());
-    let (admin, io) = connect(port).await;
+    let mut attach = Attach::new(HOSTNQN, SUBNQN);
+    attach.command_timeout = Duration::from_secs(30);
+    let HostQueues { admin, io } = connect_within(port, &attach, Duration::from_secs(30)).await;
     io.write(1, 0, pattern(1), BLOCK).await.expect("write ns 1");
     io.write(2, 0, pattern(2), BLOCK).await.expect("write ns 2");
 
     // Each group has its own client.
-    let text = std::fs::read_to_string(&gw.log).unwrap_or_default();
+    let text = gw.log_text();
     let (g1, g2) = (
         group_addrs_from_log(&text, 1),
         group_addrs_from_log(&text, 2),
@@ -287,18 +150,9 @@ conf = "{conf}"
     drop(io);
     drop(admin);
     let mut gw = gw;
-    run("kill", &["-TERM", &gw.child.id().to_string()]);
-    let _ = gw.child.wait();
+    let _ = gw.terminate();
     drop(gw);
-    let exported = run(
-        "rbd",
-        &[
-            "export",
-            "--no-progress",
-            &format!("{}/{}", pool(), images[0]),
-            "-",
-        ],
-    );
+    let exported = rbd(&["export", "--no-progress", &image_spec(&images[0]), "-"]);
     assert_eq!(&exported[..pattern(0).len()], expected_1.as_slice());
     assert!(
         exported[pattern(0).len()..2 * pattern(0).len()]
@@ -308,21 +162,10 @@ conf = "{conf}"
     );
 
     for a in rbd_backend::rados::split_addrs(&g1[0]) {
-        let _ = Command::new("ceph")
-            .args(["osd", "blocklist", "rm", &a])
-            .output();
+        remove_from_blocklist(&a);
     }
     for i in &images {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Command::new("rbd")
-            .args(["rm", "--no-progress", &format!("{}/{i}", pool())])
-            .output()
-            .map(|o| !o.status.success())
-            .unwrap_or(true)
-            && Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
+        remove_image_retrying(i, Duration::from_secs(60)).await;
     }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -12,188 +12,38 @@
 //! cargo test -p nvmeof-gateway --test group_config -- --ignored --nocapture
 //! ```
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod common;
 
-use control_plane::ana::Timing;
-use control_plane::proto::{self, admin_client::AdminClient};
-use control_plane::server::{self, ControlPlane, Options};
-use control_plane::store::{RadosBackend, Store};
-use nvmeof_gateway::host::{HostConnection, HostOptions};
-use nvmeof_gateway::spec::{ana, log};
-use rbd_backend::rbd::CephSettings;
+use std::time::Duration;
+
+use common::ceph::{ceph_conf, create_image_pair, pool, remove_from_blocklist, remove_image};
+use common::control::{
+    add_namespace_once_its_group_exists, admin_client, channel, start_rados_control_plane,
+};
+use common::gateway_process::spawn_gw1_configured_by;
+use common::host::{
+    connect_within, discovery_entries, wait_for_ana_states, wait_for_namespaces, Attach, HostQueues,
+};
+use common::{free_port, poll_until, scratch_dir, unique_tag};
+use control_plane::proto;
+use nvmeof_gateway::spec::ana;
 
 const SUBNQN: &str = "nqn.2016-06.io.test:pushed";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000f1";
 
-fn ceph_conf() -> String {
-    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
-    assert!(
-        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
-        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
-         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
-    );
-    conf
-}
-
-fn pool() -> String {
-    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn rbd(args: &[&str]) {
-    let out = Command::new("rbd").args(args).output().expect("rbd");
-    assert!(
-        out.status.success(),
-        "rbd {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-struct Gateway(Child);
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_gateway(dir: &std::path::Path, port: u16, cp: &str) -> Gateway {
-    let config = format!(
-        r#"
-[gateway]
-name = "gw1"
-worker_threads = 1
-
-[group]
-control_plane = ["{cp}"]
-ana_group = 1
-beacon_interval_ms = 250
-
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1"
-port = {port}
-
-[ceph]
-conf = "{conf}"
-connections = 1
-"#,
-        conf = ceph_conf(),
-    );
-    let path = dir.join("gw1.toml");
-    std::fs::write(&path, config).expect("config");
-    let log = std::fs::File::create(dir.join("gw1.log")).expect("log");
-    Gateway(
-        Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
-            .arg("--config")
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start nvmeof-gateway"),
-    )
-}
-
 /// Admin + one I/O queue, retried until the subsystem is served.
-async fn connect(port: u16) -> (HostConnection, HostConnection) {
-    let addr = format!("127.0.0.1:{port}");
-    let started = Instant::now();
-    loop {
-        let mut o = HostOptions::new(HOSTNQN);
-        o.timeout = Duration::from_secs(60);
-        let attempt = async {
-            let admin = HostConnection::connect(addr.as_str(), o.clone()).await?;
-            let cntlid = admin.connect_admin(SUBNQN, 120_000).await?;
-            admin.enable_controller().await?;
-            let ctrl = admin.identify_controller().await?;
-            let io = HostConnection::connect(addr.as_str(), o).await?;
-            io.set_in_capsule_data_max(ctrl.in_capsule_data_max());
-            io.connect_io(SUBNQN, cntlid, 1, 31).await?;
-            Ok::<_, nvmeof_gateway::host::HostError>((admin, io))
-        };
-        match attempt.await {
-            Ok(h) => return h,
-            Err(e) => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "cannot connect to {SUBNQN} on {addr}: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
+async fn connect(port: u16) -> HostQueues {
+    connect_within(port, &Attach::new(HOSTNQN, SUBNQN), Duration::from_secs(30)).await
 }
 
-async fn wait_for_namespaces(admin: &HostConnection, want: &[u32]) {
-    let started = Instant::now();
-    loop {
-        let got = admin.active_namespaces(0).await.expect("namespace list");
-        if got == want {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "active namespaces {got:?}, expected {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn wait_optimized(admin: &HostConnection, group: u32) {
-    let started = Instant::now();
-    loop {
-        let page = admin
-            .get_log_page(log::ANA, 0, 4096, 0)
-            .await
-            .expect("ANA log");
-        let n = u16::from_le_bytes([page[8], page[9]]);
-        let mut off = 16usize;
-        let mut state = None;
-        for _ in 0..n {
-            let d = &page[off..];
-            let id = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
-            let nnsid = u32::from_le_bytes([d[4], d[5], d[6], d[7]]) as usize;
-            if id == group {
-                state = Some(d[16]);
-            }
-            off += 32 + 4 * nnsid;
-        }
-        if state == Some(ana::OPTIMIZED) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "group {group}: {state:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+async fn wait_optimized(admin: &nvmeof_gateway::host::HostConnection, group: u32) {
+    wait_for_ana_states(admin, &[(group, ana::OPTIMIZED)], Duration::from_secs(20)).await
 }
 
 /// The ports the discovery log of the gateway on `port` lists for the subsystem.
 async fn discovery_ports(port: u16) -> Vec<String> {
-    let d = HostConnection::connect(
-        format!("127.0.0.1:{port}").as_str(),
-        HostOptions::new(HOSTNQN),
-    )
-    .await
-    .expect("discovery connection");
-    d.connect_admin("nqn.2014-08.org.nvmexpress.discovery", 30_000)
+    discovery_entries(port, HOSTNQN)
         .await
-        .expect("discovery connect");
-    d.enable_controller().await.expect("enable");
-    let log = d.discovery_log().await.expect("discovery log");
-    log.entries
         .iter()
         .filter(|e| e.subnqn == SUBNQN)
         .map(|e| e.trsvcid.trim().to_string())
@@ -204,55 +54,16 @@ async fn discovery_ports(port: u16) -> Vec<String> {
 #[ignore = "needs a Ceph cluster: bash rbd-backend/tests/ceph-tests.sh"]
 async fn a_gateway_serves_what_the_control_plane_stores() {
     ceph_conf();
-    let tag = format!("{}-{}", std::process::id(), free_port());
-    let images = [format!("pushed-{tag}-1"), format!("pushed-{tag}-2")];
-    for i in &images {
-        rbd(&["create", "--size", "16M", &format!("{}/{i}", pool())]);
-    }
-    let dir = std::env::temp_dir().join(format!("pushed-{tag}"));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let settings = CephSettings {
-        conf: Some(PathBuf::from(ceph_conf())),
-        keyring: std::env::var("CEPH_KEYRING").ok().map(PathBuf::from),
-        max_connections: 1,
-        ..CephSettings::default()
-    };
-    let (p, g) = (pool(), format!("pushed-{tag}"));
-    let backend = tokio::task::spawn_blocking(move || RadosBackend::connect(&settings, &p, &g))
-        .await
-        .expect("join")
-        .expect("state");
-    let cp = ControlPlane::start(
-        Store::new(Arc::new(backend)),
-        "replica".into(),
-        Options {
-            timing: Timing {
-                grace_ms: 1500,
-                failback_delay_ms: 200,
-            },
-            lease: Duration::from_secs(3),
-            tick: Duration::from_millis(100),
-        },
-    )
-    .await
-    .expect("control plane");
-    tokio::spawn(cp.clone().run());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let cp_addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(server::serve(cp, listener, std::future::pending::<()>()));
+    let name = format!("pushed-{}", unique_tag());
+    let images = create_image_pair(&name, "16M");
+    let dir = scratch_dir(&name);
+    let control = start_rados_control_plane(&name, 200).await;
+    let cp_addr = control.addr;
 
     // The admin API: a subsystem and namespace 1 (the gateway registers group 1 first).
     let port = free_port();
-    let gw = spawn_gateway(&dir, port, &cp_addr);
-    let mut admin = AdminClient::new(
-        tonic::transport::Channel::from_shared(format!("http://{cp_addr}"))
-            .expect("url")
-            .connect()
-            .await
-            .expect("control plane"),
-    );
+    let gw = spawn_gw1_configured_by(&dir, port, &cp_addr);
+    let mut admin = admin_client(&cp_addr).await;
     admin
         .subsystem_add(proto::SubsystemAddRequest {
             nqn: SUBNQN.into(),
@@ -261,53 +72,46 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
         })
         .await
         .expect("subsystem");
-    let started = Instant::now();
-    loop {
-        let r = admin
-            .namespace_add(proto::NamespaceAddRequest {
-                subsystem_nqn: SUBNQN.into(),
-                nsid: 1,
-                pool: pool(),
-                image: images[0].clone(),
-                ana_group: 1,
-                ..Default::default()
-            })
-            .await;
-        match r {
-            Ok(_) => break,
-            // Group 1 exists once gw1 has beaconed.
-            Err(s)
-                if s.code() == tonic::Code::NotFound
-                    && started.elapsed() < Duration::from_secs(20) =>
-            {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            Err(s) => panic!("namespace add: {s}"),
-        }
-    }
-    let (h_admin, h_io) = connect(port).await;
+    // Group 1 exists once gw1 has beaconed.
+    add_namespace_once_its_group_exists(
+        &mut admin,
+        proto::NamespaceAddRequest {
+            subsystem_nqn: SUBNQN.into(),
+            nsid: 1,
+            pool: pool(),
+            image: images[0].clone(),
+            ana_group: 1,
+            ..Default::default()
+        },
+    )
+    .await;
+    let HostQueues {
+        admin: h_admin,
+        io: h_io,
+    } = connect(port).await;
     wait_for_namespaces(&h_admin, &[1]).await;
     wait_optimized(&h_admin, 1).await;
     // The gateway reports the host's controller in its beacons.
-    let started = Instant::now();
-    loop {
-        let c = admin
-            .connection_list(proto::ConnectionListRequest::default())
-            .await
-            .expect("connections")
-            .into_inner();
-        if c.connections
-            .iter()
-            .any(|c| c.gateway == "gw1" && c.host_nqn == HOSTNQN && c.cntlid >= 1)
-        {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "connection not reported: {c:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll_until(
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        async || {
+            let c = admin
+                .connection_list(proto::ConnectionListRequest::default())
+                .await
+                .expect("connections")
+                .into_inner();
+            if c.connections
+                .iter()
+                .any(|c| c.gateway == "gw1" && c.host_nqn == HOSTNQN && c.cntlid >= 1)
+            {
+                Ok(())
+            } else {
+                Err(format!("connection not reported: {c:?}"))
+            }
+        },
+    )
+    .await;
     let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
     h_io.write(1, 0, data.clone(), 512)
         .await
@@ -349,33 +153,31 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
         })
         .await
         .expect("grow");
-    let started = Instant::now();
-    while h_admin
-        .identify_namespace(2)
-        .await
-        .expect("identify")
-        .nsze()
-        != (32 << 20) / 512
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the host never saw the new size"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            let nsze = h_admin
+                .identify_namespace(2)
+                .await
+                .expect("identify")
+                .nsze();
+            if nsze == (32 << 20) / 512 {
+                Ok(())
+            } else {
+                Err("the host never saw the new size".to_string())
+            }
+        },
+    )
+    .await;
 
     // A second gateway (a gRPC client beaconing like one) owns group 2; namespace 2 moves
     // there: on gw1 its ANAGRPID becomes 2 and its path inaccessible. When the second
     // gateway goes silent it is fenced and group 2 becomes optimized on gw1.
     let fake_addr = format!("127.0.0.1:0/{}", 800_000 + port as u32);
     let beacons = {
-        let mut g = control_plane::proto::gateway_control_client::GatewayControlClient::new(
-            tonic::transport::Channel::from_shared(format!("http://{cp_addr}"))
-                .expect("url")
-                .connect()
-                .await
-                .expect("control plane"),
-        );
+        let mut g =
+            proto::gateway_control_client::GatewayControlClient::new(channel(&cp_addr).await);
         let fake_addr = fake_addr.clone();
         tokio::spawn(async move {
             loop {
@@ -393,45 +195,43 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
             }
         })
     };
-    let started = Instant::now();
-    loop {
-        let r = admin
-            .namespace_move(proto::NamespaceMoveRequest {
-                subsystem_nqn: SUBNQN.into(),
-                nsid: 2,
-                ana_group: 2,
-            })
-            .await;
-        match r {
-            Ok(reply) => {
-                // The control plane ended the move only once gw1 (serving the old group)
-                // acknowledged it, its commands in flight done.
-                let msg = reply.into_inner().message;
-                assert!(msg.contains("drained on gw1"), "{msg}");
-                eprintln!("move: {msg}");
-                break;
+    // Not Found until the control plane has had gw2's first beacon (group 2 exists).
+    let msg = poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            let r = admin
+                .namespace_move(proto::NamespaceMoveRequest {
+                    subsystem_nqn: SUBNQN.into(),
+                    nsid: 2,
+                    ana_group: 2,
+                })
+                .await;
+            match r {
+                Ok(reply) => Ok(reply.into_inner().message),
+                Err(s) if s.code() == tonic::Code::NotFound => Err(format!("move: {s}")),
+                Err(s) => panic!("move: {s}"),
             }
-            Err(s)
-                if s.code() == tonic::Code::NotFound
-                    && started.elapsed() < Duration::from_secs(10) =>
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await
+        },
+    )
+    .await;
+    // The control plane ended the move only once gw1 (serving the old group) acknowledged
+    // it, its commands in flight done.
+    assert!(msg.contains("drained on gw1"), "{msg}");
+    eprintln!("move: {msg}");
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            let raw = h_admin.identify_namespace(2).await.expect("identify").raw;
+            if u32::from_le_bytes([raw[92], raw[93], raw[94], raw[95]]) == 2 {
+                Ok(())
+            } else {
+                Err("ANAGRPID never 2".to_string())
             }
-            Err(s) => panic!("move: {s}"),
-        }
-    }
-    let started = Instant::now();
-    loop {
-        let raw = h_admin.identify_namespace(2).await.expect("identify").raw;
-        if u32::from_le_bytes([raw[92], raw[93], raw[94], raw[95]]) == 2 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "ANAGRPID never 2"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        },
+    )
+    .await;
     assert!(
         h_io.write(2, 0, data.clone(), 512).await.is_err(),
         "gw1 wrote namespace 2 while its group is on gw2"
@@ -441,9 +241,7 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
     h_io.write(2, 0, data.clone(), 512)
         .await
         .expect("write ns 2 after gw2 was fenced");
-    let _ = Command::new("ceph")
-        .args(["osd", "blocklist", "rm", &fake_addr])
-        .output();
+    remove_from_blocklist(&fake_addr);
 
     // Listeners registered for the group (this gateway's and another's) are all in this
     // gateway's discovery log.
@@ -459,35 +257,20 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
             .await
             .expect("listener");
     }
-    let started = Instant::now();
-    loop {
-        let d = HostConnection::connect(
-            format!("127.0.0.1:{port}").as_str(),
-            HostOptions::new(HOSTNQN),
-        )
-        .await
-        .expect("discovery connection");
-        d.connect_admin("nqn.2014-08.org.nvmexpress.discovery", 30_000)
-            .await
-            .expect("discovery connect");
-        d.enable_controller().await.expect("enable");
-        let log = d.discovery_log().await.expect("discovery log");
-        let ports: Vec<String> = log
-            .entries
-            .iter()
-            .filter(|e| e.subnqn == SUBNQN)
-            .map(|e| e.trsvcid.trim().to_string())
-            .collect();
-        if ports.contains(&port.to_string()) && ports.contains(&"4999".to_string()) {
-            assert_eq!(ports.len(), 2, "{ports:?}");
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "discovery log ports {ports:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        async || {
+            let ports = discovery_ports(port).await;
+            if ports.contains(&port.to_string()) && ports.contains(&"4999".to_string()) {
+                assert_eq!(ports.len(), 2, "{ports:?}");
+                Ok(())
+            } else {
+                Err(format!("discovery log ports {ports:?}"))
+            }
+        },
+    )
+    .await;
 
     // A listener added for this gateway is listened on; deleted, it stops (new connections
     // refused) while the file's listener keeps serving.
@@ -503,23 +286,24 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
         .listener_add(extra_listener.clone())
         .await
         .expect("listener add");
-    let (x_admin, x_io) = connect(extra).await;
+    let HostQueues {
+        admin: x_admin,
+        io: x_io,
+    } = connect(extra).await;
     assert_eq!(x_io.read(1, 0, 8, 512).await.expect("read ns 1"), data);
     admin
         .listener_del(extra_listener)
         .await
         .expect("listener del");
-    let started = Instant::now();
-    while tokio::net::TcpStream::connect(("127.0.0.1", extra))
-        .await
-        .is_ok()
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "still listening on {extra} after listener del"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || match tokio::net::TcpStream::connect(("127.0.0.1", extra)).await {
+            Ok(_) => Err(format!("still listening on {extra} after listener del")),
+            Err(_) => Ok(()),
+        },
+    )
+    .await;
     assert!(
         x_io.read(1, 0, 8, 512).await.is_err(),
         "a connection through the deleted listener still works"
@@ -537,18 +321,19 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
         })
         .await
         .expect("listener del gw2");
-    let started = Instant::now();
-    loop {
-        let ports = discovery_ports(port).await;
-        if ports == [port.to_string()] {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "discovery log ports after listener del: {ports:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        async || {
+            let ports = discovery_ports(port).await;
+            if ports == [port.to_string()] {
+                Ok(())
+            } else {
+                Err(format!("discovery log ports after listener del: {ports:?}"))
+            }
+        },
+    )
+    .await;
     assert_eq!(
         h_io.read(1, 0, 8, 512)
             .await
@@ -561,26 +346,20 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
     drop(h_io);
     drop(h_admin);
     let mut gw = gw;
-    let stopping = Instant::now();
-    let out = Command::new("kill")
-        .args(["-TERM", &gw.0.id().to_string()])
-        .output()
-        .expect("kill");
-    assert!(out.status.success());
-    let status = loop {
-        if let Some(s) = gw.0.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            stopping.elapsed() < Duration::from_secs(5),
-            "the lone gateway waited for a move that cannot happen"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    gw.signal("-TERM");
+    let status = gw
+        .exit_within(
+            Duration::from_secs(5),
+            "the lone gateway waited for a move that cannot happen",
+        )
+        .await;
     assert!(status.success(), "{status}");
     drop(gw);
-    let gw = spawn_gateway(&dir, port, &cp_addr);
-    let (h_admin, h_io) = connect(port).await;
+    let gw = spawn_gw1_configured_by(&dir, port, &cp_addr);
+    let HostQueues {
+        admin: h_admin,
+        io: h_io,
+    } = connect(port).await;
     wait_for_namespaces(&h_admin, &[1, 2]).await;
     wait_optimized(&h_admin, 1).await;
     // Group 2 stayed with gw1 (gw2 is fenced), as stored in RADOS.
@@ -592,9 +371,7 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
     drop(h_admin);
     drop(gw);
     for i in &images {
-        let _ = Command::new("rbd")
-            .args(["rm", "--no-progress", &format!("{}/{i}", pool())])
-            .output();
+        remove_image(i);
     }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -4,64 +4,38 @@
 //! Connect Invalid Host) and `subsystem del` (its controllers closed, gone from the discovery
 //! log, Connects refused). Requests go through the admin gRPC API, as `nvmeofctl` sends them.
 //!
-//! Needs a cluster, so it is `#[ignore]`d in a plain `cargo test`; run it by hand:
+//! Needs a cluster, so it is `#[ignore]`d in a plain `cargo test`; run it with
+//! `bash rbd-backend/tests/ceph-tests.sh` or by hand:
 //!
 //! ```sh
 //! eval "$(scripts/micro-ceph.sh start)"
 //! cargo test -p nvmeof-gateway --test group_removals -- --ignored --nocapture
 //! ```
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use control_plane::ana::Timing;
-use control_plane::proto::{self, admin_client::AdminClient};
-use control_plane::server::{self, ControlPlane, Options};
-use control_plane::store::{RadosBackend, Store};
+use common::ceph::{ceph_conf, create_image_pair, image_spec, pool, remove_image};
+use common::control::{
+    add_namespace_once_its_group_exists, admin_client, start_rados_control_plane,
+};
+use common::gateway_process::spawn_gw1_configured_by;
+use common::host::{discovery_entries, try_connect_admin, wait_for_namespaces, Attach};
+use common::{free_port, loopback, poll_until, scratch_dir, unique_tag};
+use control_plane::proto;
 use nvmeof_gateway::host::{HostConnection, HostError, HostOptions, Sqe, Xfer};
-use nvmeof_gateway::spec::{admin_opcode, aer, feat, log, sc, DISCOVERY_NQN};
-use rbd_backend::rbd::CephSettings;
+use nvmeof_gateway::spec::{admin_opcode, aer, feat, log, sc};
 
 const SUBNQN: &str = "nqn.2016-06.io.test:removals";
 const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000a1";
 const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000b2";
 
-fn ceph_conf() -> String {
-    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
-    assert!(
-        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
-        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
-         Start one with: eval \"$(scripts/micro-ceph.sh start)\""
-    );
-    conf
-}
-
-fn pool() -> String {
-    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn rbd(args: &[&str]) {
-    let out = Command::new("rbd").args(args).output().expect("rbd");
-    assert!(
-        out.status.success(),
-        "rbd {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Watchers on an image (an open librbd image holds one).
 fn watchers(image: &str) -> usize {
     let out = Command::new("rbd")
-        .args(["status", "--format", "json", &format!("{}/{image}", pool())])
+        .args(["status", "--format", "json", &image_spec(image)])
         .output()
         .expect("rbd status");
     assert!(out.status.success(), "rbd status {image}");
@@ -69,97 +43,26 @@ fn watchers(image: &str) -> usize {
     text.matches("\"address\"").count()
 }
 
-struct Gateway(Child);
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_gateway(dir: &std::path::Path, port: u16, cp: &str) -> Gateway {
-    let config = format!(
-        r#"
-[gateway]
-name = "gw1"
-worker_threads = 1
-
-[group]
-control_plane = ["{cp}"]
-ana_group = 1
-beacon_interval_ms = 250
-
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1"
-port = {port}
-
-[ceph]
-conf = "{conf}"
-connections = 1
-"#,
-        conf = ceph_conf(),
-    );
-    let path = dir.join("gw1.toml");
-    std::fs::write(&path, config).expect("config");
-    let log = std::fs::File::create(dir.join("gw1.log")).expect("log");
-    Gateway(
-        Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
-            .arg("--config")
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start nvmeof-gateway"),
-    )
-}
-
-/// An admin queue of `host` on the subsystem, enabled (one attempt).
-async fn try_admin(port: u16, host: &str) -> Result<HostConnection, HostError> {
-    let mut o = HostOptions::new(host);
-    o.timeout = Duration::from_secs(30);
-    let admin = HostConnection::connect(format!("127.0.0.1:{port}").as_str(), o).await?;
-    admin.connect_admin(SUBNQN, 120_000).await?;
-    admin.enable_controller().await?;
-    Ok(admin)
-}
-
+/// An admin queue of `host` on the subsystem, enabled; retried for up to 30 s.
 async fn admin_queue(port: u16, host: &str) -> HostConnection {
-    let started = Instant::now();
-    loop {
-        match try_admin(port, host).await {
-            Ok(a) => return a,
-            Err(e) => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "{host} cannot connect to {SUBNQN}: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
-}
-
-async fn wait_for_namespaces(admin: &HostConnection, want: &[u32]) {
-    let started = Instant::now();
-    loop {
-        let got = admin.active_namespaces(0).await.expect("namespace list");
-        if got == want {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "active namespaces {got:?}, expected {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut attach = Attach::new(host, SUBNQN);
+    attach.command_timeout = Duration::from_secs(30);
+    poll_until(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        async || {
+            try_connect_admin(loopback(port), &attach)
+                .await
+                .map(|(admin, _)| admin)
+                .map_err(|e| format!("{host} cannot connect to {SUBNQN}: {e}"))
+        },
+    )
+    .await
 }
 
 /// Status (SCT and SC, as `spec::sc` spells them) of a refused Connect (panics if it was accepted or failed otherwise).
 async fn refused_connect(port: u16, host: &str) -> u16 {
-    let c = HostConnection::connect(format!("127.0.0.1:{port}").as_str(), HostOptions::new(host))
+    let c = HostConnection::connect(loopback(port), HostOptions::new(host))
         .await
         .expect("TCP connection");
     match c.connect_admin(SUBNQN, 120_000).await {
@@ -170,74 +73,26 @@ async fn refused_connect(port: u16, host: &str) -> u16 {
 
 /// The subsystems the discovery log lists for `host`.
 async fn discovery_subsystems(port: u16, host: &str) -> Vec<String> {
-    let d = HostConnection::connect(format!("127.0.0.1:{port}").as_str(), HostOptions::new(host))
+    discovery_entries(port, host)
         .await
-        .expect("discovery connection");
-    d.connect_admin(DISCOVERY_NQN, 30_000)
-        .await
-        .expect("discovery connect");
-    d.enable_controller().await.expect("enable");
-    d.discovery_log()
-        .await
-        .expect("discovery log")
-        .entries
         .into_iter()
         .map(|e| e.subnqn)
         .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Ceph cluster: eval \"$(scripts/micro-ceph.sh start)\""]
+#[ignore = "needs a Ceph cluster: bash rbd-backend/tests/ceph-tests.sh"]
 async fn removals_in_the_control_plane_reach_a_running_gateway() {
     ceph_conf();
-    let tag = format!("{}-{}", std::process::id(), free_port());
-    let images = [format!("removals-{tag}-1"), format!("removals-{tag}-2")];
-    for i in &images {
-        rbd(&["create", "--size", "16M", &format!("{}/{i}", pool())]);
-    }
-    let dir = std::env::temp_dir().join(format!("removals-{tag}"));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let settings = CephSettings {
-        conf: Some(PathBuf::from(ceph_conf())),
-        keyring: std::env::var("CEPH_KEYRING").ok().map(PathBuf::from),
-        max_connections: 1,
-        ..CephSettings::default()
-    };
-    let (p, g) = (pool(), format!("removals-{tag}"));
-    let backend = tokio::task::spawn_blocking(move || RadosBackend::connect(&settings, &p, &g))
-        .await
-        .expect("join")
-        .expect("state");
-    let cp = ControlPlane::start(
-        Store::new(Arc::new(backend)),
-        "replica".into(),
-        Options {
-            timing: Timing {
-                grace_ms: 1500,
-                failback_delay_ms: 200,
-            },
-            lease: Duration::from_secs(3),
-            tick: Duration::from_millis(100),
-        },
-    )
-    .await
-    .expect("control plane");
-    tokio::spawn(cp.clone().run());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let cp_addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(server::serve(cp, listener, std::future::pending::<()>()));
+    let name = format!("removals-{}", unique_tag());
+    let images = create_image_pair(&name, "16M");
+    let dir = scratch_dir(&name);
+    let control = start_rados_control_plane(&name, 200).await;
+    let cp_addr = control.addr;
 
     let port = free_port();
-    let _gw = spawn_gateway(&dir, port, &cp_addr);
-    let mut admin = AdminClient::new(
-        tonic::transport::Channel::from_shared(format!("http://{cp_addr}"))
-            .expect("url")
-            .connect()
-            .await
-            .expect("control plane"),
-    );
+    let _gw = spawn_gw1_configured_by(&dir, port, &cp_addr);
+    let mut admin = admin_client(&cp_addr).await;
     admin
         .subsystem_add(proto::SubsystemAddRequest {
             nqn: SUBNQN.into(),
@@ -256,30 +111,19 @@ async fn removals_in_the_control_plane_reach_a_running_gateway() {
             .expect("host add");
     }
     for (nsid, image) in [(1u32, &images[0]), (2, &images[1])] {
-        let started = Instant::now();
-        loop {
-            let r = admin
-                .namespace_add(proto::NamespaceAddRequest {
-                    subsystem_nqn: SUBNQN.into(),
-                    nsid,
-                    pool: pool(),
-                    image: image.clone(),
-                    ana_group: 1,
-                    ..Default::default()
-                })
-                .await;
-            match r {
-                Ok(_) => break,
-                // Group 1 exists once gw1 has beaconed.
-                Err(s)
-                    if s.code() == tonic::Code::NotFound
-                        && started.elapsed() < Duration::from_secs(20) =>
-                {
-                    tokio::time::sleep(Duration::from_millis(200)).await
-                }
-                Err(s) => panic!("namespace add: {s}"),
-            }
-        }
+        // Group 1 exists once gw1 has beaconed.
+        add_namespace_once_its_group_exists(
+            &mut admin,
+            proto::NamespaceAddRequest {
+                subsystem_nqn: SUBNQN.into(),
+                nsid,
+                pool: pool(),
+                image: image.clone(),
+                ana_group: 1,
+                ..Default::default()
+            },
+        )
+        .await;
     }
 
     // Host A with Namespace Attribute Notices enabled and an AER outstanding.
@@ -329,7 +173,7 @@ async fn removals_in_the_control_plane_reach_a_running_gateway() {
     assert_eq!(a.active_namespaces(0).await.expect("list"), vec![1]);
     let io = {
         let o = HostOptions::new(HOST_A);
-        let io = HostConnection::connect(format!("127.0.0.1:{port}").as_str(), o)
+        let io = HostConnection::connect(loopback(port), o)
             .await
             .expect("io connection");
         let cntlid = a.identify_controller().await.expect("identify").cntlid();
@@ -341,14 +185,15 @@ async fn removals_in_the_control_plane_reach_a_running_gateway() {
     assert!(io.read(2, 0, 8, 512).await.is_err(), "NSID 2 still reads");
     // Its image was closed: no watcher left on it (NSID 1's image keeps one).
     assert!(watchers(&images[0]) > 0, "the check sees an open image");
-    let started = Instant::now();
-    while watchers(&images[1]) > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the deleted namespace's image is still open"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || match watchers(&images[1]) {
+            0 => Ok(()),
+            _ => Err("the deleted namespace's image is still open".to_string()),
+        },
+    )
+    .await;
     io.read(1, 0, 8, 512).await.expect("NSID 1 reads");
 
     // host del: A's controller is closed, A cannot come back, B can connect.
@@ -410,9 +255,7 @@ async fn removals_in_the_control_plane_reach_a_running_gateway() {
     );
 
     for i in &images {
-        let _ = Command::new("rbd")
-            .args(["rm", "--no-progress", &format!("{}/{i}", pool())])
-            .output();
+        remove_image(i);
     }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -13,41 +13,18 @@
 //! MICRO_CEPH_FAULT_TESTS=1 cargo test -p nvmeof-gateway --test osd_down_start -- --ignored --nocapture
 //! ```
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
 
-use nvmeof_gateway::host::{HostConnection, HostOptions};
+use common::ceph::{ceph_conf, create_image, pool, remove_image_retrying, run};
+use common::gateway_process::{listener_toml, GatewayProcess};
+use common::host::{try_connect, Attach, HostQueues};
+use common::{free_port, loopback, poll_until, scratch_dir};
 
 const SUBNQN: &str = "nqn.2016-06.io.test:osd-down";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000d0";
 const BLOCK: u32 = 512;
-
-fn ceph_conf() -> String {
-    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
-    assert!(
-        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
-        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
-         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
-    );
-    conf
-}
-
-fn pool() -> String {
-    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
-}
-
-fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd} {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Sends `signal` to the micro cluster's OSD (PIDs from `$MICRO_CEPH_DIR/pids`).
 fn signal_osd(signal: &str) {
@@ -74,46 +51,8 @@ impl Drop for ResumeOsd {
     }
 }
 
-struct GatewayProcess {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for GatewayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-async fn connect(port: u16) -> Result<(HostConnection, HostConnection), String> {
-    let addr = format!("127.0.0.1:{port}");
-    let mut o = HostOptions::new(HOSTNQN);
-    o.timeout = Duration::from_secs(10);
-    let e = |e: nvmeof_gateway::host::HostError| e.to_string();
-    let admin = HostConnection::connect(addr.as_str(), o.clone())
-        .await
-        .map_err(e)?;
-    let cntlid = admin.connect_admin(SUBNQN, 60_000).await.map_err(e)?;
-    admin.enable_controller().await.map_err(e)?;
-    let ctrl = admin.identify_controller().await.map_err(e)?;
-    let io = HostConnection::connect(addr.as_str(), o).await.map_err(e)?;
-    io.set_in_capsule_data_max(ctrl.in_capsule_data_max());
-    io.connect_io(SUBNQN, cntlid, 1, 31).await.map_err(e)?;
-    Ok((admin, io))
-}
-
 fn pattern(seed: u8) -> Vec<u8> {
-    (0..BLOCK as usize * 8)
-        .map(|i| (i as u8).wrapping_mul(13) ^ seed)
-        .collect()
+    common::pattern(BLOCK as usize * 8, seed)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,18 +64,11 @@ async fn a_gateway_starts_and_serves_while_an_osd_is_down() {
     }
     let conf = ceph_conf();
     let image = format!("osd-down-{}", std::process::id());
-    let spec = format!("{}/{image}", pool());
-    run("rbd", &["create", "--size", "16M", &spec]);
-    let dir = std::env::temp_dir().join(format!("osd-down-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    create_image(&image, "16M");
+    let dir = scratch_dir(&format!("osd-down-{}", std::process::id()));
     let port = free_port();
     let config = format!(
-        r#"
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1"
-port = {port}
-
+        r#"{listener}
 [[subsystem]]
 nqn = "{SUBNQN}"
 allow_any_host = true
@@ -155,41 +87,27 @@ image = "{image}"
 [ceph]
 conf = "{conf}"
 "#,
+        listener = listener_toml(port),
         pool = pool(),
     );
-    let path = dir.join("gw.toml");
-    std::fs::write(&path, config).expect("write config");
 
     let resume = ResumeOsd;
     signal_osd("STOP");
     let started = Instant::now();
-    let log = dir.join("gw.log");
-    let gw = GatewayProcess {
-        child: Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
-            .arg("--config")
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("start nvmeof-gateway"),
-        log,
-    };
+    let gw = GatewayProcess::spawn(&dir, "gw", port, &config);
     eprintln!("gateway log: {}", gw.log.display());
 
     // It serves within seconds although rbd_open of namespace 2 cannot finish.
-    let (admin, io) = loop {
-        match connect(port).await {
-            Ok(c) => break c,
-            Err(e) => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(20),
-                    "the gateway did not serve within 20 s with the OSD down: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    };
+    let mut attach = Attach::new(HOSTNQN, SUBNQN);
+    attach.command_timeout = Duration::from_secs(10);
+    attach.keep_alive_ms = 60_000;
+    let within = Duration::from_secs(20).saturating_sub(started.elapsed());
+    let HostQueues { admin, io } = poll_until(within, Duration::from_millis(200), async || {
+        try_connect(loopback(port), &attach)
+            .await
+            .map_err(|e| format!("the gateway did not serve within 20 s with the OSD down: {e}"))
+    })
+    .await;
     let serving_after = started.elapsed();
     eprintln!(
         "serving {} ms after start, the OSD down",
@@ -204,7 +122,7 @@ conf = "{conf}"
         .await
         .expect("write the memory namespace");
     assert_eq!(io.read(1, 0, 8, BLOCK).await.expect("read"), pattern(1));
-    let text = std::fs::read_to_string(&gw.log).unwrap_or_default();
+    let text = gw.log_text();
     assert!(
         text.contains("subsystem[0].namespace[1]") && text.contains(&image),
         "the namespace left out is not reported with its field and image:\n{text}"
@@ -213,17 +131,21 @@ conf = "{conf}"
     // The OSD back: namespace 2 is opened in the background and appears.
     drop(resume);
     let resumed = Instant::now();
-    loop {
-        let active = admin.active_namespaces(0).await.expect("namespace list");
-        if active == vec![1, 2] {
-            break;
-        }
-        assert!(
-            resumed.elapsed() < Duration::from_secs(60),
-            "namespace 2 never appeared after the OSD came back: {active:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    poll_until(
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || {
+            let active = admin.active_namespaces(0).await.expect("namespace list");
+            if active == [1, 2] {
+                Ok(())
+            } else {
+                Err(format!(
+                    "namespace 2 never appeared after the OSD came back: {active:?}"
+                ))
+            }
+        },
+    )
+    .await;
     eprintln!(
         "namespace 2 served {} ms after the OSD came back",
         resumed.elapsed().as_millis()
@@ -237,23 +159,13 @@ conf = "{conf}"
     drop(admin);
     // SIGTERM: the gateway closes its images (no exclusive lock left behind) and exits 0.
     let mut gw = gw;
-    run("kill", &["-TERM", &gw.child.id().to_string()]);
-    let status = gw.child.wait().expect("wait for the gateway");
+    let status = gw.terminate();
     assert!(status.success(), "the gateway exited with {status}");
     drop(gw);
     tokio::task::spawn_blocking(|| rbd_backend::rbd::wait_for_closes(Duration::from_secs(30)))
         .await
         .expect("join");
     // The killed gateway's exclusive lock may linger until its watch times out: retry.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Command::new("rbd")
-        .args(["rm", "--no-progress", &spec])
-        .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    remove_image_retrying(&image, Duration::from_secs(60)).await;
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -10,47 +10,23 @@
 //! ```
 //! Run that way, a test that finds no cluster fails with a message.
 
-use std::net::SocketAddr;
-use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+mod common;
 
-use nvmeof_gateway::config::Config;
-use nvmeof_gateway::host::{HostConnection, HostOptions};
-use nvmeof_gateway::tcp::server::TcpServer;
-use tokio::sync::watch;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::ceph::{ceph_conf, create_image, image_spec, pool, rbd, remove_image};
+use common::host::{try_connect, Attach, HostQueues};
+use common::{pattern, poll_until, serve_target, TestGateway};
+use nvmeof_gateway::config::{Config, SkippedNamespace};
+use nvmeof_gateway::core::Target;
+use nvmeof_gateway::host::HostConnection;
 
 const SUBNQN: &str = "nqn.2016-06.io.test:rbd-e2e";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000e4";
 const MIB: u64 = 1 << 20;
-
-fn ceph_conf() -> String {
-    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
-    assert!(
-        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
-        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
-         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
-    );
-    conf
-}
-
-fn pool() -> String {
-    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
-}
-
-/// Runs the `rbd` CLI; panics with its stderr on failure.
-fn rbd(args: &[&str]) -> Vec<u8> {
-    let out = Command::new("rbd")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run rbd {args:?}: {e} (apt-get install ceph-common)"));
-    assert!(
-        out.status.success(),
-        "rbd {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
 
 /// A fresh image, removed when dropped.
 struct Image(String);
@@ -65,31 +41,27 @@ impl Image {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::SeqCst)
         );
-        let spec = format!("{}/{name}", pool());
-        rbd(&["create", "--size", &format!("{size_mib}M"), &spec]);
+        create_image(&name, &format!("{size_mib}M"));
         Image(name)
     }
 
     fn spec(&self) -> String {
-        format!("{}/{}", pool(), self.0)
+        image_spec(&self.0)
     }
 }
 
 impl Drop for Image {
     fn drop(&mut self) {
-        let _ = Command::new("rbd")
-            .args(["rm", "--no-progress", &self.spec()])
-            .output();
+        remove_image(&self.0);
     }
 }
 
+/// A gateway in this process, with what it was built from (to retry skipped namespaces).
 struct Gateway {
-    addr: SocketAddr,
-    shutdown: watch::Sender<bool>,
-    server: tokio::task::JoinHandle<()>,
+    served: TestGateway,
     config: Config,
-    target: std::sync::Arc<nvmeof_gateway::core::Target>,
-    skipped: Vec<nvmeof_gateway::config::SkippedNamespace>,
+    target: Arc<Target>,
+    skipped: Vec<SkippedNamespace>,
 }
 
 /// A gateway with namespace 1 on `image` and namespace 2 on an image that does not exist.
@@ -140,16 +112,8 @@ async fn start_with_missing(image: &str, block_size: u32, missing: &str) -> Gate
     assert_eq!(skipped.len(), 1, "{skipped:?}");
     assert_eq!(skipped[0].field, "subsystem[0].namespace[1]");
     assert!(skipped[0].error.contains(missing), "{skipped:?}");
-    let server = TcpServer::bind("127.0.0.1:0".parse().expect("address"), target.clone())
-        .await
-        .expect("bind");
-    let addr = server.local_addr().expect("local address");
-    let (shutdown, rx) = watch::channel(false);
-    let server = tokio::spawn(server.serve(rx));
     Gateway {
-        addr,
-        shutdown,
-        server,
+        served: serve_target(target.clone()).await,
         config,
         target,
         skipped,
@@ -158,8 +122,8 @@ async fn start_with_missing(image: &str, block_size: u32, missing: &str) -> Gate
 
 impl Gateway {
     async fn stop(self) {
-        let _ = self.shutdown.send(true);
-        let _ = self.server.await;
+        let _ = self.served.shutdown.send(true);
+        let _ = self.served.server.await;
         // closing images happens on background threads: wait so that `rbd export` sees an
         // image without our exclusive lock
         tokio::task::spawn_blocking(|| rbd_backend::rbd::wait_for_closes(Duration::from_secs(30)))
@@ -168,31 +132,20 @@ impl Gateway {
     }
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2] ^ seed)
-        .collect()
-}
-
 async fn connect(addr: SocketAddr) -> (HostConnection, HostConnection) {
-    let mut o = HostOptions::new(HOSTNQN);
-    o.timeout = Duration::from_secs(60);
-    let admin = HostConnection::connect(addr, o.clone())
+    let mut attach = Attach::new(HOSTNQN, SUBNQN);
+    attach.keep_alive_ms = 60_000;
+    attach.io_sqsize = 63;
+    let HostQueues { admin, io } = try_connect(addr, &attach)
         .await
-        .expect("connect");
-    let cntlid = admin.connect_admin(SUBNQN, 60_000).await.expect("admin");
-    admin.enable_controller().await.expect("enable");
-    let ctrl = admin.identify_controller().await.expect("identify");
-    let q = HostConnection::connect(addr, o).await.expect("connect io");
-    q.set_in_capsule_data_max(ctrl.in_capsule_data_max());
-    q.connect_io(SUBNQN, cntlid, 1, 63).await.expect("io queue");
-    (admin, q)
+        .expect("connect to the gateway");
+    (admin, io)
 }
 
 async fn io_and_export(block_size: u32) {
     let image = Image::create(64);
     let gw = start(&image.0, block_size).await;
-    let (admin, q) = connect(gw.addr).await;
+    let (admin, q) = connect(gw.served.addr).await;
     assert_eq!(
         admin.active_namespaces(0).await.expect("ns list"),
         vec![1],
@@ -284,7 +237,7 @@ async fn rbd_namespace_4k_data_matches_rbd_export() {
 async fn rbd_resize_is_seen_by_a_connected_host() {
     let image = Image::create(32);
     let gw = start(&image.0, 512).await;
-    let (admin, q) = connect(gw.addr).await;
+    let (admin, q) = connect(gw.served.addr).await;
     assert_eq!(
         admin.identify_namespace(1).await.expect("identify").nsze() * 512,
         32 * MIB
@@ -293,18 +246,21 @@ async fn rbd_resize_is_seen_by_a_connected_host() {
     tokio::task::spawn_blocking(move || rbd(&["resize", "--size", "48M", &spec]))
         .await
         .expect("join");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let nsze = admin.identify_namespace(1).await.expect("identify").nsze();
-        if nsze * 512 == 48 * MIB {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the host still sees {nsze} blocks 20 s after rbd resize"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        async || {
+            let nsze = admin.identify_namespace(1).await.expect("identify").nsze();
+            if nsze * 512 == 48 * MIB {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the host still sees {nsze} blocks 20 s after rbd resize"
+                ))
+            }
+        },
+    )
+    .await;
     // the new space is usable without reconnecting
     let data = pattern(4096, 9);
     q.write(1, 40 * MIB / 512, data.clone(), 512)
@@ -326,20 +282,24 @@ async fn a_skipped_namespace_is_served_once_its_image_exists() {
         .config
         .spawn_namespace_retry(&gw.target, &gw.skipped, Duration::from_millis(200))
         .expect("a retry thread for the skipped namespace");
-    let (admin, q) = connect(gw.addr).await;
+    let (admin, q) = connect(gw.served.addr).await;
     assert_eq!(admin.active_namespaces(0).await.expect("ns list"), vec![1]);
     let spec = late.spec();
     tokio::task::spawn_blocking(move || rbd(&["create", "--size", "8M", &spec]))
         .await
         .expect("join");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while admin.active_namespaces(0).await.expect("ns list") != vec![1, 2] {
-        assert!(
-            Instant::now() < deadline,
-            "namespace 2 not served 20 s after its image was created"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        async || {
+            if admin.active_namespaces(0).await.expect("ns list") == [1, 2] {
+                Ok(())
+            } else {
+                Err("namespace 2 not served 20 s after its image was created".to_string())
+            }
+        },
+    )
+    .await;
     assert_eq!(
         admin.identify_namespace(2).await.expect("identify").nsze() * 512,
         8 * MIB

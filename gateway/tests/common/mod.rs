@@ -1,10 +1,27 @@
-//! Shared by the integration tests: an in-process gateway on an ephemeral loopback port.
+//! Shared by the integration tests: an in-process gateway on an ephemeral loopback port, and
+//! (in the submodules) the fixtures of the tests against a real Ceph cluster.
+//!
+//! - [`ceph`]: the micro Ceph the environment names, its `rbd`/`ceph` tools.
+//! - [`control`]: an in-process `nvmeof-control` replica with its state in RADOS.
+//! - [`gateway_process`]: `nvmeof-gateway` processes and their configuration files.
+//! - [`host`]: the Rust NVMe/TCP host connected to a subsystem, ANA and namespace checks.
+//!
+//! Every test binary compiles this module on its own and uses only part of it, hence the
+//! `dead_code` allowance (which covers the submodules too).
 
 #![allow(dead_code)]
 
+pub mod ceph;
+pub mod control;
+pub mod gateway_process;
+pub mod host;
+
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use nvmeof_gateway::config::Config;
+use nvmeof_gateway::core::Target;
 use nvmeof_gateway::tcp::server::TcpServer;
 use tokio::sync::watch;
 
@@ -35,7 +52,12 @@ pub async fn start_gateway(subnqn: &str, size: &str) -> TestGateway {
         "#
     ))
     .expect("valid test configuration");
-    let target = config.build_target().expect("target");
+    serve_target(config.build_target().expect("target")).await
+}
+
+/// Serves `target` over NVMe/TCP on an ephemeral loopback port (the configured listeners are
+/// not used: tests run concurrently).
+pub async fn serve_target(target: Arc<Target>) -> TestGateway {
     let server = TcpServer::bind("127.0.0.1:0".parse().expect("address"), target)
         .await
         .expect("bind an ephemeral port");
@@ -46,5 +68,58 @@ pub async fn start_gateway(subnqn: &str, size: &str) -> TestGateway {
         addr,
         shutdown,
         server,
+    }
+}
+
+/// A loopback TCP port free at the time of the call (for a gateway process's listener).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `127.0.0.1:port`.
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// A name part unique to this run and test (the process ID and a free port): tests of several
+/// runs may share one cluster, and the tests of one binary run concurrently.
+pub fn unique_tag() -> String {
+    format!("{}-{}", std::process::id(), free_port())
+}
+
+/// A fresh directory `$TMPDIR/<name>` for configuration files and logs.
+pub fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(name);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// `len` bytes of data that differ for each `seed` and from zeroes.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2] ^ seed)
+        .collect()
+}
+
+/// Calls `probe` every `every` until it returns `Ok`, and returns that value; once `within`
+/// has passed since the first call, panics with the last `Err` (which says what was awaited
+/// and what was seen instead).
+pub async fn poll_until<T>(
+    within: Duration,
+    every: Duration,
+    mut probe: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let started = Instant::now();
+    loop {
+        match probe().await {
+            Ok(value) => return value,
+            Err(what) => {
+                assert!(started.elapsed() < within, "{what}");
+                tokio::time::sleep(every).await;
+            }
+        }
     }
 }

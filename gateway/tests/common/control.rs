@@ -1,0 +1,103 @@
+//! An `nvmeof-control` replica run inside the test, its group state in RADOS, serving the
+//! gRPC API on an ephemeral loopback port, and the admin requests the tests send to it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use control_plane::ana::Timing;
+use control_plane::proto::{self, admin_client::AdminClient};
+use control_plane::server::{self, ControlPlane, Options};
+use control_plane::store::{RadosBackend, Store};
+use tonic::transport::Channel;
+
+use super::ceph::{ceph_settings, pool};
+use super::poll_until;
+
+/// How long a gateway may stay silent before it is declared dead and fenced: short, so that
+/// failovers happen within the tests' waits, yet several of the gateways' 250 ms beacons.
+pub const GRACE_MS: u64 = 1500;
+
+/// A running replica (it runs until the test's runtime ends).
+pub struct RadosControlPlane {
+    pub cp: Arc<ControlPlane>,
+    /// Where its gRPC API listens (`127.0.0.1:port`).
+    pub addr: String,
+    /// The RADOS object holding the group's state (removed by the tests that clean up).
+    pub state_oid: String,
+}
+
+/// Starts a replica keeping the state of `group` in the test pool; a gateway is fenced after
+/// [`GRACE_MS`] of silence and a group fails back `failback_delay_ms` after its owner is back.
+pub async fn start_rados_control_plane(group: &str, failback_delay_ms: u64) -> RadosControlPlane {
+    let (settings, pool, group) = (ceph_settings(), pool(), group.to_string());
+    // Connecting blocks (librados): off the runtime's threads.
+    let backend =
+        tokio::task::spawn_blocking(move || RadosBackend::connect(&settings, &pool, &group))
+            .await
+            .expect("join")
+            .expect("state object");
+    let state_oid = backend.oid().to_string();
+    let cp = ControlPlane::start(
+        Store::new(Arc::new(backend)),
+        "test-replica".into(),
+        Options {
+            timing: Timing {
+                grace_ms: GRACE_MS,
+                failback_delay_ms,
+            },
+            lease: Duration::from_secs(3),
+            tick: Duration::from_millis(100),
+        },
+    )
+    .await
+    .expect("control plane");
+    tokio::spawn(cp.clone().run());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(server::serve(
+        cp.clone(),
+        listener,
+        std::future::pending::<()>(),
+    ));
+    RadosControlPlane {
+        cp,
+        addr,
+        state_oid,
+    }
+}
+
+/// A plain-text gRPC channel to the replica at `addr`.
+pub async fn channel(addr: &str) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .expect("url")
+        .connect()
+        .await
+        .expect("control plane")
+}
+
+/// An admin client (what `nvmeofctl` uses) of the replica at `addr`.
+pub async fn admin_client(addr: &str) -> AdminClient<Channel> {
+    AdminClient::new(channel(addr).await)
+}
+
+/// Adds a namespace in an ANA group that exists only once its gateway has beaconed: retried
+/// while the replica answers Not Found, for up to 20 s.
+pub async fn add_namespace_once_its_group_exists(
+    admin: &mut AdminClient<Channel>,
+    request: proto::NamespaceAddRequest,
+) {
+    poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || match admin.namespace_add(request.clone()).await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == tonic::Code::NotFound => {
+                Err(format!("namespace add: the ANA group never appeared: {s}"))
+            }
+            Err(s) => panic!("namespace add: {s}"),
+        },
+    )
+    .await
+}

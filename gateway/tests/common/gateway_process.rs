@@ -1,0 +1,168 @@
+//! `nvmeof-gateway` processes (the binary built with the tests), their configuration files
+//! and logs, and the configuration pieces the Ceph tests share.
+
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use super::ceph::{ceph_conf, pool, run};
+use super::poll_until;
+
+/// A gateway process, killed (SIGKILL) when dropped if it still runs.
+pub struct GatewayProcess {
+    pub child: Child,
+    /// The port of its listener.
+    pub port: u16,
+    /// Its log (stderr, `RUST_LOG=info`).
+    pub log: PathBuf,
+}
+
+impl GatewayProcess {
+    /// Writes `config` to `dir/<name>.toml` and starts a gateway with it, logging to
+    /// `dir/<name>.log`. `port` is the listener port `config` names.
+    pub fn spawn(dir: &Path, name: &str, port: u16, config: &str) -> GatewayProcess {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config).expect("write config");
+        let log = dir.join(format!("{name}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
+            .arg("--config")
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start nvmeof-gateway");
+        GatewayProcess { child, port, log }
+    }
+
+    /// Sends `signal` ("-STOP", "-CONT", "-TERM", ...) with kill(1).
+    pub fn signal(&self, signal: &str) {
+        run("kill", &[signal, &self.child.id().to_string()]);
+    }
+
+    /// What it has logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until its log contains `line`; panics with `failure` after `within`.
+    pub async fn wait_for_log(&self, line: &str, within: Duration, failure: &str) {
+        poll_until(within, Duration::from_millis(100), async || {
+            if self.log_text().contains(line) {
+                Ok(())
+            } else {
+                Err(failure.to_string())
+            }
+        })
+        .await
+    }
+
+    /// Waits until it has exited and returns how; panics with `failure` after `within`.
+    pub async fn exit_within(&mut self, within: Duration, failure: &str) -> ExitStatus {
+        poll_until(within, Duration::from_millis(50), async || {
+            match self.child.try_wait().expect("wait") {
+                Some(status) => Ok(status),
+                None => Err(failure.to_string()),
+            }
+        })
+        .await
+    }
+
+    /// SIGTERM, then waits for it to exit (however long it takes) and returns how.
+    pub fn terminate(&mut self) -> ExitStatus {
+        self.signal("-TERM");
+        self.child.wait().expect("wait for the gateway")
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A gateway of a group: `[gateway]` named `name` (one worker thread; `cntlids`, its
+/// controller ID range, when it must be disjoint from another gateway's), `[group]` joining
+/// the replica at `control_plane` as the owner of `ana_group` (beacons every 250 ms), a TCP
+/// listener on `port` and `[ceph]` with one cluster connection. The subsystems come from the
+/// control plane, or from sections appended to this text.
+pub fn group_member_toml(
+    name: &str,
+    cntlids: Option<RangeInclusive<u16>>,
+    control_plane: &str,
+    ana_group: u32,
+    port: u16,
+) -> String {
+    let cntlid_lines = cntlids
+        .map(|r| format!("cntlid_min = {}\ncntlid_max = {}\n", r.start(), r.end()))
+        .unwrap_or_default();
+    format!(
+        r#"
+[gateway]
+name = "{name}"
+{cntlid_lines}worker_threads = 1
+
+[group]
+control_plane = ["{control_plane}"]
+ana_group = {ana_group}
+beacon_interval_ms = 250
+{listener}
+[ceph]
+conf = "{conf}"
+connections = 1
+"#,
+        listener = listener_toml(port),
+        conf = ceph_conf(),
+    )
+}
+
+/// Starts gw1, the owner of ANA group 1 in the group of the replica at `control_plane`,
+/// listening on `port`, with no subsystem in its file: all it serves comes from the control
+/// plane.
+pub fn spawn_gw1_configured_by(dir: &Path, port: u16, control_plane: &str) -> GatewayProcess {
+    let config = group_member_toml("gw1", None, control_plane, 1, port);
+    GatewayProcess::spawn(dir, "gw1", port, &config)
+}
+
+/// A `[[listener]]` section: NVMe/TCP on 127.0.0.1:`port`.
+pub fn listener_toml(port: u16) -> String {
+    format!(
+        r#"
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = {port}
+"#
+    )
+}
+
+/// A `[[subsystem]]` open to any host with namespace 1 on `images[0]` in ANA group 1 and
+/// namespace 2 on `images[1]` in ANA group 2 (images in the test pool).
+pub fn two_group_subsystem_toml(subnqn: &str, images: &[String; 2]) -> String {
+    format!(
+        r#"
+[[subsystem]]
+nqn = "{subnqn}"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "rbd"
+pool = "{pool}"
+image = "{img1}"
+ana_group = 1
+
+[[subsystem.namespace]]
+nsid = 2
+backend = "rbd"
+pool = "{pool}"
+image = "{img2}"
+ana_group = 2
+"#,
+        pool = pool(),
+        img1 = images[0],
+        img2 = images[1],
+    )
+}
