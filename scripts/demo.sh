@@ -7,12 +7,16 @@
 #   scripts/demo.sh            start (installs missing Debian packages when run as root,
 #                              builds the gateway and the control plane in release mode)
 #   scripts/demo.sh stop       stop the gateways, the control plane and the cluster, remove their state
-#   scripts/demo.sh status     is it running?
+#   scripts/demo.sh status     is it running? Exit 0: every part runs; 1: some part is down;
+#                              3: nothing runs
 #
 # Env: DEMO_DIR (default /tmp/nvmeof-demo), DEMO_PORT (4420; the second gateway uses +1),
 #      DEMO_CONTROL_PORT (5500), DEMO_IMAGE_SIZE (1G),
 #      DEMO_BACKEND=memory to skip Ceph and the group: one gateway serving a 1 GiB in-memory
-#      namespace.
+#      namespace,
+#      DEMO_BIN: a directory holding nvmeof-gateway, nvmeof-control and nvmeofctl to run
+#      instead of building target/release (tests run private copies of the binaries).
+# A start that fails stops what it had started and keeps the logs in DEMO_DIR.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,7 +27,7 @@ SIZE=${DEMO_IMAGE_SIZE:-1G}
 BACKEND=${DEMO_BACKEND:-rbd}
 NQN=nqn.2016-06.io.ceph-nvmeof-rs:demo
 CEPH_DIR=$DIR/ceph
-BIN=$ROOT/target/release
+BIN=${DEMO_BIN:-$ROOT/target/release}
 GW=$BIN/nvmeof-gateway
 export PATH="$HOME/.cargo/bin:$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
@@ -31,43 +35,83 @@ say() { printf 'demo: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
 
 # Processes are recorded as NAME.pid in $DIR: control, gw1, gw2 (or gateway in memory mode).
+# The files hold the PID only (kill -9 $(cat gw1.pid) is the failover demo).
 pid_of() { [ -f "$DIR/$1.pid" ] && cat "$DIR/$1.pid"; }
-running() { local p; p=$(pid_of "$1") && kill -0 "$p" 2>/dev/null; }
+comm_of() { case $1 in control) echo nvmeof-control ;; *) echo nvmeof-gateway ;; esac; }
+# running NAME: its recorded PID is alive, not a zombie (a killed daemon reparented to a slow
+# reaper) and still runs our binary (not a recycled PID)
+running() {
+    local p stat
+    p=$(pid_of "$1") || return 1
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$(comm_of "$1")" ] || return 1
+    stat=$(cat "/proc/$p/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [ "${stat%% *}" != Z ]
+}
 any_running() { local n; for n in gw1 gw2 gateway control; do running "$n" && return 0; done; return 1; }
 
-stop_one() { # NAME
+stop_one() { # NAME: SIGTERM, SIGKILL after 10 s
     if running "$1"; then
         local p; p=$(pid_of "$1")
-        kill -TERM "$p"
-        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -0 "$p" 2>/dev/null && kill -KILL "$p"
+        kill -TERM "$p" 2>/dev/null || true
+        for _ in $(seq 100); do running "$1" || break; sleep 0.1; done
+        if running "$1"; then
+            say "$1 (pid $p) still running 10 s after SIGTERM: SIGKILL"
+            kill -KILL "$p" 2>/dev/null || true
+            for _ in $(seq 50); do running "$1" || break; sleep 0.1; done
+        fi
+        running "$1" && die "$1 (pid $p) did not die; $DIR kept"
         say "$1 stopped"
     fi
     rm -f "$DIR/$1.pid"
 }
 
-stop() {
-    # Gateways first (a SIGTERM'd gateway hands its groups over through the control plane).
+# Every process of the demo, gateways first (a SIGTERM'd gateway hands its groups over
+# through the control plane), then the control plane, then the cluster.
+stop_processes() {
     stop_one gw2; stop_one gw1; stop_one gateway; stop_one control
     if [ -d "$CEPH_DIR" ]; then
-        "$ROOT/scripts/micro-ceph.sh" stop "$CEPH_DIR" >/dev/null && say "micro Ceph stopped"
+        "$ROOT/scripts/micro-ceph.sh" stop "$CEPH_DIR" >/dev/null || die "micro-ceph.sh stop $CEPH_DIR failed"
+        say "micro Ceph stopped"
     fi
+}
+
+is_demo_dir() { [ -f "$DIR/backend" ] || [ -f "$DIR/gw1.toml" ] || [ -f "$DIR/gateway.toml" ]; }
+
+stop() {
+    [ -d "$DIR" ] || { say "not running (no $DIR)"; return 0; }
+    is_demo_dir || die "$DIR does not look like a demo directory (no backend file): left alone"
+    stop_processes
     rm -rf "$DIR"
 }
 
 status() {
-    local n rc=1
-    for n in control gw1 gw2 gateway; do
-        running "$n" && { say "$n running (pid $(pid_of "$n")), log $DIR/$n.log"; rc=0; }
+    local n names missing=0 up=0
+    [ -d "$DIR" ] || { say "not running (no $DIR)"; return 3; }
+    if [ "$BACKEND" = rbd ]; then names="control gw1 gw2"; else names=gateway; fi
+    for n in $names; do
+        if running "$n"; then say "$n running (pid $(pid_of "$n")), log $DIR/$n.log"; up=$((up + 1))
+        else say "$n NOT running$([ -f "$DIR/$n.log" ] && echo ", log $DIR/$n.log")"; missing=$((missing + 1)); fi
     done
-    [ $rc = 0 ] || { say "not running"; return 1; }
     if [ "$BACKEND" = rbd ]; then
-        "$ROOT/scripts/micro-ceph.sh" status "$CEPH_DIR" >/dev/null && say "micro Ceph running"
-        ctl ana show || true
+        if "$ROOT/scripts/micro-ceph.sh" status "$CEPH_DIR" >/dev/null 2>&1; then
+            say "micro Ceph running ($CEPH_DIR)"; up=$((up + 1))
+        else say "micro Ceph NOT running ($CEPH_DIR)"; missing=$((missing + 1)); fi
+        running control && { ctl ana show || true; }
     fi
+    [ $up -gt 0 ] || { say "not running"; return 3; }
+    [ $missing -eq 0 ] || return 1
 }
 
 build() {
+    if [ -n "${DEMO_BIN:-}" ]; then
+        local b
+        for b in nvmeof-gateway nvmeof-control nvmeofctl; do
+            [ -x "$BIN/$b" ] || die "DEMO_BIN=$BIN has no $b"
+        done
+        say "using the binaries in $BIN (DEMO_BIN: nothing built)"
+        return 0
+    fi
     command -v cargo >/dev/null || die "cargo not found: install the Rust toolchain (https://rustup.rs), then run this again"
     if [ "$(id -u)" = 0 ] && ! dpkg-query -W -f='${Status}' pkg-config 2>/dev/null | grep -q 'ok installed'; then
         DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq pkg-config >/dev/null
@@ -80,9 +124,12 @@ ctl() { timeout -k 5 30 "$BIN/nvmeofctl" --server "127.0.0.1:$CONTROL_PORT" "$@"
 
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# spawn NAME LOG_PORT CMD...: start in the background, wait until it listens on the port
+# spawn NAME PORT CMD...: start in the background, wait until it listens on the port
 spawn() {
     local name=$1 port=$2; shift 2
+    # another process on the port would pass for ours below
+    listening "$port" && die "127.0.0.1:$port is in use already (DEMO_PORT / DEMO_CONTROL_PORT choose others)"
+    # (setsid execs in the forked child: $! is the daemon's own PID)
     RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 setsid "$@" >"$DIR/$name.log" 2>&1 </dev/null &
     echo $! > "$DIR/$name.pid"
     for _ in $(seq 300); do
@@ -151,10 +198,14 @@ start_memory() {
 The gateway serves a 1 GiB in-memory namespace as subsystem $NQN
 on 127.0.0.1:$PORT (NVMe/TCP).
 
-From a Linux host with nvme-cli and the nvme-tcp module (this machine's own kernel, or the
-test VM: tests/vm/run-in-vm.sh), where 127.0.0.1 reaches this machine:
+From a Linux host with nvme-cli and the nvme-tcp module:
+  on this machine (its own kernel):
     nvme discover -t tcp -a 127.0.0.1 -s $PORT
     nvme connect  -t tcp -a 127.0.0.1 -s $PORT -n $NQN
+  in the test VM (tests/vm/run-in-vm.sh), which reaches this machine's 127.0.0.1 as 10.0.2.2:
+    nvme discover -t tcp -a 10.0.2.2 -s $PORT
+    nvme connect  -t tcp -a 10.0.2.2 -s $PORT -n $NQN
+  then:
     nvme list
     nvme disconnect -n $NQN
 
@@ -163,9 +214,22 @@ Stop everything: scripts/demo.sh stop
 EOF2
 }
 
+# gw1 reports ANA group 1 optimized (nvmeofctl ana show)
+gw1_optimized() {
+    ctl -o json ana show 2>/dev/null | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+ok = any(s.get("gateway") == "gw1" and s.get("ana_group") == 1 and s.get("state") in (1, "optimized")
+         for s in d.get("states", []))
+sys.exit(0 if ok else 1)' 2>/dev/null
+}
+
 start_group() {
+    local envl
     say "starting micro Ceph in $CEPH_DIR"
-    eval "$("$ROOT/scripts/micro-ceph.sh" start --dir "$CEPH_DIR" --image demo --size "$SIZE")"
+    envl=$("$ROOT/scripts/micro-ceph.sh" start --dir "$CEPH_DIR" --image demo --size "$SIZE") ||
+        die "micro-ceph.sh start failed"
+    eval "$envl"
     say "starting the control plane on 127.0.0.1:$CONTROL_PORT (state: RADOS object nvmeof.demo.state in pool $MICRO_CEPH_POOL)"
     spawn control "$CONTROL_PORT" "$BIN/nvmeof-control" --listen "127.0.0.1:$CONTROL_PORT" --id control1 \
         --group demo --pool "$MICRO_CEPH_POOL" --ceph-conf "$CEPH_CONF" --keyring "$CEPH_KEYRING"
@@ -188,16 +252,13 @@ start_group() {
     ctl listener add -n "$NQN" -g gw2 -a 127.0.0.1 -p $(( PORT + 1 )) >/dev/null
     ctl namespace add -n "$NQN" --pool "$MICRO_CEPH_POOL" --image "$MICRO_CEPH_IMAGE" --nsid 1 --ana-group 1 >/dev/null
     # Served once gw1 reports group 1 optimized.
+    local served=0
     for _ in $(seq 150); do
-        ctl -o json ana show 2>/dev/null | python3 -c '
-import json, sys
-d = json.load(sys.stdin)
-ok = any(s.get("gateway") == "gw1" and s.get("ana_group") == 1 and s.get("state") in (1, "optimized")
-         for s in d.get("states", []))
-sys.exit(0 if ok else 1)' 2>/dev/null && break
+        gw1_optimized && { served=1; break; }
         sleep 0.2
     done
     ctl ana show | sed 's/^/    /' >&2 || true
+    [ $served = 1 ] || die "gw1 did not report ANA group 1 optimized within 30 s (logs: $DIR/gw1.log, $DIR/control.log)"
     cat <<EOF2
 
 Two gateways serve RBD image $MICRO_CEPH_POOL/$MICRO_CEPH_IMAGE ($SIZE) as namespace 1 of subsystem
@@ -205,10 +266,16 @@ $NQN: gw1 on 127.0.0.1:$PORT (ANA optimized), gw2 on 127.0.0.1:$(( PORT + 1 ))
 (inaccessible until gw1 goes away). The control plane (127.0.0.1:$CONTROL_PORT) keeps the
 configuration in RADOS.
 
-From a Linux host with nvme-cli and the nvme-tcp module (this machine's own kernel, or the
-test VM: tests/vm/run-in-vm.sh), where 127.0.0.1 reaches this machine:
+From a Linux host with nvme-cli and the nvme-tcp module:
+  on this machine (its own kernel):
     nvme discover -t tcp -a 127.0.0.1 -s $PORT
     nvme connect-all -t tcp -a 127.0.0.1 -s $PORT     # both paths (native multipath)
+  in the test VM (tests/vm/run-in-vm.sh), which reaches this machine's 127.0.0.1 as 10.0.2.2
+  (the discovery log names 127.0.0.1, so connect each path by its address):
+    nvme discover -t tcp -a 10.0.2.2 -s $PORT
+    nvme connect  -t tcp -a 10.0.2.2 -s $PORT -n $NQN
+    nvme connect  -t tcp -a 10.0.2.2 -s $(( PORT + 1 )) -n $NQN
+  then:
     nvme list-subsys
     nvme disconnect -n $NQN
 
@@ -220,20 +287,45 @@ Stop everything: scripts/demo.sh stop
 EOF2
 }
 
+# On a failed start: stop what was started, keep the logs (the cluster's too).
+start_failed() {
+    local rc=$?
+    [ $rc -eq 0 ] && return 0
+    say "start failed: stopping what was started (logs kept in $DIR)"
+    if [ -d "$CEPH_DIR/log" ]; then
+        mkdir -p "$DIR/ceph-log"
+        cp "$CEPH_DIR"/log/*.log "$DIR/ceph-log/" 2>/dev/null || true
+    fi
+    (stop_processes) || say "could not stop everything: run scripts/demo.sh stop"
+    exit $rc
+}
+
 start() {
     if any_running; then
         say "already running; 'scripts/demo.sh stop' first to restart"
         exit 0
     fi
+    case $BACKEND in rbd | memory) ;; *) die "DEMO_BACKEND must be rbd or memory, not '$BACKEND'" ;; esac
+    local p ports=$PORT
+    [ "$BACKEND" = rbd ] && ports="$PORT $(( PORT + 1 )) $CONTROL_PORT"
+    for p in $ports; do
+        listening "$p" && die "127.0.0.1:$p is in use already (DEMO_PORT / DEMO_CONTROL_PORT choose others)"
+    done
     mkdir -p "$DIR"
+    echo "$BACKEND" > "$DIR/backend"
+    trap start_failed EXIT
     build
     if [ "$BACKEND" = rbd ]; then start_group; else start_memory; fi
+    trap - EXIT
 }
+
+# status and stop: the backend the demo in $DIR was started with, whatever DEMO_BACKEND says now
+recorded_backend() { [ -f "$DIR/backend" ] && BACKEND=$(cat "$DIR/backend"); return 0; }
 
 case ${1:-start} in
     start) start ;;
-    stop) stop ;;
-    status) status ;;
+    stop) recorded_backend; stop ;;
+    status) recorded_backend; status ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' ;;
     *) die "unknown command $1 (start, stop, status)" ;;
 esac
