@@ -27,6 +27,12 @@
 #             under fio verify (E2E_ROUNDS runs, default 5; pause median/max printed), failback,
 #             kill -9 of the leading replica, a fenced gateway thawed cannot write, everything
 #             restarted (config from RADOS). Builds the gateway and nvmeof-control/nvmeofctl first.
+#   e2e-demo  tests/vm/e2e-demo.sh target/release: README command 1, scripts/demo.sh (DEMO_DIR under
+#             the log dir, free ports), exits 0 and prints the nvme lines, `status` says all runs;
+#             the Linux initiator in the VM discovers and connects to both gateways (one
+#             namespace, two paths, optimized on gw1), 4 MiB O_DIRECT equal in `rbd export`,
+#             kill -9 of gw1: I/O goes on through gw2; `demo.sh stop` leaves no process and no
+#             DEMO_DIR. Builds the gateway and nvmeof-control/nvmeofctl first.
 #   fuzz      if gateway/fuzz exists: cargo-fuzz (installed if missing), cargo fuzz build on stable
 #             with RUSTC_BOOTSTRAP=1 (nightly as fallback; skipped with a message if neither works),
 #             then cargo fuzz run <each target> -- -max_total_time=$FUZZ_SECONDS
@@ -74,7 +80,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy test build ceph e2e-vm e2e-rbd e2e-group e2e-rdma fuzz)
+ALL_STAGES=(deps fmt clippy test build ceph e2e-vm e2e-rbd e2e-group e2e-demo e2e-rdma fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -164,6 +170,19 @@ e2e_group() {
   return $rc
 }
 
+e2e_demo() {
+  # demo.sh runs what this builds (what demo.sh's own cargo build makes), from
+  # private copies (DEMO_BIN) so that a concurrent build cannot swap them during the run
+  echo "+ cargo build --release -p nvmeof-gateway -p control-plane --bins"
+  timeout -k 30 "$STAGE_TIMEOUT" cargo build --release -p nvmeof-gateway -p control-plane --bins || return 1
+  mkdir -p "$TARGET_DIR/vm-logs"
+  echo "+ tests/vm/e2e-demo.sh $TARGET_DIR/release  (E2E_LOG_DIR=$TARGET_DIR/vm-logs)"
+  E2E_LOG_DIR=$TARGET_DIR/vm-logs tests/vm/e2e-demo.sh "$TARGET_DIR/release"
+  local rc=$?
+  echo "(logs: $TARGET_DIR/vm-logs/e2e-demo/)"
+  return $rc
+}
+
 e2e_rdma() {
   local probe=$TARGET_DIR/release/examples/cm_probe
   [ -x "$GATEWAY_BIN" ] || { echo "no gateway binary at $GATEWAY_BIN"; return 1; }
@@ -239,6 +258,9 @@ else stage e2e-rbd e2e_rbd; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-group "--quick"
 else stage e2e-group e2e_group; fi
+
+if [ $QUICK = 1 ]; then skipped e2e-demo "--quick"
+else stage e2e-demo e2e_demo; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-rdma "--quick"
 else stage e2e-rdma e2e_rdma; fi
