@@ -516,6 +516,9 @@ fn bad_ceph_options_are_refused() {
     // the gateway's defaults hold unless overridden
     let pool = ClusterPool::new(settings(1));
     assert_eq!(pool.conf_get("rbd_cache").unwrap(), "false");
+    assert_eq!(pool.conf_get("rbd_non_blocking_aio").unwrap(), "false");
+    assert_eq!(pool.conf_get("objecter_inflight_ops").unwrap(), "0");
+    assert_eq!(pool.conf_get("objecter_inflight_op_bytes").unwrap(), "0");
     let mut s = settings(1);
     s.args = vec!["--rbd_cache=true".into()];
     assert_eq!(ClusterPool::new(s).conf_get("rbd_cache").unwrap(), "true");
@@ -818,6 +821,79 @@ fn a_stopped_osd_is_a_pause_not_an_error() {
         "the pause was seen ({longest:?})"
     );
     assert!(ops > 100, "I/O before and after the pause");
+}
+
+/// librbd dispatches ops on the submitting thread (the gateway's default), so nothing on
+/// that path may wait for the cluster: with the OSD stopped, submitting more ops and bytes
+/// than the Objecter's default budget (1024 ops, 100 MiB) on one connection returns at once
+/// (with the throttle, the 1025th submit would sleep until the OSD answered), and every op
+/// completes without an error once the OSD runs again. Opt-in like the test above.
+#[test]
+fn submitting_never_waits_for_a_stopped_osd() {
+    if std::env::var("MICRO_CEPH_FAULT_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set MICRO_CEPH_FAULT_TESTS=1 (stops the cluster's OSD)");
+        return;
+    }
+    struct Resume;
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            signal_osd("CONT");
+        }
+    }
+    let mut f = Fixture::new(1);
+    let size = 4 * OBJ;
+    let dev = Arc::new(f.open(size));
+    // Written in full, so every read below is a read of an existing object on the OSD.
+    let contents: Vec<Vec<u8>> = (0..4).map(|o| pattern(OBJ as usize, o as u8)).collect();
+    for (object, data) in contents.iter().enumerate() {
+        write(&dev, object as u64 * OBJ, data, false);
+    }
+    let small_reads = 1500u64;
+    let big_reads = 30u64; // 30 x 4 MiB: over the 100 MiB byte budget on their own
+    let (tx, rx) = mpsc::channel::<IoDone>();
+    let c: Arc<dyn IoCompletion> = Arc::new(Waiter(Mutex::new(tx)));
+    signal_osd("STOP");
+    let resume = Resume;
+    let (submitted_tx, submitted_rx) = mpsc::channel();
+    let submitter = {
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            for i in 0..small_reads {
+                let offset = (i * 7919 * 4096) % size;
+                let buf = IoBuf::zeroed(4096);
+                dev.submit(i, IoOp::Read { offset, buf }, &c);
+            }
+            for i in 0..big_reads {
+                let offset = (i % 4) * OBJ;
+                let buf = IoBuf::zeroed(OBJ as usize);
+                dev.submit(small_reads + i, IoOp::Read { offset, buf }, &c);
+            }
+            let _ = submitted_tx.send(());
+        })
+    };
+    // A hang detector, not a timing: submitting 1530 ops takes milliseconds.
+    let submitted = submitted_rx.recv_timeout(Duration::from_secs(30));
+    drop(resume); // SIGCONT
+    submitted.expect("submitting waited for the stopped OSD");
+    submitter.join().expect("submitter thread");
+    let mut seen = vec![false; (small_reads + big_reads) as usize];
+    for _ in 0..seen.len() {
+        let done = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("every op completes after the OSD resumes");
+        done.result.expect("no error after a pause");
+        let slot = &mut seen[done.tag as usize];
+        assert!(!*slot, "one completion per op");
+        *slot = true;
+        if let IoOp::Read { offset, buf } = &done.op {
+            let expected = &contents[(offset / OBJ) as usize];
+            let start = (offset % OBJ) as usize;
+            assert!(
+                buf.as_slice() == &expected[start..start + buf.len()],
+                "read at {offset} returned the data written"
+            );
+        }
+    }
 }
 
 fn rss_kib_and_threads() -> (u64, u64) {
