@@ -14,8 +14,10 @@
 //! `$CEPH_KEYRING`) when set; otherwise a throwaway micro Ceph (`scripts/micro-ceph.sh`,
 //! memstore, or `--store bluestore`) that is stopped at the end. The image (`rbd/bench-<pid>`)
 //! is created, written once in full (so reads hit allocated objects, as on a used image) and
-//! removed at the end. librbd's cache is off on both sides (the gateway's default; for fio
-//! through a derived ceph.conf), so both measure the cluster round trip.
+//! removed at the end. Both sides run librbd with the same options: the gateway's defaults
+//! (`rbd_backend::rbd::GATEWAY_DEFAULT_ARGS`: no cache, inline dispatch, no Objecter
+//! throttle), for fio through a derived ceph.conf, so the ratio is what the gateway adds
+//! (`--fio-librbd-defaults`: fio on librbd's stock settings, cache still off).
 //!
 //! `--scaling` adds a second section on its own images (`--images 1,2,4,8,16,32`, each
 //! `--scaling-size-mib 32`, written once): the gateway's memory (RSS) and threads idle
@@ -89,6 +91,8 @@ struct Args {
     scaling_qd: usize,
     scaling_size_mib: u64,
     repeat: usize,
+    /// fio on librbd's stock settings (cache still off) instead of the gateway's defaults.
+    fio_librbd_defaults: bool,
 }
 
 fn parse_args() -> Option<Args> {
@@ -140,6 +144,7 @@ fn parse_args() -> Option<Args> {
             .and_then(|s| s.parse().ok())
             .unwrap_or(3)
             .max(1),
+        fio_librbd_defaults: args.iter().any(|a| a == "--fio-librbd-defaults"),
     })
 }
 
@@ -986,10 +991,20 @@ fn main() {
     );
 
     let cluster = Cluster::get(&work, &args.store);
-    // Both sides without librbd's cache: a ceph.conf that includes the cluster's and adds it.
+    // Both sides with the same librbd options: fio gets the gateway's defaults (no cache,
+    // inline dispatch, no Objecter throttle) through a ceph.conf that adds them to the
+    // cluster's, so the ratio measures what the gateway adds, not a librbd setting. With
+    // `--fio-librbd-defaults` fio runs on librbd's stock settings except the cache.
     let conf = work.join("ceph.conf");
     let mut text = std::fs::read_to_string(&cluster.conf).expect("read ceph.conf");
     text.push_str("\n[client]\nrbd_cache = false\n");
+    if !args.fio_librbd_defaults {
+        for arg in rbd_backend::rbd::GATEWAY_DEFAULT_ARGS {
+            if let Some((key, value)) = arg.trim_start_matches("--").split_once('=') {
+                text.push_str(&format!("{key} = {value}\n"));
+            }
+        }
+    }
     std::fs::write(&conf, text).expect("write the bench ceph.conf");
     if let Some(k) = &cluster.keyring {
         std::env::set_var("CEPH_KEYRING", k);
@@ -1127,8 +1142,15 @@ fn main() {
     }
 
     println!(
-        "RBD {} ({} MiB, written once), {}, librbd cache off on both sides",
-        image.spec, args.size_mib, cluster.description
+        "RBD {} ({} MiB, written once), {}, librbd cache off on both sides, {}",
+        image.spec,
+        args.size_mib,
+        cluster.description,
+        if args.fio_librbd_defaults {
+            "fio on librbd's other defaults (--fio-librbd-defaults)"
+        } else {
+            "fio with the gateway's librbd options"
+        }
     );
     println!("direct = fio --ioengine=rbd (1 job); gateway = nvmeof-gateway over NVMe/TCP on 127.0.0.1, pipelined Rust host, 1 queue");
     for v in &variants {
