@@ -746,6 +746,32 @@ impl ControlPlane {
 
 // ------------------------------------------------------------------ services
 
+/// This replica ends the move of a namespace until dropped (unless it already did: then
+/// nothing is claimed or released).
+struct EndingClaim {
+    cp: Arc<ControlPlane>,
+    key: (String, u32),
+    claimed: bool,
+}
+
+impl EndingClaim {
+    fn new(cp: &Arc<ControlPlane>, key: &(String, u32)) -> EndingClaim {
+        EndingClaim {
+            cp: cp.clone(),
+            key: key.clone(),
+            claimed: cp.begin_ending(key),
+        }
+    }
+}
+
+impl Drop for EndingClaim {
+    fn drop(&mut self) {
+        if self.claimed {
+            self.cp.done_ending(&self.key);
+        }
+    }
+}
+
 /// `Admin` on a replica.
 pub struct AdminService(pub Arc<ControlPlane>);
 
@@ -943,6 +969,10 @@ impl proto::admin_server::Admin for AdminService {
     ) -> Result<Response<proto::Reply>, Status> {
         let r = r.into_inner();
         let (nqn, nsid, g) = (r.subsystem_nqn.clone(), r.nsid, r.ana_group);
+        let key = (nqn.clone(), nsid);
+        // Claimed before the move is marked, so the leader never takes it for one whose
+        // request died.
+        let _claim = EndingClaim::new(&self.0, &key);
         let (_, st) = self
             .0
             .update(move |st| st.move_namespace(&r.subsystem_nqn, r.nsid, r.ana_group))
@@ -956,14 +986,8 @@ impl proto::admin_server::Admin for AdminService {
             .map(|n| n.moving_from)
             .unwrap_or(0);
         let (st, drained) = if moving_from != 0 {
-            let key = (nqn.clone(), nsid);
-            let claimed = self.0.begin_ending(&key);
             let drained = self.0.wait_for_drain(moving_from, st.version).await;
-            let ended = self.0.end_move(&key, moving_from).await;
-            if claimed {
-                self.0.done_ending(&key);
-            }
-            (ended?, drained)
+            (self.0.end_move(&key, moving_from).await?, drained)
         } else {
             (st, String::new())
         };

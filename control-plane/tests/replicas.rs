@@ -1,5 +1,7 @@
 //! Two `nvmeof-control` processes on one group state in RADOS: kill -9 the leader, the other
-//! takes over the lease, and a gateway failover after that is still fenced and pushed.
+//! takes over the lease, and a gateway failover after that is still fenced and pushed; kill -9
+//! the replica serving a `namespace move` while it waits for the drain, and the new leader
+//! ends the move once the old group's gateway has drained it.
 //! The gateways are gRPC clients that beacon like `nvmeof-gateway` does (the real gateways'
 //! failover is in gateway/tests/failover.rs).
 //!
@@ -252,5 +254,189 @@ async fn the_other_replica_takes_over_and_still_fails_over() {
         .args(["osd", "blocklist", "rm", "127.0.0.1:0/900002"])
         .output();
     b1.abort();
+    drop(other);
+}
+
+/// Group beacons (with `applied_state_version` from `applied`) to every replica every 200 ms.
+fn group_beacons(
+    gw: &'static str,
+    group: u32,
+    addrs: Vec<String>,
+    applied: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut clients = Vec::new();
+        for a in &addrs {
+            clients.push(GatewayControlClient::new(channel(a).await));
+        }
+        loop {
+            for c in clients.iter_mut() {
+                let addr = format!("127.0.0.1:0/{}", 910_000 + group);
+                let _ = c
+                    .send_group_beacon(proto::GroupBeacon {
+                        beacon: Some(proto::Beacon {
+                            gateway: gw.into(),
+                            ana_group: group,
+                            incarnation: 7,
+                            client_addrs: vec![addr.clone()],
+                            ..Default::default()
+                        }),
+                        group_clients: vec![proto::GroupClients {
+                            ana_group: group,
+                            addrs: vec![addr],
+                        }],
+                        applied_state_version: applied.load(std::sync::atomic::Ordering::SeqCst),
+                    })
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+/// (ana_group, moving_from_group) of namespace 1 of `nqn`, as `addr` lists it.
+async fn placement(addr: &str, nqn: &str) -> Option<(u32, u32)> {
+    let mut a = AdminClient::new(channel(addr).await);
+    let list = a
+        .namespace_list(proto::NamespaceListRequest {
+            subsystem_nqn: nqn.into(),
+        })
+        .await
+        .ok()?
+        .into_inner();
+    list.namespaces
+        .iter()
+        .find(|n| n.nsid == 1)
+        .map(|n| (n.ana_group, n.moving_from_group))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_whose_replica_is_killed_is_ended_by_the_new_leader() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let group = format!("move-{}-{}", std::process::id(), free_port());
+    let pool = std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into());
+    let image = format!("move-{}", free_port());
+    let out = Command::new("rbd")
+        .args(["create", "--size", "16M", &format!("{pool}/{image}")])
+        .output()
+        .expect("rbd");
+    assert!(out.status.success(), "rbd create: {out:?}");
+    let r1 = replica(&group);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r2 = replica(&group);
+    let addrs = vec![r1.addr.clone(), r2.addr.clone()];
+    let gw1_applied = Arc::new(AtomicU64::new(0));
+    let b1 = group_beacons("gw1", 1, addrs.clone(), gw1_applied.clone());
+    let b2 = group_beacons("gw2", 2, addrs.clone(), Arc::new(AtomicU64::new(u64::MAX)));
+    let started = Instant::now();
+    let (lead, other) = loop {
+        if leader(&r1.addr).await {
+            break (r1, r2);
+        }
+        if leader(&r2.addr).await {
+            break (r2, r1);
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "nobody leads");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let started = Instant::now();
+    loop {
+        let mut a = AdminClient::new(channel(&lead.addr).await);
+        let n = a
+            .ana_show(proto::Empty {})
+            .await
+            .map(|r| r.into_inner().groups.len())
+            .unwrap_or(0);
+        if n == 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "groups not seen"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let nqn = "nqn.2016-06.io.test:move";
+    let mut a = AdminClient::new(channel(&lead.addr).await);
+    a.subsystem_add(proto::SubsystemAddRequest {
+        nqn: nqn.into(),
+        allow_any_host: true,
+        ..Default::default()
+    })
+    .await
+    .expect("subsystem");
+    a.namespace_add(proto::NamespaceAddRequest {
+        subsystem_nqn: nqn.into(),
+        nsid: 1,
+        pool: pool.clone(),
+        image: image.clone(),
+        ana_group: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("namespace");
+    // The move waits for gw1 (group 1) to drain, which it does not acknowledge yet.
+    let mut mover = a.clone();
+    let request = tokio::spawn(async move {
+        mover
+            .namespace_move(proto::NamespaceMoveRequest {
+                subsystem_nqn: nqn.into(),
+                nsid: 1,
+                ana_group: 2,
+            })
+            .await
+    });
+    let started = Instant::now();
+    while placement(&other.addr, nqn).await != Some((2, 1)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "move not marked"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // kill -9 the replica serving the request, mid-drain.
+    let killed = Instant::now();
+    drop(lead);
+    assert!(request.await.expect("task").is_err(), "the request ended");
+    while !leader(&other.addr).await {
+        assert!(killed.elapsed() < Duration::from_secs(15), "no takeover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("takeover {} ms after kill -9", killed.elapsed().as_millis());
+    // Not drained yet: still moving.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        placement(&other.addr, nqn).await,
+        Some((2, 1)),
+        "ended undrained"
+    );
+    // gw1 acknowledges the current state: the new leader ends the move.
+    let mut o = AdminClient::new(channel(&other.addr).await);
+    let version = o
+        .namespace_list(proto::NamespaceListRequest::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .version;
+    gw1_applied.store(version, Ordering::SeqCst);
+    let acked = Instant::now();
+    while placement(&other.addr, nqn).await != Some((2, 0)) {
+        assert!(
+            acked.elapsed() < Duration::from_secs(10),
+            "the new leader never ended the move: {:?}",
+            placement(&other.addr, nqn).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "move ended by the new leader {} ms after gw1's acknowledgement",
+        acked.elapsed().as_millis()
+    );
+    b1.abort();
+    b2.abort();
+    let _ = Command::new("rbd")
+        .args(["rm", &format!("{pool}/{image}")])
+        .output();
     drop(other);
 }
