@@ -85,7 +85,7 @@ stage() {
   local name=$1; shift
   local t0 rc
   if [ -n "$ONLY" ] && [[ $ONLY != *",$name,"* ]]; then
-    SUMMARY+=("$(printf 'skipped  %-8s        not in --only' "$name")"); return 0
+    SUMMARY+=("$(printf 'skipped  %-9s        not in --only' "$name")"); return 0
   fi
   echo
   echo "==================== [stage $name] $* ===================="
@@ -99,17 +99,17 @@ stage() {
     rc=$?
   fi
   if [ $rc -eq 200 ]; then  # the stage decided it cannot run here
-    SUMMARY+=("$(printf 'skipped  %-8s %5ss  %s' "$name" "$(elapsed "$t0")" "$SKIP_REASON")")
+    SUMMARY+=("$(printf 'skipped  %-9s %5ss  %s' "$name" "$(elapsed "$t0")" "$SKIP_REASON")")
     echo "---- [stage $name] SKIPPED: $SKIP_REASON"
   elif [ $rc -eq 0 ]; then
-    PASSED=$((PASSED + 1)); SUMMARY+=("$(printf 'PASS     %-8s %5ss' "$name" "$(elapsed "$t0")")")
+    PASSED=$((PASSED + 1)); SUMMARY+=("$(printf 'PASS     %-9s %5ss' "$name" "$(elapsed "$t0")")")
     echo "---- [stage $name] PASS ($(elapsed "$t0")s)"
   else
-    FAILED=$((FAILED + 1)); SUMMARY+=("$(printf 'FAIL     %-8s %5ss  (exit %s)' "$name" "$(elapsed "$t0")" "$rc")")
+    FAILED=$((FAILED + 1)); SUMMARY+=("$(printf 'FAIL     %-9s %5ss  (exit %s)' "$name" "$(elapsed "$t0")" "$rc")")
     echo "---- [stage $name] FAIL (exit $rc, $(elapsed "$t0")s)"
     local seen=0 s
     for s in "${ALL_STAGES[@]}"; do
-      [ $seen = 1 ] && SUMMARY+=("$(printf 'not run  %-8s' "$s")")
+      [ $seen = 1 ] && SUMMARY+=("$(printf 'not run  %-9s' "$s")")
       [ "$s" = "$name" ] && seen=1
     done
     finish
@@ -118,7 +118,7 @@ stage() {
 skipped() { # name reason
   echo
   echo "==================== [stage $1] SKIPPED: $2 ===================="
-  SUMMARY+=("$(printf 'skipped  %-8s        %s' "$1" "$2")")
+  SUMMARY+=("$(printf 'skipped  %-9s        %s' "$1" "$2")")
 }
 
 # ------------------------------------------------------------------ deps --
@@ -144,6 +144,9 @@ e2e_vm() {
     -e E2E_LOG_DIR tests/vm/e2e-tcp.sh "$GATEWAY_BIN"
   local rc=$?
   echo "(logs: $TARGET_DIR/vm-logs/e2e-tcp/)"
+  # A gateway on this machine reached over the guest's IPv6 user network (fec0::2).
+  echo "+ tests/vm/e2e-tcp-ipv6-slirp.sh $GATEWAY_BIN"
+  E2E_LOG_DIR=$TARGET_DIR/vm-logs tests/vm/e2e-tcp-ipv6-slirp.sh "$GATEWAY_BIN" || rc=1
   return $rc
 }
 
