@@ -404,12 +404,13 @@ impl ControlPlane {
             if !self.begin_ending(&key) {
                 continue;
             }
-            tracing::warn!(
+            // Also the moves requested on another replica that is alive: it ends them too.
+            tracing::info!(
                 nqn = %key.0,
                 nsid = key.1,
                 from = n.moving_from,
                 to = n.ana_group,
-                "namespace move left unfinished; ending it"
+                "namespace move not ended by a request here (its replica may have died); ending it after the drain"
             );
             let (me, from, version) = (self.clone(), n.moving_from, st.version);
             tokio::spawn(async move {
