@@ -15,8 +15,8 @@
 //! batch of namespace adds their median and 99th percentile latency (the state grows as
 //! they are added), the total and the rate, and as the baseline measured in the same run the
 //! latency of a read-only RPC (`SubsystemList`) against the same replica: the ratio says what
-//! the state update (compare-and-set write from the cached state, notify) costs per namespace. Lines starting
-//! with `scale:` are `key=value` for scripts.
+//! the state update (compare-and-set write from the cached state, notify) costs per
+//! namespace. Lines starting with `scale:` are `key=value` for scripts.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
