@@ -537,7 +537,10 @@ impl GroupState {
         Ok(())
     }
 
-    pub fn add_listener(&mut self, l: ListenerEntry) -> Result<(), ConfigError> {
+    /// Adds a listener; its address is stored in canonical text ("::1" for "[0:0::1]"), so
+    /// one address written two ways is one listener, here and on the gateways that compare
+    /// the pushed listeners with their own.
+    pub fn add_listener(&mut self, mut l: ListenerEntry) -> Result<(), ConfigError> {
         self.subsystem(&l.subsystem_nqn)?;
         check_name("gateway", &l.gateway)?;
         if l.transport != "tcp" && l.transport != "rdma" {
@@ -547,13 +550,11 @@ impl GroupState {
                 why: "must be tcp or rdma",
             });
         }
-        if l.address.parse::<std::net::IpAddr>().is_err() {
-            return Err(ConfigError::Invalid {
-                what: "address",
-                value: l.address.clone(),
-                why: "not a numeric IPv4/IPv6 address",
-            });
-        }
+        l.address = canonical_address(&l.address).ok_or_else(|| ConfigError::Invalid {
+            what: "address",
+            value: l.address.clone(),
+            why: "not a numeric IPv4/IPv6 address",
+        })?;
         if l.port == 0 {
             return Err(ConfigError::Invalid {
                 what: "port",
@@ -569,7 +570,12 @@ impl GroupState {
 
     pub fn del_listener(&mut self, l: &ListenerEntry) -> Result<(), ConfigError> {
         self.subsystem(&l.subsystem_nqn)?;
-        if !self.listeners.remove(l) {
+        let mut key = l.clone();
+        if let Some(address) = canonical_address(&l.address) {
+            key.address = address;
+        }
+        // As typed too: a listener stored before addresses were made canonical.
+        if !self.listeners.remove(&key) && !self.listeners.remove(l) {
             return Err(ConfigError::NoListener(listener_key(l)));
         }
         Ok(())
@@ -613,6 +619,18 @@ pub fn image_spec(ns: &NamespaceEntry) -> String {
     } else {
         format!("{}/{}/{}", ns.pool, ns.rados_namespace, ns.image)
     }
+}
+
+/// A numeric IP address in canonical text (IPv6 compressed, no brackets: "[0:0::1]" ->
+/// "::1"); `None` when `text` is not one.
+fn canonical_address(text: &str) -> Option<String> {
+    let bare = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .unwrap_or(text);
+    bare.parse::<std::net::IpAddr>()
+        .ok()
+        .map(|ip| ip.to_string())
 }
 
 fn listener_key(l: &ListenerEntry) -> String {
@@ -901,6 +919,48 @@ mod tests {
         assert_eq!(st, before);
         st.del_subsystem(NQN, true).expect("force");
         assert!(st.namespaces.is_empty());
+    }
+
+    #[test]
+    fn listener_addresses_are_stored_canonical() {
+        let mut st = with_groups(2);
+        st.add_subsystem(NQN, "SN1", true, 0).expect("subsystem");
+        let listener = |address: &str| ListenerEntry {
+            subsystem_nqn: NQN.into(),
+            gateway: "gw1".into(),
+            transport: "tcp".into(),
+            address: address.into(),
+            port: 4420,
+        };
+        st.add_listener(listener("[0:0::1]"))
+            .expect("bracketed IPv6");
+        assert_eq!(
+            st.listeners
+                .iter()
+                .map(|l| l.address.as_str())
+                .collect::<Vec<_>>(),
+            ["::1"]
+        );
+        assert!(matches!(
+            st.add_listener(listener("::1")),
+            Err(ConfigError::ListenerExists(_))
+        ));
+        for bad in ["[127.0.0.1", "host.example", "fe80::1%2", ""] {
+            assert!(
+                matches!(
+                    st.add_listener(listener(bad)),
+                    Err(ConfigError::Invalid { .. })
+                ),
+                "{bad:?} refused"
+            );
+        }
+        st.del_listener(&listener("[::1]"))
+            .expect("deleted by another spelling");
+        assert!(st.listeners.is_empty());
+        // A listener stored as typed (before canonical addresses) is still deleted.
+        st.listeners.insert(listener("0:0::1"));
+        st.del_listener(&listener("0:0::1")).expect("legacy entry");
+        assert!(st.listeners.is_empty());
     }
 
     #[test]
