@@ -58,6 +58,7 @@ exec 3>&1  # the terminal, for progress lines printed while an answer is being w
 # shellcheck disable=SC2034  # read by steps.sh
 STEP_PREFIX=host:
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/requests.sh"
 
 # ------------------------------------------------------------- cleanup --
 WORK="" VMPID="" DEMOPID=""
@@ -265,28 +266,6 @@ handle() { # reads one request line, prints the answer
     kill-gw1) act_kill_gw1 ;;
     *) echo fail; echo "unknown request '$line'" ;;
   esac
-}
-serve_requests() {
-  local r id t0
-  for r in "$SIG"/*.req; do
-    [ -e "$r" ] || continue
-    id=${r%.req}
-    mv "$r" "$id.taken" || continue
-    echo "    host: request ${id##*/}: $(head -c 200 "$id.taken")"
-    t0=$(now)
-    handle < "$id.taken" > "$id.tmp" 2>&1
-    echo "(host took $(since "$t0")s)" >> "$id.tmp"
-    mv "$id.tmp" "$id.done"
-    echo "    host: answered ${id##*/}: $(head -n 1 "$id.done") ($(since "$t0")s)"
-  done
-}
-SHOWN=0
-show_vm_output() { # print the VM output lines not yet shown
-  local n
-  [ -f "$VMOUT" ] || return 0
-  n=$(wc -l < "$VMOUT")
-  [ "$n" -gt "$SHOWN" ] && { sed -n "$((SHOWN + 1)),${n}p" "$VMOUT"; SHOWN=$n; }
-  return 0
 }
 size_bytes() { # the image's size, as the guest must see it
   (eval "$("$ROOT/scripts/micro-ceph.sh" env "$DEMO/ceph")" &&

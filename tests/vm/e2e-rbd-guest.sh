@@ -49,22 +49,9 @@ mkdir -p "$LOGDIR"
 COPTS=(-t tcp -a "$ADDR" -s "$PORT" --ctrl-loss-tmo=60 --reconnect-delay=1)
 
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/requests.sh"  # ask
 on_step_failure() { dmesg | grep -iE 'nvme' | tail -n 8 | sed 's/^/    dmesg: /'; }
 
-# ask SECONDS WORDS...: a request to the host (see e2e-rbd.sh); prints the answer, returns 0 on "ok"
-REQ=0
-ask() {
-  local t=$1 id; shift
-  REQ=$((REQ + 1)); id=$SIG/$(printf '%03d' $REQ)
-  echo "$*" > "$id.tmp" && mv "$id.tmp" "$id.req" || { say "cannot write $id.req"; return 1; }
-  local end; end=$(awk -v n="$(now)" -v t="$t" 'BEGIN{print n + t}')
-  until [ -e "$id.done" ]; do
-    awk -v n="$(now)" -v e="$end" 'BEGIN{exit !(n > e)}' && { say "the host did not answer '$*' within ${t}s"; return 1; }
-    sleep 0.2
-  done
-  sed 's/^/    host: /' "$id.done"
-  [ "$(head -n 1 "$id.done")" = ok ]
-}
 
 # ------------------------------------------------------------- initiator --
 ns_dev_once() { # NSID: block device (multipath head or plain) of that namespace of $NQN

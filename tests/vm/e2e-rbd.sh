@@ -53,6 +53,7 @@ exec 3>&1  # the terminal, for progress lines printed while an answer is being w
 # shellcheck disable=SC2034  # read by steps.sh
 STEP_PREFIX=host:
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/requests.sh"
 
 # ------------------------------------------------------------- cleanup --
 WORK="" CEPHDIR="" GWPID="" VMPID=""
@@ -268,28 +269,6 @@ handle() { # reads one request line, prints the answer
     osd-outage) act_osd_outage "${1:-}" ;;
     *) echo fail; echo "unknown request '$line'" ;;
   esac
-}
-serve_requests() {
-  local r id t0
-  for r in "$SIG"/*.req; do
-    [ -e "$r" ] || continue
-    id=${r%.req}
-    mv "$r" "$id.taken" || continue
-    echo "    host: request ${id##*/}: $(head -c 200 "$id.taken")"
-    t0=$(now)
-    handle < "$id.taken" > "$id.tmp" 2>&1
-    echo "(host took $(since "$t0")s)" >> "$id.tmp"
-    mv "$id.tmp" "$id.done"
-    echo "    host: answered ${id##*/}: $(head -n 1 "$id.done") ($(since "$t0")s)"
-  done
-}
-SHOWN=0
-show_vm_output() { # print the VM output lines not yet shown
-  local n
-  [ -f "$VMOUT" ] || return 0
-  n=$(wc -l < "$VMOUT")
-  [ "$n" -gt "$SHOWN" ] && { sed -n "$((SHOWN + 1)),${n}p" "$VMOUT"; SHOWN=$n; }
-  return 0
 }
 GUEST_PASS=0 GUEST_FAIL=0
 run_vm() {
