@@ -272,30 +272,13 @@ size_bytes() { # the image's size, as the guest must see it
     timeout -k 5 30 rbd info --format json "$POOL/$IMAGE") 2>/dev/null |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["size"])'
 }
-GUEST_PASS=0 GUEST_FAIL=0
 run_vm() {
   local size
   size=$(size_bytes) || { say "rbd info $POOL/$IMAGE failed"; GUEST_FAIL=1; return 1; }
   say "rbd/$IMAGE: $size bytes"
   say "tests/vm/run-in-vm.sh -t $TIMEOUT -w $SH -e FAILOVER_BOUND_S tests/vm/e2e-demo-guest.sh $SH $PORT $size"
-  "$ROOT/tests/vm/run-in-vm.sh" -t "$TIMEOUT" -w "$SH" -e FAILOVER_BOUND_S "$ROOT/tests/vm/e2e-demo-guest.sh" \
-    "$SH" "$PORT" "$size" > "$VMOUT" 2>&1 3>&- &
-  VMPID=$!
-  while kill -0 "$VMPID" 2>/dev/null; do
-    show_vm_output
-    serve_requests
-    sleep 0.2
-  done
-  wait "$VMPID"; local rc=$?
-  VMPID=""
-  show_vm_output
-  local last
-  last=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$VMOUT" | tail -n 1)
-  if [ -z "$last" ]; then say "no guest summary line (VM exit status $rc)"; GUEST_FAIL=1; return 1; fi
-  GUEST_PASS=${last%% passed*}
-  GUEST_FAIL=${last#*passed, }; GUEST_FAIL=${GUEST_FAIL%% failed}
-  say "guest: $last (VM exit status $rc)"
-  [ "$rc" -eq 0 ] && [ "$GUEST_FAIL" -eq 0 ]
+  run_guest -t "$TIMEOUT" -w "$SH" -e FAILOVER_BOUND_S "$ROOT/tests/vm/e2e-demo-guest.sh" \
+    "$SH" "$PORT" "$size"
 }
 
 STOP_S=""

@@ -416,28 +416,11 @@ handle() { # reads one request line, prints the answer
     *) echo fail; echo "unknown request '$line'" ;;
   esac
 }
-GUEST_PASS=0 GUEST_FAIL=0
 run_vm() {
   local ports="" i
   for i in $(seq $NGW); do ports+=${ports:+,}${GWPORT[$i]}; done  # gw1's port first
   say "tests/vm/run-in-vm.sh -t $TIMEOUT -w $SH tests/vm/e2e-group-guest.sh $SH $ROUNDS $ports"
-  "$ROOT/tests/vm/run-in-vm.sh" -t "$TIMEOUT" -w "$SH" "$ROOT/tests/vm/e2e-group-guest.sh" "$SH" "$ROUNDS" "$ports" > "$VMOUT" 2>&1 3>&- &
-  VMPID=$!
-  while kill -0 "$VMPID" 2>/dev/null; do
-    show_vm_output
-    serve_requests
-    sleep 0.2
-  done
-  wait "$VMPID"; local rc=$?
-  VMPID=""
-  show_vm_output
-  local last
-  last=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$VMOUT" | tail -n 1)
-  if [ -z "$last" ]; then say "no guest summary line (VM exit status $rc)"; GUEST_FAIL=1; return 1; fi
-  GUEST_PASS=${last%% passed*}
-  GUEST_FAIL=${last#*passed, }; GUEST_FAIL=${GUEST_FAIL%% failed}
-  say "guest: $last (VM exit status $rc)"
-  [ "$rc" -eq 0 ] && [ "$GUEST_FAIL" -eq 0 ]
+  run_guest -t "$TIMEOUT" -w "$SH" "$ROOT/tests/vm/e2e-group-guest.sh" "$SH" "$ROUNDS" "$ports"
 }
 fences_as_caused() { # every fence of a whole gateway was caused by the test
   local n

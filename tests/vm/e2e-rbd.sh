@@ -270,26 +270,9 @@ handle() { # reads one request line, prints the answer
     *) echo fail; echo "unknown request '$line'" ;;
   esac
 }
-GUEST_PASS=0 GUEST_FAIL=0
 run_vm() {
   say "tests/vm/run-in-vm.sh -t $TIMEOUT -w $SH tests/vm/e2e-rbd-guest.sh $SH $PORT"
-  "$ROOT/tests/vm/run-in-vm.sh" -t "$TIMEOUT" -w "$SH" "$ROOT/tests/vm/e2e-rbd-guest.sh" "$SH" "$PORT" > "$VMOUT" 2>&1 3>&- &
-  VMPID=$!
-  while kill -0 "$VMPID" 2>/dev/null; do
-    show_vm_output
-    serve_requests
-    sleep 0.2
-  done
-  wait "$VMPID"; local rc=$?
-  VMPID=""
-  show_vm_output
-  local last
-  last=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$VMOUT" | tail -n 1)
-  if [ -z "$last" ]; then say "no guest summary line (VM exit status $rc)"; GUEST_FAIL=1; return 1; fi
-  GUEST_PASS=${last%% passed*}
-  GUEST_FAIL=${last#*passed, }; GUEST_FAIL=${GUEST_FAIL%% failed}
-  say "guest: $last (VM exit status $rc)"
-  [ "$rc" -eq 0 ] && [ "$GUEST_FAIL" -eq 0 ]
+  run_guest -t "$TIMEOUT" -w "$SH" "$ROOT/tests/vm/e2e-rbd-guest.sh" "$SH" "$PORT"
 }
 
 # ------------------------------------------------------------------ main --

@@ -8,6 +8,10 @@
 #                                `handle` reads the request line on stdin and writes the answer
 #                                ("ok" or "fail", then details) on stdout
 #         show_vm_output         prints the lines of $VMOUT (the VM's output) not yet shown
+#         run_guest ARGS...      boots the VM (tests/vm/run-in-vm.sh ARGS, output in $VMOUT,
+#                                its PID in VMPID while it runs), serves its requests until
+#                                it exits and sets GUEST_PASS/GUEST_FAIL from the guest's
+#                                summary line; 0 when the VM exited 0 with no failed step
 
 REQ=0
 ask() {
@@ -45,4 +49,25 @@ show_vm_output() {
   n=$(wc -l < "$VMOUT")
   [ "$n" -gt "$SHOWN" ] && { sed -n "$((SHOWN + 1)),${n}p" "$VMOUT"; SHOWN=$n; }
   return 0
+}
+
+GUEST_PASS=0 GUEST_FAIL=0
+run_guest() {
+  "$ROOT/tests/vm/run-in-vm.sh" "$@" > "$VMOUT" 2>&1 3>&- &
+  VMPID=$!
+  while kill -0 "$VMPID" 2>/dev/null; do
+    show_vm_output
+    serve_requests
+    sleep 0.2
+  done
+  wait "$VMPID"; local rc=$?
+  VMPID=""
+  show_vm_output
+  local last
+  last=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$VMOUT" | tail -n 1)
+  if [ -z "$last" ]; then say "no guest summary line (VM exit status $rc)"; GUEST_FAIL=1; return 1; fi
+  GUEST_PASS=${last%% passed*}
+  GUEST_FAIL=${last#*passed, }; GUEST_FAIL=${GUEST_FAIL%% failed}
+  say "guest: $last (VM exit status $rc)"
+  [ "$rc" -eq 0 ] && [ "$GUEST_FAIL" -eq 0 ]
 }
