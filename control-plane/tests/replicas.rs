@@ -184,23 +184,7 @@ async fn the_other_replica_takes_over_and_still_fails_over() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Both gateways registered (via the leader, visible to the other through RADOS).
-    let started = Instant::now();
-    loop {
-        let mut a = AdminClient::new(channel(&other.addr).await);
-        let n = a
-            .ana_show(proto::Empty {})
-            .await
-            .map(|r| r.into_inner().groups.len())
-            .unwrap_or(0);
-        if n == 2 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "groups not seen"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_groups(&other.addr, 2).await;
     // gw1 follows its assignment on the replica that will survive.
     let mut g = GatewayControlClient::new(channel(&other.addr).await);
     let mut stream = g
@@ -340,23 +324,7 @@ async fn a_move_whose_replica_is_killed_is_ended_by_the_new_leader() {
         assert!(started.elapsed() < Duration::from_secs(20), "nobody leads");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let started = Instant::now();
-    loop {
-        let mut a = AdminClient::new(channel(&lead.addr).await);
-        let n = a
-            .ana_show(proto::Empty {})
-            .await
-            .map(|r| r.into_inner().groups.len())
-            .unwrap_or(0);
-        if n == 2 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "groups not seen"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_groups(&lead.addr, 2).await;
     let nqn = "nqn.2016-06.io.test:move";
     let mut a = AdminClient::new(channel(&lead.addr).await);
     a.subsystem_add(proto::SubsystemAddRequest {
@@ -439,4 +407,25 @@ async fn a_move_whose_replica_is_killed_is_ended_by_the_new_leader() {
         .args(["rm", &format!("{pool}/{image}")])
         .output();
     drop(other);
+}
+
+/// Waits (at most 10 s) until the replica at `addr` reports `count` ANA groups.
+async fn wait_for_groups(addr: &str, count: usize) {
+    let started = Instant::now();
+    loop {
+        let mut a = AdminClient::new(channel(addr).await);
+        let n = a
+            .ana_show(proto::Empty {})
+            .await
+            .map(|r| r.into_inner().groups.len())
+            .unwrap_or(0);
+        if n == count {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "groups not seen"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
