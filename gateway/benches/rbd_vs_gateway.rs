@@ -32,7 +32,7 @@
 //! in one run; each round runs direct, then every gateway, the gateways' order rotating per
 //! round; `built` as PATH is the binary cargo built),
 //! `--ramp SECONDS` (default 1, not measured), `--only TEXT` (the workloads whose name
-//! contains TEXT, e.g. `--only QD1`). In `cargo test --benches` (no `--bench`
+//! contains TEXT ending at a word's end, e.g. `--only QD1` is not QD16). In `cargo test --benches` (no `--bench`
 //! argument) it only says it was skipped: it needs Ceph and fio.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -1052,7 +1052,7 @@ fn main() {
         if args
             .only
             .as_ref()
-            .is_some_and(|o| !w.name.contains(o.as_str()))
+            .is_some_and(|o| !format!("{} ", w.name).contains(&format!("{o} ")))
         {
             continue;
         }
