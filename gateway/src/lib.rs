@@ -5,6 +5,7 @@ pub mod core;
 pub mod events;
 pub mod group;
 pub mod host;
+mod keep_alive;
 pub mod rdma;
 pub mod signals;
 pub mod spec;

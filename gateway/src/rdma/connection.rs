@@ -29,7 +29,7 @@ use tracing::Instrument;
 use super::{rdma_caps, stats, Device, RECV_LEN};
 use crate::core::command::SQE_LEN;
 use crate::core::{
-    Action, BufferSource, Command, Completion, Queue, Status, Target, TeardownReason, TransportType,
+    Action, BufferSource, Command, Completion, Queue, Status, Target, TransportType,
 };
 use crate::signals::QueueSignals;
 use crate::spec::{sc, sgl};
@@ -265,7 +265,7 @@ impl RdmaConnection {
                     None => Flow::Close,
                 },
                 _ = self.signals.notify.notified() => self.on_signals(),
-                _ = tick(&mut self.keep_alive) => self.on_keep_alive_tick(),
+                _ = crate::keep_alive::tick(&mut self.keep_alive) => self.on_keep_alive_tick(),
                 ready = fd.readable() => match ready {
                     Ok(mut guard) => {
                         guard.clear_ready();
@@ -692,36 +692,15 @@ impl RdmaConnection {
     }
 
     fn arm_keep_alive(&mut self) {
-        let Some(binding) = self.queue.binding() else {
-            return;
-        };
-        if binding.qid != 0 {
-            return;
-        }
-        let kato = binding.controller.kato_ms();
-        if kato == 0 {
-            return;
-        }
-        let period = Duration::from_millis(u64::from(kato));
-        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        self.keep_alive = Some(interval);
+        self.keep_alive = crate::keep_alive::admin_queue_timer(&self.queue);
     }
 
     fn on_keep_alive_tick(&mut self) -> Flow {
-        let Some(ctrl) = self.queue.controller().cloned() else {
-            return Flow::Continue;
-        };
-        if !ctrl.take_keep_alive() {
-            tracing::warn!(
-                cntlid = ctrl.cntlid,
-                kato_ms = ctrl.kato_ms(),
-                "keep alive timeout"
-            );
-            ctrl.teardown(TeardownReason::KeepAliveExpired);
-            return Flow::Close;
+        if crate::keep_alive::still_alive(&self.queue) {
+            Flow::Continue
+        } else {
+            Flow::Close
         }
-        Flow::Continue
     }
 
     /// Releases everything: the controller association, the device I/O still running (its
@@ -841,14 +820,5 @@ impl RdmaConnection {
                 }
             }
         }
-    }
-}
-
-async fn tick(keep_alive: &mut Option<tokio::time::Interval>) {
-    match keep_alive {
-        Some(interval) => {
-            interval.tick().await;
-        }
-        None => std::future::pending().await,
     }
 }

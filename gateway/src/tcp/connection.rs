@@ -39,8 +39,7 @@ use super::pdu::{
 };
 use crate::core::command::SQE_LEN;
 use crate::core::{
-    Action, Command, Completion, Queue, QueueNotifier, Status, Target, TeardownReason,
-    TransportCaps, TransportType,
+    Action, Command, Completion, Queue, QueueNotifier, Status, Target, TransportCaps, TransportType,
 };
 use crate::spec::sc;
 
@@ -325,7 +324,7 @@ impl Connection {
                     Flow::Close
                 }
                 _ = shared.notify.notified() => shared.lock().on_signals(shared),
-                _ = tick(&mut self.keep_alive) => shared.lock().on_keep_alive_tick(),
+                _ = crate::keep_alive::tick(&mut self.keep_alive) => shared.lock().on_keep_alive_tick(),
                 read = std::future::poll_fn(|cx| shared.poll_read(&mut self.reader, cx)) => match read {
                     Ok(0) => {
                         tracing::debug!("host closed the connection");
@@ -637,34 +636,15 @@ impl State {
 
     /// The KATO timer, once this queue is a connected admin queue with a keep-alive timeout.
     fn keep_alive_interval(&self) -> Option<tokio::time::Interval> {
-        let binding = self.queue.binding()?;
-        if binding.qid != 0 {
-            return None;
-        }
-        let kato = binding.controller.kato_ms();
-        if kato == 0 {
-            return None;
-        }
-        let period = Duration::from_millis(u64::from(kato));
-        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Some(interval)
+        crate::keep_alive::admin_queue_timer(&self.queue)
     }
 
     fn on_keep_alive_tick(&mut self) -> Flow {
-        let Some(ctrl) = self.queue.controller().cloned() else {
-            return Flow::Continue;
-        };
-        if !ctrl.take_keep_alive() {
-            tracing::warn!(
-                cntlid = ctrl.cntlid,
-                kato_ms = ctrl.kato_ms(),
-                "keep alive timeout"
-            );
-            ctrl.teardown(TeardownReason::KeepAliveExpired);
-            return Flow::Close;
+        if crate::keep_alive::still_alive(&self.queue) {
+            Flow::Continue
+        } else {
+            Flow::Close
         }
-        Flow::Continue
     }
 
     fn run_actions(&mut self, actions: &mut Vec<Action>) -> Flow {
@@ -876,14 +856,5 @@ impl OwnedPdu {
             // The decoder only yields host-to-controller PDUs for the target role.
             _ => OwnedPdu::TermReq { fes: 0, fei: 0 },
         }
-    }
-}
-
-async fn tick(keep_alive: &mut Option<tokio::time::Interval>) {
-    match keep_alive {
-        Some(interval) => {
-            interval.tick().await;
-        }
-        None => std::future::pending().await,
     }
 }
