@@ -1,0 +1,228 @@
+//! `nvmeofctl`'s output, to the byte: every subcommand's table and JSON against an in-process
+//! control plane (in-memory state), compared with `cli_output.golden`. The times in the output
+//! (a beacon's age, how long add-many took) and the state versions are masked; everything else is compared as is.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use control_plane::ana::Timing;
+use control_plane::proto::{self, gateway_control_client::GatewayControlClient};
+use control_plane::server::{self, ControlPlane, Options};
+use control_plane::store::{MemoryBackend, Store};
+use tonic::transport::Channel;
+
+const NQN: &str = "nqn.2016-06.io.test:output";
+const GOLDEN: &str = include_str!("cli_output.golden");
+
+async fn start() -> String {
+    let backend = Arc::new(MemoryBackend::default());
+    backend
+        .images
+        .lock()
+        .expect("images")
+        .extend(["rbd/img1", "rbd/ns1/img2", "rbd/img3", "rbd/img4"].map(String::from));
+    // A long grace: no gateway is declared dead while the test runs on a busy machine.
+    let options = Options {
+        timing: Timing {
+            grace_ms: 120_000,
+            failback_delay_ms: 0,
+        },
+        ..Options::default()
+    };
+    let cp = ControlPlane::start(Store::new(backend), "test".into(), options)
+        .await
+        .expect("control plane");
+    tokio::spawn(cp.clone().run());
+    let started = Instant::now();
+    while !cp.is_leader() {
+        assert!(started.elapsed() < Duration::from_secs(10), "never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(server::serve(cp, listener, std::future::pending::<()>()));
+    addr
+}
+
+async fn beacon(addr: &str, gw: &str, group: u32) {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    GatewayControlClient::new(channel)
+        .send_beacon(proto::Beacon {
+            gateway: gw.into(),
+            ana_group: group,
+            incarnation: 1,
+            client_addrs: vec![format!("10.0.0.{group}:0/1")],
+            applied_version: 0,
+            connections: vec![proto::Connection {
+                gateway: String::new(),
+                subsystem_nqn: NQN.into(),
+                host_nqn: host(group),
+                cntlid: group * 2040 - 2039,
+                io_queues: 2,
+            }],
+        })
+        .await
+        .expect("beacon");
+}
+
+fn host(i: u32) -> String {
+    format!("nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-00000000000{i}")
+}
+
+/// Replaces what depends on time: `<digits> ms ago` (and the padding after it, which depends
+/// on the digits' width), `"last_beacon_ms_ago": <digits>`, add-many's `in <seconds> s`, and
+/// state versions.
+fn mask_times(text: &str) -> String {
+    text.lines()
+        .map(|line| {
+            let mut line = line.to_string();
+            if let Some(at) = line.find(" ms ago") {
+                let digits = line[..at]
+                    .trim_end_matches(|c: char| c.is_ascii_digit())
+                    .len();
+                let rest = line[at + " ms ago".len()..].trim_start().to_string();
+                line = format!("{}<N> ms ago {rest}", &line[..digits])
+                    .trim_end()
+                    .to_string();
+            }
+            if let Some(at) = line.find("\"last_beacon_ms_ago\": ") {
+                let start = at + "\"last_beacon_ms_ago\": ".len();
+                let end = line[start..]
+                    .find(|c: char| !c.is_ascii_digit())
+                    .map_or(line.len(), |e| start + e);
+                line.replace_range(start..end, "<N>");
+            }
+            // How many writes the leader makes on its own (lease, ANA groups) depends on timing.
+            for key in ["(state version ", "\"version\": "] {
+                if let Some(at) = line.find(key) {
+                    let start = at + key.len();
+                    let end = line[start..]
+                        .find(|c: char| !c.is_ascii_digit())
+                        .map_or(line.len(), |e| start + e);
+                    line.replace_range(start..end, "<V>");
+                }
+            }
+            if let (Some(at), Some(end)) = (line.find(" in "), line.find(" s (state version")) {
+                if at < end {
+                    line.replace_range(at + " in ".len()..end, "<T>");
+                }
+            }
+            line
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subcommand_prints_the_same_tables_and_json() {
+    let addr = start().await;
+    let many = std::env::temp_dir().join(format!("cli-output-{}.txt", std::process::id()));
+    std::fs::write(&many, "img3 5\nimg4\n").expect("add-many file");
+    let many = many.to_string_lossy().into_owned();
+    let mut transcript = String::new();
+    let mut ctl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_nvmeofctl"))
+            .arg("--server")
+            .arg(&addr)
+            .args(args)
+            .env_remove("NVMEOFCTL_TLS_CA")
+            .env_remove("NVMEOFCTL_TLS_CERT")
+            .env_remove("NVMEOFCTL_TLS_KEY")
+            .output()
+            .expect("run nvmeofctl");
+        let args = args.join(" ").replace(&many, "FILE");
+        transcript.push_str(&format!(
+            "$ nvmeofctl {args}\n{}\n[stderr] {}[exit {}]\n",
+            mask_times(&String::from_utf8_lossy(&out.stdout)),
+            String::from_utf8_lossy(&out.stderr),
+            out.status.code().unwrap_or(-1)
+        ));
+    };
+    for output in ["table", "json"] {
+        ctl(&["-o", output, "gateway", "list"]);
+        ctl(&["-o", output, "connection", "list"]);
+        ctl(&["-o", output, "ana", "show"]);
+    }
+    beacon(&addr, "gw1", 1).await;
+    beacon(&addr, "gw2", 2).await;
+    // After the beacons: the state's version no longer depends on when the lease was taken.
+    for output in ["table", "json"] {
+        ctl(&["-o", output, "subsystem", "list"]);
+        ctl(&["-o", output, "namespace", "list"]);
+        ctl(&["-o", output, "listener", "list"]);
+        ctl(&["-o", output, "host", "list"]);
+    }
+    ctl(&["subsystem", "add", "--nqn", NQN, "--serial", "SN1"]);
+    #[rustfmt::skip]
+    ctl(&["-o", "json", "subsystem", "add", "--nqn", &format!("{NQN}-2"), "--allow-any-host", "--max-namespaces", "8"]);
+    ctl(&["namespace", "add", "-n", NQN, "--image", "img1"]);
+    #[rustfmt::skip]
+    ctl(&["-o", "json", "namespace", "add", "-n", NQN, "--rados-namespace", "ns1", "--image", "img2", "--ana-group", "1"]);
+    ctl(&["namespace", "add-many", "-n", NQN, "--file", &many]);
+    ctl(&[
+        "namespace",
+        "move",
+        "-n",
+        NQN,
+        "--nsid",
+        "1",
+        "--ana-group",
+        "2",
+    ]);
+    ctl(&[
+        "namespace",
+        "resize",
+        "-n",
+        NQN,
+        "--nsid",
+        "2",
+        "--size",
+        "2GiB",
+    ]);
+    #[rustfmt::skip]
+    ctl(&["listener", "add", "-n", NQN, "-g", "gw1", "-a", "10.0.0.1"]);
+    #[rustfmt::skip]
+    ctl(&["-o", "json", "listener", "add", "-n", NQN, "-g", "gw2", "-a", "10.0.0.2", "-p", "4421"]);
+    ctl(&["host", "add", "-n", NQN, "--host", &host(1)]);
+    ctl(&["host", "add", "-n", NQN, "--host", &host(2)]);
+    for output in ["table", "json"] {
+        ctl(&["-o", output, "subsystem", "list"]);
+        ctl(&["-o", output, "namespace", "list"]);
+        ctl(&[
+            "-o",
+            output,
+            "namespace",
+            "list",
+            "-n",
+            "nqn.2016-06.io.test:none",
+        ]);
+        ctl(&["-o", output, "listener", "list", "-n", NQN]);
+        ctl(&["-o", output, "host", "list"]);
+        ctl(&["-o", output, "gateway", "list"]);
+        ctl(&["-o", output, "gateway", "info", "--name", "gw2"]);
+        ctl(&["-o", output, "connection", "list"]);
+        ctl(&["-o", output, "ana", "show"]);
+    }
+    ctl(&["listener", "del", "-n", NQN, "-g", "gw1", "-a", "10.0.0.1"]);
+    ctl(&["host", "del", "-n", NQN, "--host", &host(2)]);
+    ctl(&["namespace", "del", "-n", NQN, "--nsid", "2"]);
+    ctl(&["-o", "json", "subsystem", "del", "--nqn", NQN, "--force"]);
+    ctl(&["subsystem", "del", "--nqn", &format!("{NQN}-2")]);
+    ctl(&["subsystem", "list"]);
+    let _ = std::fs::remove_file(&many);
+    if transcript != GOLDEN {
+        let actual = std::env::temp_dir().join("cli_output.actual");
+        std::fs::write(&actual, &transcript).expect("write the actual output");
+        panic!(
+            "nvmeofctl's output differs from tests/cli_output.golden (actual: {})",
+            actual.display()
+        );
+    }
+}
