@@ -9,11 +9,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
-use control_plane::ana::AnaState;
+use clap::{Parser, Subcommand};
 use control_plane::proto::{self, admin_client::AdminClient};
 use control_plane::tls::{self, TlsFiles};
 use tonic::transport::{Channel, ClientTlsConfig};
+
+#[path = "nvmeofctl/listing.rs"]
+mod listing;
+
+use listing::{ana_name, done, json, print_list, print_rows, table, GatewayRow, Output};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "Manage an NVMe-oF gateway group")]
@@ -46,12 +50,6 @@ struct Cli {
     tls_server_name: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Output {
-    Table,
-    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -373,55 +371,6 @@ async fn connect(
     )))
 }
 
-fn json<T: serde::Serialize>(v: &T) {
-    match serde_json::to_string_pretty(v) {
-        Ok(s) => println!("{s}"),
-        Err(e) => eprintln!("nvmeofctl: cannot encode the reply: {e}"),
-    }
-}
-
-/// Prints rows under headers, columns padded to their widest cell.
-fn table(headers: &[&str], rows: Vec<Vec<String>>) {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for r in &rows {
-        for (i, c) in r.iter().enumerate() {
-            if let Some(w) = widths.get_mut(i) {
-                *w = (*w).max(c.chars().count());
-            }
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let parts: Vec<String> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = widths.get(i).copied().unwrap_or(0)))
-            .collect();
-        println!("{}", parts.join("  ").trim_end());
-    };
-    line(headers.iter().map(|h| h.to_string()).collect());
-    if rows.is_empty() {
-        println!("(none)");
-    }
-    for r in rows {
-        line(r);
-    }
-}
-
-fn done(output: Output, r: proto::Reply) {
-    match output {
-        Output::Json => json(&r),
-        Output::Table => println!("{} (state version {})", r.message, r.version),
-    }
-}
-
-fn ana_name(code: u32) -> String {
-    u8::try_from(code)
-        .ok()
-        .and_then(AnaState::from_code)
-        .map(|s| s.name().to_string())
-        .unwrap_or_else(|| format!("0x{code:02x}"))
-}
-
 async fn run(cli: Cli) -> Result<(), Failure> {
     let files = TlsFiles {
         ca: cli.tls_ca.clone(),
@@ -447,49 +396,22 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             serial,
             allow_any_host,
             max_namespaces,
-        }) => done(
-            out,
-            c.subsystem_add(proto::SubsystemAddRequest {
+        }) => {
+            let request = proto::SubsystemAddRequest {
                 nqn,
                 serial,
                 allow_any_host,
                 max_namespaces,
-            })
-            .await
-            .map_err(refused)?
-            .into_inner(),
-        ),
-        Cmd::Subsystem(SubsystemCmd::Del { nqn, force }) => done(
-            out,
-            c.subsystem_del(proto::SubsystemDelRequest { nqn, force })
-                .await
-                .map_err(refused)?
-                .into_inner(),
-        ),
+            };
+            done(out, answer(c.subsystem_add(request), tls_on).await?)
+        }
+        Cmd::Subsystem(SubsystemCmd::Del { nqn, force }) => {
+            let request = proto::SubsystemDelRequest { nqn, force };
+            done(out, answer(c.subsystem_del(request), tls_on).await?)
+        }
         Cmd::Subsystem(SubsystemCmd::List) => {
-            let r = c
-                .subsystem_list(proto::Empty {})
-                .await
-                .map_err(refused)?
-                .into_inner();
-            match out {
-                Output::Json => json(&r),
-                Output::Table => table(
-                    &["NQN", "SERIAL", "ANY HOST", "HOSTS", "MAX NS"],
-                    r.subsystems
-                        .iter()
-                        .map(|s| {
-                            vec![
-                                s.nqn.clone(),
-                                s.serial.clone(),
-                                if s.allow_any_host { "yes" } else { "no" }.into(),
-                                s.hosts.len().to_string(),
-                                s.max_namespaces.to_string(),
-                            ]
-                        })
-                        .collect(),
-                ),
-            }
+            let r = answer(c.subsystem_list(proto::Empty {}), tls_on).await?;
+            print_list(out, &r, &r.subsystems);
         }
         Cmd::Namespace(NamespaceCmd::Add {
             subsystem,
@@ -499,9 +421,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             nsid,
             block_size,
             ana_group,
-        }) => done(
-            out,
-            c.namespace_add(proto::NamespaceAddRequest {
+        }) => {
+            let request = proto::NamespaceAddRequest {
                 subsystem_nqn: subsystem,
                 nsid,
                 pool,
@@ -509,11 +430,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 image,
                 block_size,
                 ana_group,
-            })
-            .await
-            .map_err(refused)?
-            .into_inner(),
-        ),
+            };
+            done(out, answer(c.namespace_add(request), tls_on).await?)
+        }
         Cmd::Namespace(NamespaceCmd::AddMany {
             subsystem,
             pool,
@@ -606,217 +525,96 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 ),
             }
         }
-        Cmd::Namespace(NamespaceCmd::Del { subsystem, nsid }) => done(
-            out,
-            c.namespace_del(proto::NamespaceDelRequest {
+        Cmd::Namespace(NamespaceCmd::Del { subsystem, nsid }) => {
+            let request = proto::NamespaceDelRequest {
                 subsystem_nqn: subsystem,
                 nsid,
-            })
-            .await
-            .map_err(refused)?
-            .into_inner(),
-        ),
+            };
+            done(out, answer(c.namespace_del(request), tls_on).await?)
+        }
         Cmd::Namespace(NamespaceCmd::Move {
             subsystem,
             nsid,
             ana_group,
-        }) => done(
-            out,
-            c.namespace_move(proto::NamespaceMoveRequest {
+        }) => {
+            let request = proto::NamespaceMoveRequest {
                 subsystem_nqn: subsystem,
                 nsid,
                 ana_group,
-            })
-            .await
-            .map_err(refused)?
-            .into_inner(),
-        ),
+            };
+            done(out, answer(c.namespace_move(request), tls_on).await?)
+        }
         Cmd::Namespace(NamespaceCmd::Resize {
             subsystem,
             nsid,
             size,
-        }) => done(
-            out,
-            c.namespace_resize(proto::NamespaceResizeRequest {
+        }) => {
+            let request = proto::NamespaceResizeRequest {
                 subsystem_nqn: subsystem,
                 nsid,
                 size_bytes: size,
-            })
-            .await
-            .map_err(refused)?
-            .into_inner(),
-        ),
-        Cmd::Namespace(NamespaceCmd::List { subsystem }) => {
-            let r = c
-                .namespace_list(proto::NamespaceListRequest {
-                    subsystem_nqn: subsystem,
-                })
-                .await
-                .map_err(refused)?
-                .into_inner();
-            match out {
-                Output::Json => json(&r),
-                Output::Table => table(
-                    &["SUBSYSTEM", "NSID", "IMAGE", "BLOCK", "ANA GROUP", "NGUID"],
-                    r.namespaces
-                        .iter()
-                        .map(|n| {
-                            let image = if n.rados_namespace.is_empty() {
-                                format!("{}/{}", n.pool, n.image)
-                            } else {
-                                format!("{}/{}/{}", n.pool, n.rados_namespace, n.image)
-                            };
-                            vec![
-                                n.subsystem_nqn.clone(),
-                                n.nsid.to_string(),
-                                image,
-                                n.block_size.to_string(),
-                                n.ana_group.to_string(),
-                                n.nguid.clone(),
-                            ]
-                        })
-                        .collect(),
-                ),
-            }
+            };
+            done(out, answer(c.namespace_resize(request), tls_on).await?)
         }
-        Cmd::Listener(ListenerCmd::Add(a)) => done(
-            out,
-            c.listener_add(listener(a))
-                .await
-                .map_err(refused)?
-                .into_inner(),
-        ),
-        Cmd::Listener(ListenerCmd::Del(a)) => done(
-            out,
-            c.listener_del(listener(a))
-                .await
-                .map_err(refused)?
-                .into_inner(),
-        ),
+        Cmd::Namespace(NamespaceCmd::List { subsystem }) => {
+            let request = proto::NamespaceListRequest {
+                subsystem_nqn: subsystem,
+            };
+            let r = answer(c.namespace_list(request), tls_on).await?;
+            print_list(out, &r, &r.namespaces);
+        }
+        Cmd::Listener(ListenerCmd::Add(a)) => {
+            done(out, answer(c.listener_add(listener(a)), tls_on).await?)
+        }
+        Cmd::Listener(ListenerCmd::Del(a)) => {
+            done(out, answer(c.listener_del(listener(a)), tls_on).await?)
+        }
         Cmd::Listener(ListenerCmd::List { subsystem }) => {
-            let r = c
-                .listener_list(proto::ListenerListRequest {
-                    subsystem_nqn: subsystem,
-                })
-                .await
-                .map_err(refused)?
-                .into_inner();
-            match out {
-                Output::Json => json(&r),
-                Output::Table => table(
-                    &["SUBSYSTEM", "GATEWAY", "TRANSPORT", "ADDRESS", "PORT"],
-                    r.listeners
-                        .iter()
-                        .map(|l| {
-                            vec![
-                                l.subsystem_nqn.clone(),
-                                l.gateway.clone(),
-                                l.transport.clone(),
-                                l.address.clone(),
-                                l.port.to_string(),
-                            ]
-                        })
-                        .collect(),
-                ),
-            }
+            let request = proto::ListenerListRequest {
+                subsystem_nqn: subsystem,
+            };
+            let r = answer(c.listener_list(request), tls_on).await?;
+            print_list(out, &r, &r.listeners);
         }
         Cmd::Host(HostCmd::Add { subsystem, host }) => done(
             out,
-            c.host_add(proto::Host {
-                subsystem_nqn: subsystem,
-                host_nqn: host,
-            })
-            .await
-            .map_err(refused)?
-            .into_inner(),
+            answer(c.host_add(host_of(subsystem, host)), tls_on).await?,
         ),
         Cmd::Host(HostCmd::Del { subsystem, host }) => done(
             out,
-            c.host_del(proto::Host {
-                subsystem_nqn: subsystem,
-                host_nqn: host,
-            })
-            .await
-            .map_err(refused)?
-            .into_inner(),
+            answer(c.host_del(host_of(subsystem, host)), tls_on).await?,
         ),
         Cmd::Host(HostCmd::List { subsystem }) => {
-            let r = c
-                .host_list(proto::HostListRequest {
-                    subsystem_nqn: subsystem,
-                })
-                .await
-                .map_err(refused)?
-                .into_inner();
-            match out {
-                Output::Json => json(&r),
-                Output::Table => table(
-                    &["SUBSYSTEM", "HOST"],
-                    r.hosts
-                        .iter()
-                        .map(|h| vec![h.subsystem_nqn.clone(), h.host_nqn.clone()])
-                        .collect(),
-                ),
-            }
+            let request = proto::HostListRequest {
+                subsystem_nqn: subsystem,
+            };
+            let r = answer(c.host_list(request), tls_on).await?;
+            print_list(out, &r, &r.hosts);
         }
         Cmd::Gateway(GatewayCmd::List) => {
-            let r = c
-                .gateway_list(proto::Empty {})
-                .await
-                .map_err(refused)?
-                .into_inner();
-            match out {
-                Output::Json => json(&r),
-                Output::Table => {
-                    table(
-                        &[
-                            "GATEWAY",
-                            "ANA GROUP",
-                            "STATE",
-                            "LAST BEACON",
-                            "CNTLID",
-                            "CLIENTS",
-                        ],
-                        r.gateways
-                            .iter()
-                            .map(|g| {
-                                vec![
-                                    g.name.clone(),
-                                    g.ana_group.to_string(),
-                                    g.availability.clone(),
-                                    if r.leader.is_empty() {
-                                        "-".into()
-                                    } else {
-                                        format!("{} ms ago", g.last_beacon_ms_ago)
-                                    },
-                                    format!("{}-{}", g.cntlid_min, g.cntlid_max),
-                                    g.client_addrs.len().to_string(),
-                                ]
-                            })
-                            .collect(),
-                    );
-                    if r.leader.is_empty() {
-                        println!("(answered by a replica that does not lead: no beacon times)");
-                    }
-                }
+            let r = answer(c.gateway_list(proto::Empty {}), tls_on).await?;
+            let from_leader = !r.leader.is_empty();
+            let rows: Vec<GatewayRow> = r
+                .gateways
+                .iter()
+                .map(|gateway| GatewayRow {
+                    gateway,
+                    from_leader,
+                })
+                .collect();
+            print_list(out, &r, &rows);
+            if out == Output::Table && !from_leader {
+                println!("(answered by a replica that does not lead: no beacon times)");
             }
         }
         Cmd::Gateway(GatewayCmd::Info { name }) => {
-            let gws = c
-                .gateway_list(proto::Empty {})
-                .await
-                .map_err(refused)?
-                .into_inner();
+            let gws = answer(c.gateway_list(proto::Empty {}), tls_on).await?;
             let Some(g) = gws.gateways.into_iter().find(|g| g.name == name) else {
                 return Err(Failure::Refused(tonic::Status::not_found(format!(
                     "gateway {name} not found"
                 ))));
             };
-            let ana = c
-                .ana_show(proto::Empty {})
-                .await
-                .map_err(refused)?
-                .into_inner();
+            let ana = answer(c.ana_show(proto::Empty {}), tls_on).await?;
             let states: Vec<&proto::GatewayAnaState> =
                 ana.states.iter().filter(|s| s.gateway == name).collect();
             match out {
@@ -842,75 +640,36 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Cmd::Connection(ConnectionCmd::List { subsystem }) => {
-            let r = c
-                .connection_list(proto::ConnectionListRequest {
-                    subsystem_nqn: subsystem,
-                })
-                .await
-                .map_err(refused)?
-                .into_inner();
-            match out {
-                Output::Json => json(&r),
-                Output::Table => table(
-                    &["GATEWAY", "SUBSYSTEM", "HOST", "CNTLID", "IO QUEUES"],
-                    r.connections
-                        .iter()
-                        .map(|c| {
-                            vec![
-                                c.gateway.clone(),
-                                c.subsystem_nqn.clone(),
-                                c.host_nqn.clone(),
-                                c.cntlid.to_string(),
-                                c.io_queues.to_string(),
-                            ]
-                        })
-                        .collect(),
-                ),
-            }
+            let request = proto::ConnectionListRequest {
+                subsystem_nqn: subsystem,
+            };
+            let r = answer(c.connection_list(request), tls_on).await?;
+            print_list(out, &r, &r.connections);
         }
         Cmd::Ana(AnaCmd::Show) => {
-            let r = c
-                .ana_show(proto::Empty {})
-                .await
-                .map_err(refused)?
-                .into_inner();
+            let r = answer(c.ana_show(proto::Empty {}), tls_on).await?;
             match out {
                 Output::Json => json(&r),
                 Output::Table => {
-                    table(
-                        &["ANA GROUP", "OWNER", "OPTIMIZED ON", "PHASE", "NAMESPACES"],
-                        r.groups
-                            .iter()
-                            .map(|g| {
-                                vec![
-                                    g.ana_group.to_string(),
-                                    g.owner.clone(),
-                                    g.holder.clone(),
-                                    g.phase.clone(),
-                                    g.namespaces.to_string(),
-                                ]
-                            })
-                            .collect(),
-                    );
+                    print_rows(&r.groups);
                     println!();
-                    table(
-                        &["GATEWAY", "ANA GROUP", "STATE"],
-                        r.states
-                            .iter()
-                            .map(|s| {
-                                vec![
-                                    s.gateway.clone(),
-                                    s.ana_group.to_string(),
-                                    ana_name(s.state),
-                                ]
-                            })
-                            .collect(),
-                    );
+                    print_rows(&r.states);
                 }
             }
         }
     }
     Ok(())
+}
+
+/// The reply to `request`, or why there is none (see [`classify`]).
+async fn answer<T>(
+    request: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    tls_on: bool,
+) -> Result<T, Failure> {
+    request
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| classify(status, tls_on))
 }
 
 /// Namespaces per `NamespaceAddMany` request (the server's limit).
@@ -974,6 +733,13 @@ fn parse_namespace_lines(text: &str) -> Result<Vec<NamespaceLine>, String> {
         return Err(" no namespace in the file".into());
     }
     Ok(lines)
+}
+
+fn host_of(subsystem: String, host: String) -> proto::Host {
+    proto::Host {
+        subsystem_nqn: subsystem,
+        host_nqn: host,
+    }
 }
 
 fn listener(a: ListenerArgs) -> proto::Listener {

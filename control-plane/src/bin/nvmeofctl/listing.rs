@@ -1,0 +1,207 @@
+//! How `nvmeofctl` prints what the control plane answers: the whole reply as JSON, or a table
+//! of its rows (each row type knows its headers and cells).
+
+use control_plane::ana::AnaState;
+use control_plane::proto;
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// A row of a `list` table: its columns' headers and its cells.
+pub trait Listing {
+    const HEADERS: &'static [&'static str];
+    fn row(&self) -> Vec<String>;
+}
+
+/// A `list` reply: as JSON, the whole `reply`; as a table, `rows` under their headers.
+pub fn print_list<T: Listing>(output: Output, reply: &impl serde::Serialize, rows: &[T]) {
+    match output {
+        Output::Json => json(reply),
+        Output::Table => print_rows(rows),
+    }
+}
+
+/// `rows` under their headers.
+pub fn print_rows<T: Listing>(rows: &[T]) {
+    table(T::HEADERS, rows.iter().map(T::row).collect());
+}
+
+/// The reply to a change: its message and the state version it made, or the reply as JSON.
+pub fn done(output: Output, r: proto::Reply) {
+    match output {
+        Output::Json => json(&r),
+        Output::Table => println!("{} (state version {})", r.message, r.version),
+    }
+}
+
+pub fn json<T: serde::Serialize>(v: &T) {
+    match serde_json::to_string_pretty(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("nvmeofctl: cannot encode the reply: {e}"),
+    }
+}
+
+/// Prints rows under headers, columns padded to their widest cell.
+pub fn table(headers: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths.get(i).copied().unwrap_or(0)))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(headers.iter().map(|h| h.to_string()).collect());
+    if rows.is_empty() {
+        println!("(none)");
+    }
+    for r in rows {
+        line(r);
+    }
+}
+
+/// An ANA state's name, or its code in hex when it has none.
+pub fn ana_name(code: u32) -> String {
+    u8::try_from(code)
+        .ok()
+        .and_then(AnaState::from_code)
+        .map(|s| s.name().to_string())
+        .unwrap_or_else(|| format!("0x{code:02x}"))
+}
+
+impl Listing for proto::Subsystem {
+    const HEADERS: &'static [&'static str] = &["NQN", "SERIAL", "ANY HOST", "HOSTS", "MAX NS"];
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.nqn.clone(),
+            self.serial.clone(),
+            if self.allow_any_host { "yes" } else { "no" }.into(),
+            self.hosts.len().to_string(),
+            self.max_namespaces.to_string(),
+        ]
+    }
+}
+
+impl Listing for proto::Namespace {
+    const HEADERS: &'static [&'static str] =
+        &["SUBSYSTEM", "NSID", "IMAGE", "BLOCK", "ANA GROUP", "NGUID"];
+    fn row(&self) -> Vec<String> {
+        let image = if self.rados_namespace.is_empty() {
+            format!("{}/{}", self.pool, self.image)
+        } else {
+            format!("{}/{}/{}", self.pool, self.rados_namespace, self.image)
+        };
+        vec![
+            self.subsystem_nqn.clone(),
+            self.nsid.to_string(),
+            image,
+            self.block_size.to_string(),
+            self.ana_group.to_string(),
+            self.nguid.clone(),
+        ]
+    }
+}
+
+impl Listing for proto::Listener {
+    const HEADERS: &'static [&'static str] =
+        &["SUBSYSTEM", "GATEWAY", "TRANSPORT", "ADDRESS", "PORT"];
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.subsystem_nqn.clone(),
+            self.gateway.clone(),
+            self.transport.clone(),
+            self.address.clone(),
+            self.port.to_string(),
+        ]
+    }
+}
+
+impl Listing for proto::Host {
+    const HEADERS: &'static [&'static str] = &["SUBSYSTEM", "HOST"];
+    fn row(&self) -> Vec<String> {
+        vec![self.subsystem_nqn.clone(), self.host_nqn.clone()]
+    }
+}
+
+/// A gateway of `gateway list`: beacon times are known only to the leader.
+pub struct GatewayRow<'a> {
+    pub gateway: &'a proto::GatewayInfo,
+    pub from_leader: bool,
+}
+
+impl Listing for GatewayRow<'_> {
+    const HEADERS: &'static [&'static str] = &[
+        "GATEWAY",
+        "ANA GROUP",
+        "STATE",
+        "LAST BEACON",
+        "CNTLID",
+        "CLIENTS",
+    ];
+    fn row(&self) -> Vec<String> {
+        let g = self.gateway;
+        vec![
+            g.name.clone(),
+            g.ana_group.to_string(),
+            g.availability.clone(),
+            if self.from_leader {
+                format!("{} ms ago", g.last_beacon_ms_ago)
+            } else {
+                "-".into()
+            },
+            format!("{}-{}", g.cntlid_min, g.cntlid_max),
+            g.client_addrs.len().to_string(),
+        ]
+    }
+}
+
+impl Listing for proto::Connection {
+    const HEADERS: &'static [&'static str] =
+        &["GATEWAY", "SUBSYSTEM", "HOST", "CNTLID", "IO QUEUES"];
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.gateway.clone(),
+            self.subsystem_nqn.clone(),
+            self.host_nqn.clone(),
+            self.cntlid.to_string(),
+            self.io_queues.to_string(),
+        ]
+    }
+}
+
+impl Listing for proto::AnaGroupInfo {
+    const HEADERS: &'static [&'static str] =
+        &["ANA GROUP", "OWNER", "OPTIMIZED ON", "PHASE", "NAMESPACES"];
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.ana_group.to_string(),
+            self.owner.clone(),
+            self.holder.clone(),
+            self.phase.clone(),
+            self.namespaces.to_string(),
+        ]
+    }
+}
+
+impl Listing for proto::GatewayAnaState {
+    const HEADERS: &'static [&'static str] = &["GATEWAY", "ANA GROUP", "STATE"];
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.gateway.clone(),
+            self.ana_group.to_string(),
+            ana_name(self.state),
+        ]
+    }
+}
