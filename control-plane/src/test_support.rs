@@ -1,6 +1,7 @@
-//! Fixtures for the mTLS tests of this crate (`tests/tls.rs`) and of the gateway
-//! (`gateway/tests/group_tls.rs`): certificates made on the fly with rcgen, and an in-memory
-//! control plane served over mTLS.
+//! Fixtures for the tests of this crate and of the gateway: certificates made on the fly with
+//! rcgen (the mTLS tests, `tests/tls.rs` and `gateway/tests/group_tls.rs`), control-plane
+//! replicas run inside the test and served on a loopback port (in plain text or mTLS), and
+//! the Ceph cluster of the tests that need one.
 //!
 //! Compiled only with the `test-support` feature, which the two crates enable through their
 //! dev-dependencies: rcgen never reaches the release binaries. Being test code, these helpers
@@ -15,7 +16,12 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::server::{ControlPlane, Options};
+use rbd_backend::rbd::CephSettings;
+use tonic::transport::Channel;
+
+use crate::ana::AnaState;
+use crate::proto::Assignment;
+use crate::server::{self, ControlPlane, Options};
 use crate::store::{MemoryBackend, Store};
 use crate::tls::{self, TlsFiles};
 
@@ -150,30 +156,74 @@ impl Drop for TestPki {
     }
 }
 
-/// Starts a control plane replica (`replica` is its ID) with its state in memory, serving
-/// mTLS with `files` on an ephemeral loopback port; returns `address:port` once the replica
-/// leads (before that, beacons are refused). Runs until the test's runtime ends.
-pub async fn serve_in_memory_over_tls(files: &TlsFiles, replica: &str) -> String {
-    let cp = ControlPlane::start(
-        Store::new(Arc::new(MemoryBackend::default())),
-        replica.into(),
-        Options::default(),
-    )
-    .await
-    .expect("control plane");
+/// Starts a control plane replica (`replica` is its ID) keeping its state in `store`; it runs
+/// until the test's runtime ends.
+pub async fn start_replica(store: Store, replica: &str, options: Options) -> Arc<ControlPlane> {
+    let cp = ControlPlane::start(store, replica.into(), options)
+        .await
+        .expect("control plane");
     tokio::spawn(cp.clone().run());
+    cp
+}
+
+/// Waits until `cp` holds the lease (before that, it refuses beacons: its first renewal,
+/// spawned by [`start_replica`], may not have run yet on a busy machine); panics after `within`.
+pub async fn wait_for_lease(cp: &ControlPlane, within: Duration) {
     let started = Instant::now();
     while !cp.is_leader() {
         assert!(
-            started.elapsed() < Duration::from_secs(10),
+            started.elapsed() < within,
             "the replica never took the lease"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A listener on an ephemeral loopback port, and its `address:port`.
+async fn loopback_listener() -> (tokio::net::TcpListener, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
+    (listener, addr)
+}
+
+/// Serves `cp`'s gRPC API in plain text on an ephemeral loopback port until the test's
+/// runtime ends; returns `address:port`.
+pub async fn serve_plain(cp: Arc<ControlPlane>) -> String {
+    let (listener, addr) = loopback_listener().await;
+    tokio::spawn(server::serve(cp, listener, std::future::pending::<()>()));
+    addr
+}
+
+/// A plain-text gRPC channel to the replica at `addr` (served by [`serve_plain`]).
+pub async fn plain_channel(addr: &str) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .expect("url")
+        .connect_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .expect("connect to the control plane")
+}
+
+/// The ANA state of `group` in an assignment, if it has one.
+pub fn ana_state_of(assignment: &Assignment, group: u32) -> Option<AnaState> {
+    assignment
+        .ana_states
+        .iter()
+        .find(|g| g.ana_group == group)
+        .and_then(|g| u8::try_from(g.state).ok())
+        .and_then(AnaState::from_code)
+}
+
+/// Starts a control plane replica (`replica` is its ID) with its state in memory, serving
+/// mTLS with `files` on an ephemeral loopback port; returns `address:port` once the replica
+/// leads (before that, beacons are refused). Runs until the test's runtime ends.
+pub async fn serve_in_memory_over_tls(files: &TlsFiles, replica: &str) -> String {
+    let store = Store::new(Arc::new(MemoryBackend::default()));
+    let cp = start_replica(store, replica, Options::default()).await;
+    wait_for_lease(&cp, Duration::from_secs(10)).await;
+    let (listener, addr) = loopback_listener().await;
     let config = tls::server_tls_config(files)
         .expect("server TLS")
         .expect("TLS on");
@@ -184,4 +234,32 @@ pub async fn serve_in_memory_over_tls(files: &TlsFiles, replica: &str) -> String
         std::future::pending::<()>(),
     ));
     addr
+}
+
+/// The Ceph cluster's ceph.conf (`$CEPH_CONF`); panics, saying how to start one, when there
+/// is none: run without a cluster, a Ceph test fails rather than passes without having run.
+pub fn ceph_conf() -> String {
+    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
+    assert!(
+        !conf.is_empty() && Path::new(&conf).is_file(),
+        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
+         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
+    );
+    conf
+}
+
+/// The pool of the tests' objects and images (`$MICRO_CEPH_POOL`, default `rbd`).
+pub fn ceph_pool() -> String {
+    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
+}
+
+/// How the test's own librados clients reach the cluster (`$CEPH_CONF`, `$CEPH_KEYRING`):
+/// one connection is enough for them.
+pub fn ceph_settings() -> CephSettings {
+    CephSettings {
+        conf: Some(PathBuf::from(ceph_conf())),
+        keyring: std::env::var("CEPH_KEYRING").ok().map(PathBuf::from),
+        max_connections: 1,
+        ..CephSettings::default()
+    }
 }

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::proto::{self, admin_client::AdminClient};
-use control_plane::server::{self, ControlPlane, Options};
+use control_plane::server::Options;
 use control_plane::store::{MemoryBackend, Store};
+use control_plane::test_support::{self, plain_channel};
 use tonic::transport::Channel;
 
 const NQN: &str = "nqn.2016-06.io.test:add-many";
@@ -22,32 +23,9 @@ async fn start() -> String {
         .lock()
         .expect("images")
         .extend((1..=6).map(|i| format!("rbd/img{i}")));
-    let cp = ControlPlane::start(Store::new(backend), "test".into(), Options::default())
-        .await
-        .expect("control plane");
-    tokio::spawn(cp.clone().run());
-    // Beacons are refused until this replica holds the lease (its first renewal, spawned
-    // just above, may not have run yet on a busy machine).
-    let started = std::time::Instant::now();
-    while !cp.is_leader() {
-        assert!(started.elapsed() < Duration::from_secs(10), "never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(server::serve(cp, listener, std::future::pending::<()>()));
-    addr
-}
-
-async fn channel(addr: &str) -> Channel {
-    Channel::from_shared(format!("http://{addr}"))
-        .expect("url")
-        .connect_timeout(Duration::from_secs(3))
-        .connect()
-        .await
-        .expect("connect")
+    let cp = test_support::start_replica(Store::new(backend), "test", Options::default()).await;
+    test_support::wait_for_lease(&cp, Duration::from_secs(10)).await;
+    test_support::serve_plain(cp).await
 }
 
 fn ctl(addr: &str, args: &[&str]) -> (i32, String, String) {
@@ -81,9 +59,9 @@ async fn namespaces(a: &mut AdminClient<Channel>) -> Vec<(u32, String, u32)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_from_a_file() {
     let addr = start().await;
-    let mut a = AdminClient::new(channel(&addr).await);
+    let mut a = AdminClient::new(plain_channel(&addr).await);
     // Two gateways, so that ANA groups 1 and 2 exist.
-    let mut g = GatewayControlClient::new(channel(&addr).await);
+    let mut g = GatewayControlClient::new(plain_channel(&addr).await);
     for group in [1u32, 2] {
         g.send_beacon(proto::Beacon {
             gateway: format!("gw{group}"),

@@ -4,13 +4,13 @@
 
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use control_plane::ana::Timing;
 use control_plane::proto::{self, gateway_control_client::GatewayControlClient};
-use control_plane::server::{self, ControlPlane, Options};
+use control_plane::server::Options;
 use control_plane::store::{MemoryBackend, Store};
-use tonic::transport::Channel;
+use control_plane::test_support;
 
 const NQN: &str = "nqn.2016-06.io.test:output";
 const GOLDEN: &str = include_str!("cli_output.golden");
@@ -30,30 +30,13 @@ async fn start() -> String {
         },
         ..Options::default()
     };
-    let cp = ControlPlane::start(Store::new(backend), "test".into(), options)
-        .await
-        .expect("control plane");
-    tokio::spawn(cp.clone().run());
-    let started = Instant::now();
-    while !cp.is_leader() {
-        assert!(started.elapsed() < Duration::from_secs(10), "never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(server::serve(cp, listener, std::future::pending::<()>()));
-    addr
+    let cp = test_support::start_replica(Store::new(backend), "test", options).await;
+    test_support::wait_for_lease(&cp, Duration::from_secs(10)).await;
+    test_support::serve_plain(cp).await
 }
 
 async fn beacon(addr: &str, gw: &str, group: u32) {
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("url")
-        .connect()
-        .await
-        .expect("connect");
-    GatewayControlClient::new(channel)
+    GatewayControlClient::new(test_support::plain_channel(addr).await)
         .send_beacon(proto::Beacon {
             gateway: gw.into(),
             ana_group: group,

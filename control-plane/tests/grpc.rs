@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use control_plane::ana::{AnaState, Timing};
+use control_plane::proto;
 use control_plane::proto::admin_client::AdminClient;
 use control_plane::proto::gateway_control_client::GatewayControlClient;
-use control_plane::proto::{self, Assignment};
-use control_plane::server::{self, ControlPlane, Options};
+use control_plane::server::{ControlPlane, Options};
 use control_plane::store::{MemoryBackend, Store};
+use control_plane::test_support::{self, ana_state_of, plain_channel};
 use tonic::transport::Channel;
 
 const NQN: &str = "nqn.2016-06.io.test:grpc";
@@ -29,45 +30,18 @@ async fn start() -> Fixture {
         .lock()
         .expect("images")
         .extend(["rbd/img1".to_string(), "rbd/img2".to_string()]);
-    let cp = ControlPlane::start(
-        Store::new(backend.clone()),
-        "test".into(),
-        Options {
-            timing: Timing {
-                grace_ms: 600,
-                failback_delay_ms: 200,
-            },
-            lease: Duration::from_secs(3),
-            tick: Duration::from_millis(50),
+    let options = Options {
+        timing: Timing {
+            grace_ms: 600,
+            failback_delay_ms: 200,
         },
-    )
-    .await
-    .expect("control plane");
-    tokio::spawn(cp.clone().run());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(server::serve(
-        cp.clone(),
-        listener,
-        std::future::pending::<()>(),
-    ));
-    // Wait for the lease.
-    let started = Instant::now();
-    while !cp.is_leader() {
-        assert!(started.elapsed() < Duration::from_secs(5), "never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        lease: Duration::from_secs(3),
+        tick: Duration::from_millis(50),
+    };
+    let cp = test_support::start_replica(Store::new(backend.clone()), "test", options).await;
+    let addr = test_support::serve_plain(cp.clone()).await;
+    test_support::wait_for_lease(&cp, Duration::from_secs(5)).await;
     Fixture { backend, addr, cp }
-}
-
-async fn channel(addr: &str) -> Channel {
-    Channel::from_shared(format!("http://{addr}"))
-        .expect("url")
-        .connect()
-        .await
-        .expect("connect")
 }
 
 async fn beacon(c: &mut GatewayControlClient<Channel>, gw: &str, group: u32, epoch: u64) {
@@ -91,19 +65,11 @@ async fn beacon(c: &mut GatewayControlClient<Channel>, gw: &str, group: u32, epo
     .expect("beacon");
 }
 
-fn state_of(a: &Assignment, group: u32) -> Option<AnaState> {
-    a.ana_states
-        .iter()
-        .find(|g| g.ana_group == group)
-        .and_then(|g| u8::try_from(g.state).ok())
-        .and_then(AnaState::from_code)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_requests_and_their_refusals() {
     let f = start().await;
-    let mut a = AdminClient::new(channel(&f.addr).await);
-    let mut g = GatewayControlClient::new(channel(&f.addr).await);
+    let mut a = AdminClient::new(plain_channel(&f.addr).await);
+    let mut g = GatewayControlClient::new(plain_channel(&f.addr).await);
     beacon(&mut g, "gw1", 1, 0).await;
     beacon(&mut g, "gw2", 2, 0).await;
     a.subsystem_add(proto::SubsystemAddRequest {
@@ -316,7 +282,7 @@ async fn admin_requests_and_their_refusals() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assignments_follow_a_fenced_failover() {
     let f = start().await;
-    let mut g = GatewayControlClient::new(channel(&f.addr).await);
+    let mut g = GatewayControlClient::new(plain_channel(&f.addr).await);
     beacon(&mut g, "gw1", 1, 0).await;
     beacon(&mut g, "gw2", 2, 0).await;
     let mut s1 = g
@@ -333,8 +299,8 @@ async fn assignments_follow_a_fenced_failover() {
         .expect("in time")
         .expect("stream")
         .expect("assignment");
-    assert_eq!(state_of(&last, 1), Some(AnaState::Optimized));
-    assert_eq!(state_of(&last, 2), Some(AnaState::Inaccessible));
+    assert_eq!(ana_state_of(&last, 1), Some(AnaState::Optimized));
+    assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
     // gw1 keeps beaconing, gw2 stops: gw2 is fenced, then group 2 is pushed optimized.
     let beacons = {
         let mut g = g.clone();
@@ -346,7 +312,7 @@ async fn assignments_follow_a_fenced_failover() {
         })
     };
     let started = Instant::now();
-    while state_of(&last, 2) != Some(AnaState::Optimized) {
+    while ana_state_of(&last, 2) != Some(AnaState::Optimized) {
         assert!(started.elapsed() < Duration::from_secs(10), "no failover");
         last = tokio::time::timeout(Duration::from_secs(10), s1.message())
             .await
@@ -360,7 +326,7 @@ async fn assignments_follow_a_fenced_failover() {
         vec!["127.0.0.1:0/2".to_string()],
         "fenced before the push"
     );
-    assert_eq!(state_of(&last, 1), Some(AnaState::Optimized));
+    assert_eq!(ana_state_of(&last, 1), Some(AnaState::Optimized));
     beacons.abort();
 }
 
@@ -372,8 +338,8 @@ async fn many_namespaces_in_one_update_up_to_the_first_refusal() {
         .lock()
         .expect("images")
         .extend((3..=5).map(|i| format!("rbd/img{i}")));
-    let mut a = AdminClient::new(channel(&f.addr).await);
-    let mut g = GatewayControlClient::new(channel(&f.addr).await);
+    let mut a = AdminClient::new(plain_channel(&f.addr).await);
+    let mut g = GatewayControlClient::new(plain_channel(&f.addr).await);
     beacon(&mut g, "gw1", 1, 0).await;
     beacon(&mut g, "gw2", 2, 0).await;
     a.subsystem_add(proto::SubsystemAddRequest {
@@ -485,8 +451,8 @@ fn group_beacons(
 async fn the_leader_ends_a_move_whose_replica_died() {
     use std::sync::atomic::{AtomicU64, Ordering};
     let f = start().await;
-    let mut a = AdminClient::new(channel(&f.addr).await);
-    let g = GatewayControlClient::new(channel(&f.addr).await);
+    let mut a = AdminClient::new(plain_channel(&f.addr).await);
+    let g = GatewayControlClient::new(plain_channel(&f.addr).await);
     let gw1_applied = Arc::new(AtomicU64::new(0));
     let b1 = group_beacons(&g, "gw1", 1, gw1_applied.clone());
     let b2 = group_beacons(&g, "gw2", 2, Arc::new(AtomicU64::new(u64::MAX)));
@@ -589,7 +555,7 @@ async fn nvmeofctl_prints_tables_json_and_exit_codes() {
     let v: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(v["subsystems"][0]["nqn"], NQN);
     // Gateways, their info and the connections they report.
-    let mut g = GatewayControlClient::new(channel(&f.addr).await);
+    let mut g = GatewayControlClient::new(plain_channel(&f.addr).await);
     beacon(&mut g, "gw1", 1, 0).await;
     beacon(&mut g, "gw2", 2, 0).await;
     let (rc, out, _) = ctl(&["gateway", "info", "--name", "gw2"]);
