@@ -723,6 +723,43 @@ impl Sim {
     }
 }
 
+/// One fence as [`fences_of`] lists it: `gateway`'s client `addr`, for `group`.
+fn fence(
+    group: u32,
+    gateway: &str,
+    addr: &str,
+    scope: FenceScope,
+) -> (u32, String, Vec<String>, FenceScope) {
+    (group, gateway.to_string(), vec![addr.to_string()], scope)
+}
+
+/// Whether a gateway's beacons report its clients per ANA group.
+#[derive(Clone, Copy)]
+enum Sharded {
+    Yes,
+    No,
+}
+
+impl Sim {
+    /// gw1 dies: time passes beyond the grace with only gw2 (group 2, incarnation 22)
+    /// beaconing, every 250 ms. Returns the fences ordered meanwhile.
+    fn only_gw2_beacons_past_the_grace(
+        &mut self,
+        sharded: Sharded,
+    ) -> Vec<(u32, String, Vec<String>, FenceScope)> {
+        let mut fences = Vec::new();
+        while self.now < GRACE + 500 {
+            self.now += 250;
+            match sharded {
+                Sharded::Yes => self.sharded_beacon("gw2", 2, 22),
+                Sharded::No => self.beacon("gw2", 2, 22),
+            };
+            fences.extend(fences_of(&self.tick()));
+        }
+        fences
+    }
+}
+
 fn fences_of(actions: &[Action]) -> Vec<(u32, String, Vec<String>, FenceScope)> {
     actions
         .iter()
@@ -745,20 +782,10 @@ fn sharded_gateways_are_fenced_only_for_the_group_that_moves() {
     s.sharded_beacon("gw1", 1, 11);
     s.sharded_beacon("gw2", 2, 22);
     // gw1 dies: only its clients for group 1 are blocklisted.
-    let mut fences = Vec::new();
-    while s.now < GRACE + 500 {
-        s.now += 250;
-        s.sharded_beacon("gw2", 2, 22);
-        fences.extend(fences_of(&s.tick()));
-    }
+    let fences = s.only_gw2_beacons_past_the_grace(Sharded::Yes);
     assert_eq!(
         fences,
-        vec![(
-            1,
-            "gw1".to_string(),
-            vec!["127.0.0.1:0/111".to_string()],
-            FenceScope::Group
-        )]
+        vec![fence(1, "gw1", "127.0.0.1:0/111", FenceScope::Group)]
     );
     s.complete_fence();
     assert_eq!(s.holder(1), "gw2");
@@ -773,12 +800,7 @@ fn sharded_gateways_are_fenced_only_for_the_group_that_moves() {
     }
     assert_eq!(
         fences,
-        vec![(
-            1,
-            "gw2".to_string(),
-            vec!["127.0.0.1:0/221".to_string()],
-            FenceScope::Group
-        )]
+        vec![fence(1, "gw2", "127.0.0.1:0/221", FenceScope::Group)]
     );
     s.complete_fence();
     assert_eq!(s.holder(1), "gw1");
@@ -790,20 +812,10 @@ fn sharded_gateways_are_fenced_only_for_the_group_that_moves() {
 #[test]
 fn a_gateway_that_does_not_shard_is_fenced_whole_on_failover() {
     let mut s = two_gateways();
-    let mut fences = Vec::new();
-    while s.now < GRACE + 500 {
-        s.now += 250;
-        s.beacon("gw2", 2, 22);
-        fences.extend(fences_of(&s.tick()));
-    }
+    let fences = s.only_gw2_beacons_past_the_grace(Sharded::No);
     assert_eq!(
         fences,
-        vec![(
-            1,
-            "gw1".to_string(),
-            vec!["127.0.0.1:0/11".to_string()],
-            FenceScope::Gateway
-        )]
+        vec![fence(1, "gw1", "127.0.0.1:0/11", FenceScope::Gateway)]
     );
 }
 
@@ -812,11 +824,7 @@ fn a_gateway_fenced_per_group_serves_again_once_it_dropped_its_fenced_clients() 
     let mut s = Sim::new();
     s.sharded_beacon("gw1", 1, 11);
     s.sharded_beacon("gw2", 2, 22);
-    while s.now < GRACE + 500 {
-        s.now += 250;
-        s.sharded_beacon("gw2", 2, 22);
-        s.tick();
-    }
+    s.only_gw2_beacons_past_the_grace(Sharded::Yes);
     s.complete_fence();
     assert_eq!(s.holder(1), "gw2");
     assert_eq!(s.map.gateways["gw1"].availability, Availability::Fenced);
@@ -860,11 +868,7 @@ fn a_gateway_fenced_per_group_serves_again_once_it_dropped_its_fenced_clients() 
 #[test]
 fn a_gateway_fenced_whole_needs_a_restart() {
     let mut s = two_gateways();
-    while s.now < GRACE + 500 {
-        s.now += 250;
-        s.beacon("gw2", 2, 22);
-        s.tick();
-    }
+    s.only_gw2_beacons_past_the_grace(Sharded::No);
     s.complete_fence();
     for _ in 0..20 {
         s.now += 250;
