@@ -10,33 +10,13 @@
 //! ```
 #![cfg(feature = "ceph-tests")]
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use control_plane::server::{ControlPlane, Options};
 use control_plane::store::{Backend, RadosBackend, Store};
-use rbd_backend::rbd::CephSettings;
-
-fn settings() -> CephSettings {
-    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
-    assert!(
-        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
-        "these tests need a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
-         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
-    );
-    CephSettings {
-        conf: Some(PathBuf::from(conf)),
-        keyring: std::env::var("CEPH_KEYRING").ok().map(PathBuf::from),
-        max_connections: 1,
-        ..CephSettings::default()
-    }
-}
-
-fn pool() -> String {
-    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
-}
+use control_plane::test_support::{ceph_pool, ceph_settings};
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -49,7 +29,7 @@ fn group() -> String {
 }
 
 fn backend(group: &str) -> Arc<RadosBackend> {
-    Arc::new(RadosBackend::connect(&settings(), &pool(), group).expect("state object"))
+    Arc::new(RadosBackend::connect(&ceph_settings(), &ceph_pool(), group).expect("state object"))
 }
 
 fn nqn(i: usize) -> String {
@@ -240,7 +220,7 @@ fn images_are_checked_in_the_cluster() {
     let g = group();
     let b = backend(&g);
     let name = format!("store-img-{}", std::process::id());
-    let spec = format!("{}/{name}", pool());
+    let spec = format!("{}/{name}", ceph_pool());
     let out = std::process::Command::new("rbd")
         .args(["create", "--size", "1M", &spec])
         .output()
@@ -250,9 +230,9 @@ fn images_are_checked_in_the_cluster() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(b.image_exists(&pool(), "", &name).expect("exists"));
+    assert!(b.image_exists(&ceph_pool(), "", &name).expect("exists"));
     assert!(!b
-        .image_exists(&pool(), "", "no-such-image")
+        .image_exists(&ceph_pool(), "", "no-such-image")
         .expect("missing"));
     assert!(!b.image_exists("no-such-pool", "", &name).expect("no pool"));
     let _ = std::process::Command::new("rbd")

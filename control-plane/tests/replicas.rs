@@ -17,20 +17,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use control_plane::ana::AnaState;
+use control_plane::proto;
 use control_plane::proto::admin_client::AdminClient;
 use control_plane::proto::gateway_control_client::GatewayControlClient;
-use control_plane::proto::{self, Assignment};
+use control_plane::test_support::{ana_state_of, ceph_conf, ceph_pool};
 use tonic::transport::Channel;
-
-fn ceph_conf() -> String {
-    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
-    assert!(
-        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
-        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
-         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
-    );
-    conf
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -108,6 +99,21 @@ async fn leader(addr: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The two replicas, the one that leads first: waits (at most 20 s) for one of them to lead.
+async fn leader_first(r1: Replica, r2: Replica) -> (Replica, Replica) {
+    let started = Instant::now();
+    loop {
+        if leader(&r1.addr).await {
+            return (r1, r2);
+        }
+        if leader(&r2.addr).await {
+            return (r2, r1);
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "nobody leads");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Beacons `gw` to every replica every 200 ms until aborted.
 fn beacons(gw: &'static str, group: u32, addrs: Vec<String>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -133,14 +139,6 @@ fn beacons(gw: &'static str, group: u32, addrs: Vec<String>) -> tokio::task::Joi
     })
 }
 
-fn state_of(a: &Assignment, group: u32) -> Option<AnaState> {
-    a.ana_states
-        .iter()
-        .find(|g| g.ana_group == group)
-        .and_then(|g| u8::try_from(g.state).ok())
-        .and_then(AnaState::from_code)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_other_replica_takes_over_and_still_fails_over() {
     let group = format!("replicas-{}-{}", std::process::id(), free_port());
@@ -151,17 +149,7 @@ async fn the_other_replica_takes_over_and_still_fails_over() {
     let b1 = beacons("gw1", 1, addrs.clone());
     let b2 = beacons("gw2", 2, addrs.clone());
     // One of them leads.
-    let started = Instant::now();
-    let (lead, other) = loop {
-        if leader(&r1.addr).await {
-            break (r1, r2);
-        }
-        if leader(&r2.addr).await {
-            break (r2, r1);
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "nobody leads");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (lead, other) = leader_first(r1, r2).await;
     // The replica that does not lead names the leader (from the map the leader stored).
     let started = Instant::now();
     loop {
@@ -196,7 +184,7 @@ async fn the_other_replica_takes_over_and_still_fails_over() {
         .expect("join")
         .into_inner();
     let mut last = stream.message().await.expect("stream").expect("first");
-    assert_eq!(state_of(&last, 2), Some(AnaState::Inaccessible));
+    assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
 
     // kill -9 the leader.
     let killed = Instant::now();
@@ -213,7 +201,7 @@ async fn the_other_replica_takes_over_and_still_fails_over() {
     // Now gw2 dies: the new leader fences it and pushes group 2 to gw1.
     b2.abort();
     let died = Instant::now();
-    while state_of(&last, 2) != Some(AnaState::Optimized) {
+    while ana_state_of(&last, 2) != Some(AnaState::Optimized) {
         assert!(died.elapsed() < Duration::from_secs(20), "no failover");
         last = tokio::time::timeout(Duration::from_secs(20), stream.message())
             .await
@@ -299,7 +287,7 @@ async fn a_move_whose_replica_is_killed_is_ended_by_the_new_leader() {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
     let group = format!("move-{}-{}", std::process::id(), free_port());
-    let pool = std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into());
+    let pool = ceph_pool();
     let image = format!("move-{}", free_port());
     let out = Command::new("rbd")
         .args(["create", "--size", "16M", &format!("{pool}/{image}")])
@@ -313,17 +301,7 @@ async fn a_move_whose_replica_is_killed_is_ended_by_the_new_leader() {
     let gw1_applied = Arc::new(AtomicU64::new(0));
     let b1 = group_beacons("gw1", 1, addrs.clone(), gw1_applied.clone());
     let b2 = group_beacons("gw2", 2, addrs.clone(), Arc::new(AtomicU64::new(u64::MAX)));
-    let started = Instant::now();
-    let (lead, other) = loop {
-        if leader(&r1.addr).await {
-            break (r1, r2);
-        }
-        if leader(&r2.addr).await {
-            break (r2, r1);
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "nobody leads");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (lead, other) = leader_first(r1, r2).await;
     wait_for_groups(&lead.addr, 2).await;
     let nqn = "nqn.2016-06.io.test:move";
     let mut a = AdminClient::new(channel(&lead.addr).await);
