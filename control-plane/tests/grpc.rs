@@ -79,15 +79,17 @@ async fn admin_requests_and_their_refusals() {
     })
     .await
     .expect("add");
+    let namespace = |subsystem_nqn: &str, nsid: u32, image: &str| proto::NamespaceAddRequest {
+        subsystem_nqn: subsystem_nqn.into(),
+        nsid,
+        pool: "rbd".into(),
+        image: image.into(),
+        ..Default::default()
+    };
     for img in ["img1", "img2"] {
-        a.namespace_add(proto::NamespaceAddRequest {
-            subsystem_nqn: NQN.into(),
-            pool: "rbd".into(),
-            image: img.into(),
-            ..Default::default()
-        })
-        .await
-        .expect("namespace");
+        a.namespace_add(namespace(NQN, 0, img))
+            .await
+            .expect("namespace");
     }
     let ns = a
         .namespace_list(proto::NamespaceListRequest::default())
@@ -107,62 +109,32 @@ async fn admin_requests_and_their_refusals() {
         r.err().map(|s| s.code()).unwrap_or(tonic::Code::Ok)
     };
     use tonic::Code;
+    let subsystem = |nqn: &str| proto::SubsystemAddRequest {
+        nqn: nqn.into(),
+        ..Default::default()
+    };
     let refusals = [
         (
-            code(
-                a.subsystem_add(proto::SubsystemAddRequest {
-                    nqn: NQN.into(),
-                    ..Default::default()
-                })
-                .await,
-            ),
+            code(a.subsystem_add(subsystem(NQN)).await),
             Code::AlreadyExists,
         ),
         (
-            code(
-                a.subsystem_add(proto::SubsystemAddRequest {
-                    nqn: "not-an-nqn".into(),
-                    ..Default::default()
-                })
-                .await,
-            ),
+            code(a.subsystem_add(subsystem("not-an-nqn")).await),
             Code::InvalidArgument,
         ),
         (
-            code(
-                a.namespace_add(proto::NamespaceAddRequest {
-                    subsystem_nqn: NQN.into(),
-                    pool: "rbd".into(),
-                    image: "no-such-image".into(),
-                    ..Default::default()
-                })
-                .await,
-            ),
+            code(a.namespace_add(namespace(NQN, 0, "no-such-image")).await),
             Code::NotFound,
         ),
         (
             code(
-                a.namespace_add(proto::NamespaceAddRequest {
-                    subsystem_nqn: "nqn.2016-06.io.test:unknown".into(),
-                    pool: "rbd".into(),
-                    image: "img1".into(),
-                    ..Default::default()
-                })
-                .await,
+                a.namespace_add(namespace("nqn.2016-06.io.test:unknown", 0, "img1"))
+                    .await,
             ),
             Code::NotFound,
         ),
         (
-            code(
-                a.namespace_add(proto::NamespaceAddRequest {
-                    subsystem_nqn: NQN.into(),
-                    nsid: 1,
-                    pool: "rbd".into(),
-                    image: "img1".into(),
-                    ..Default::default()
-                })
-                .await,
-            ),
+            code(a.namespace_add(namespace(NQN, 1, "img1")).await),
             Code::AlreadyExists,
         ),
         (
