@@ -156,6 +156,13 @@ impl Drop for TestPki {
     }
 }
 
+/// A state backend in memory in which the RBD images `images` (`pool/image`) exist.
+pub fn memory_backend_with_images(images: impl IntoIterator<Item = String>) -> Arc<MemoryBackend> {
+    let backend = Arc::new(MemoryBackend::default());
+    backend.images.lock().expect("images").extend(images);
+    backend
+}
+
 /// Starts a control plane replica (`replica` is its ID) keeping its state in `store`; it runs
 /// until the test's runtime ends.
 pub async fn start_replica(store: Store, replica: &str, options: Options) -> Arc<ControlPlane> {

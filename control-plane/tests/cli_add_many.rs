@@ -4,25 +4,19 @@
 //! nothing.
 
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::proto::{self, admin_client::AdminClient};
 use control_plane::server::Options;
-use control_plane::store::{MemoryBackend, Store};
+use control_plane::store::Store;
 use control_plane::test_support::{self, plain_channel};
 use tonic::transport::Channel;
 
 const NQN: &str = "nqn.2016-06.io.test:add-many";
 
 async fn start() -> String {
-    let backend = Arc::new(MemoryBackend::default());
-    backend
-        .images
-        .lock()
-        .expect("images")
-        .extend((1..=6).map(|i| format!("rbd/img{i}")));
+    let backend = test_support::memory_backend_with_images((1..=6).map(|i| format!("rbd/img{i}")));
     let cp = test_support::start_replica(Store::new(backend), "test", Options::default()).await;
     test_support::wait_for_lease(&cp, Duration::from_secs(10)).await;
     test_support::serve_plain(cp).await

@@ -3,25 +3,20 @@
 //! (a beacon's age, how long add-many took) and the state versions are masked; everything else is compared as is.
 
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use control_plane::ana::Timing;
 use control_plane::proto::{self, gateway_control_client::GatewayControlClient};
 use control_plane::server::Options;
-use control_plane::store::{MemoryBackend, Store};
+use control_plane::store::Store;
 use control_plane::test_support;
 
 const NQN: &str = "nqn.2016-06.io.test:output";
 const GOLDEN: &str = include_str!("cli_output.golden");
 
 async fn start() -> String {
-    let backend = Arc::new(MemoryBackend::default());
-    backend
-        .images
-        .lock()
-        .expect("images")
-        .extend(["rbd/img1", "rbd/ns1/img2", "rbd/img3", "rbd/img4"].map(String::from));
+    let images = ["rbd/img1", "rbd/ns1/img2", "rbd/img3", "rbd/img4"].map(String::from);
+    let backend = test_support::memory_backend_with_images(images);
     // A long grace: no gateway is declared dead while the test runs on a busy machine.
     let options = Options {
         timing: Timing {

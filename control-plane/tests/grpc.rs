@@ -24,12 +24,8 @@ struct Fixture {
 }
 
 async fn start() -> Fixture {
-    let backend = Arc::new(MemoryBackend::default());
-    backend
-        .images
-        .lock()
-        .expect("images")
-        .extend(["rbd/img1".to_string(), "rbd/img2".to_string()]);
+    let backend =
+        test_support::memory_backend_with_images(["rbd/img1", "rbd/img2"].map(String::from));
     let options = Options {
         timing: Timing {
             grace_ms: 600,
