@@ -20,7 +20,8 @@ use rbd_backend::rbd::CephSettings;
 use tonic::transport::Channel;
 
 use crate::ana::AnaState;
-use crate::proto::Assignment;
+use crate::proto::admin_client::AdminClient;
+use crate::proto::{Assignment, SubsystemAddRequest};
 use crate::server::{self, ControlPlane, Options};
 use crate::store::{MemoryBackend, Store};
 use crate::tls::{self, TlsFiles};
@@ -211,6 +212,18 @@ pub async fn plain_channel(addr: &str) -> Channel {
         .connect()
         .await
         .expect("connect to the control plane")
+}
+
+/// Adds the subsystem `nqn`, open to any host; panics if the control plane refuses it.
+pub async fn add_subsystem_open_to_any_host(admin: &mut AdminClient<Channel>, nqn: &str) {
+    admin
+        .subsystem_add(SubsystemAddRequest {
+            nqn: nqn.into(),
+            allow_any_host: true,
+            ..Default::default()
+        })
+        .await
+        .expect("subsystem add");
 }
 
 /// The ANA state of `group` in an assignment, if it has one.

@@ -10,7 +10,7 @@ use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::proto::{self, admin_client::AdminClient};
 use control_plane::server::Options;
 use control_plane::store::Store;
-use control_plane::test_support::{self, plain_channel};
+use control_plane::test_support::{self, add_subsystem_open_to_any_host, plain_channel};
 use tonic::transport::Channel;
 
 const NQN: &str = "nqn.2016-06.io.test:add-many";
@@ -66,13 +66,7 @@ async fn namespaces_from_a_file() {
         .await
         .expect("beacon");
     }
-    a.subsystem_add(proto::SubsystemAddRequest {
-        nqn: NQN.into(),
-        allow_any_host: true,
-        ..Default::default()
-    })
-    .await
-    .expect("subsystem");
+    add_subsystem_open_to_any_host(&mut a, NQN).await;
 
     let dir = std::env::temp_dir().join(format!("cp-add-many-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");

@@ -12,7 +12,9 @@ use control_plane::proto::admin_client::AdminClient;
 use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::server::{ControlPlane, Options};
 use control_plane::store::{MemoryBackend, Store};
-use control_plane::test_support::{self, ana_state_of, plain_channel};
+use control_plane::test_support::{
+    self, add_subsystem_open_to_any_host, ana_state_of, plain_channel,
+};
 use tonic::transport::Channel;
 
 const NQN: &str = "nqn.2016-06.io.test:grpc";
@@ -68,13 +70,7 @@ async fn admin_requests_and_their_refusals() {
     let mut g = GatewayControlClient::new(plain_channel(&f.addr).await);
     beacon(&mut g, "gw1", 1, 0).await;
     beacon(&mut g, "gw2", 2, 0).await;
-    a.subsystem_add(proto::SubsystemAddRequest {
-        nqn: NQN.into(),
-        allow_any_host: true,
-        ..Default::default()
-    })
-    .await
-    .expect("add");
+    add_subsystem_open_to_any_host(&mut a, NQN).await;
     let namespace = |subsystem_nqn: &str, nsid: u32, image: &str| proto::NamespaceAddRequest {
         subsystem_nqn: subsystem_nqn.into(),
         nsid,
@@ -310,13 +306,7 @@ async fn many_namespaces_in_one_update_up_to_the_first_refusal() {
     let mut g = GatewayControlClient::new(plain_channel(&f.addr).await);
     beacon(&mut g, "gw1", 1, 0).await;
     beacon(&mut g, "gw2", 2, 0).await;
-    a.subsystem_add(proto::SubsystemAddRequest {
-        nqn: NQN.into(),
-        allow_any_host: true,
-        ..Default::default()
-    })
-    .await
-    .expect("subsystem");
+    add_subsystem_open_to_any_host(&mut a, NQN).await;
     let ns = |image: &str, nsid: u32| proto::NamespaceAddRequest {
         subsystem_nqn: NQN.into(),
         nsid,
@@ -432,13 +422,7 @@ async fn the_leader_ends_a_move_whose_replica_died() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    a.subsystem_add(proto::SubsystemAddRequest {
-        nqn: NQN.into(),
-        allow_any_host: true,
-        ..Default::default()
-    })
-    .await
-    .expect("subsystem");
+    add_subsystem_open_to_any_host(&mut a, NQN).await;
     a.namespace_add(proto::NamespaceAddRequest {
         subsystem_nqn: NQN.into(),
         nsid: 1,

@@ -20,7 +20,9 @@ use control_plane::ana::AnaState;
 use control_plane::proto;
 use control_plane::proto::admin_client::AdminClient;
 use control_plane::proto::gateway_control_client::GatewayControlClient;
-use control_plane::test_support::{ana_state_of, ceph_conf, ceph_pool};
+use control_plane::test_support::{
+    add_subsystem_open_to_any_host, ana_state_of, ceph_conf, ceph_pool,
+};
 use tonic::transport::Channel;
 
 fn free_port() -> u16 {
@@ -305,13 +307,7 @@ async fn a_move_whose_replica_is_killed_is_ended_by_the_new_leader() {
     wait_for_groups(&lead.addr, 2).await;
     let nqn = "nqn.2016-06.io.test:move";
     let mut a = AdminClient::new(channel(&lead.addr).await);
-    a.subsystem_add(proto::SubsystemAddRequest {
-        nqn: nqn.into(),
-        allow_any_host: true,
-        ..Default::default()
-    })
-    .await
-    .expect("subsystem");
+    add_subsystem_open_to_any_host(&mut a, nqn).await;
     a.namespace_add(proto::NamespaceAddRequest {
         subsystem_nqn: nqn.into(),
         nsid: 1,
