@@ -12,6 +12,13 @@ const SUBNQN: &str = "nqn.2016-06.io.test:sub";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:host-a";
 const OTHER_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:host-b";
 const NS_BYTES: u64 = 8 << 20;
+/// CC as the Linux host writes it to enable a controller: EN with the NVM command set's
+/// entry sizes.
+const CC_ENABLED: u32 = spec::cc::ENABLE
+    | (spec::cc::NVM_IOSQES << spec::cc::IOSQES_SHIFT)
+    | (spec::cc::NVM_IOCQES << spec::cc::IOCQES_SHIFT);
+/// CC.SHN: normal shutdown.
+const CC_SHUTDOWN: u32 = 1 << spec::cc::SHN_SHIFT;
 
 struct Wakes(Mutex<u32>);
 impl QueueNotifier for Wakes {
@@ -193,9 +200,40 @@ fn admin_ready(q: &mut Queue, kato: u32) -> u16 {
         "{:?}",
         r.completion.status
     );
-    let cc = 1 | (6 << 16) | (4 << 20);
-    assert!(property_set_cc(q, cc).is_success());
+    assert!(property_set_cc(q, CC_ENABLED).is_success());
     r.completion.result as u16
+}
+
+/// An admin queue connected and enabled, and I/O queue 1 of the same controller.
+fn admin_and_io(f: &Fixture) -> (Queue, Queue) {
+    let mut admin = f.queue();
+    let cntlid = admin_ready(&mut admin, 0);
+    let io = io_ready(f, cntlid, 1);
+    (admin, io)
+}
+
+/// A discovery controller for `host` on `q`: Connect to the well-known discovery NQN (any
+/// host may), then CC.EN.
+fn discovery_ready(q: &mut Queue, host: &str) {
+    let r = one(run(
+        q,
+        connect(0, 31, 0),
+        Some(connect_data(spec::DISCOVERY_NQN, host, 0xffff)),
+    ));
+    assert!(
+        r.completion.status.is_success(),
+        "any host may discover: {:?}",
+        r.completion.status
+    );
+    assert!(property_set_cc(q, CC_ENABLED).is_success());
+}
+
+/// The discovery log page (its first `len` bytes).
+fn discovery_log(q: &mut Queue, len: u32) -> Vec<u8> {
+    get_log(q, spec::log::DISC, len, 0, false)
+        .data
+        .unwrap()
+        .into_vec()
 }
 
 fn io_ready(f: &Fixture, cntlid: u16, qid: u16) -> Queue {
@@ -252,6 +290,30 @@ fn le32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
 }
 
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// NUMREC of a discovery log page.
+fn numrec(page: &[u8]) -> u64 {
+    le64(page, 8)
+}
+
+/// A write of `data` at `slba` that must succeed.
+fn write_ok(q: &mut Queue, cid: u16, slba: u64, data: Vec<u8>) {
+    let blocks = (data.len() / 512) as u32;
+    let w = one(run(
+        q,
+        rw(io_opcode::WRITE, cid, slba, blocks),
+        Some(IoBuf::from_vec(data)),
+    ));
+    assert!(
+        w.completion.status.is_success(),
+        "{:?}",
+        w.completion.status
+    );
+}
+
 #[test]
 fn identify_controller_satisfies_the_linux_host_checks() {
     let f = fixture();
@@ -299,7 +361,7 @@ fn capabilities_report_a_timeout_and_enable_sets_ready() {
     // Admin commands wait for CC.EN.
     let early = identify(&mut q, spec::cns::CTRL, 0);
     assert_eq!(early.completion.status.code(), sc::CMD_SEQ_ERROR);
-    assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20)).is_success());
+    assert!(property_set_cc(&mut q, CC_ENABLED).is_success());
     assert_eq!(
         property_get(&mut q, spec::reg::CSTS, false)
             .completion
@@ -307,7 +369,7 @@ fn capabilities_report_a_timeout_and_enable_sets_ready() {
             & 1,
         1
     );
-    assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20) | (1 << 14)).is_success());
+    assert!(property_set_cc(&mut q, CC_ENABLED | CC_SHUTDOWN).is_success());
     let csts = property_get(&mut q, spec::reg::CSTS, false)
         .completion
         .result as u32;
@@ -446,17 +508,8 @@ fn io_queues_write_read_and_refuse_duplicates_and_bad_ranges() {
 #[test]
 fn fused_compare_and_write_is_all_or_nothing() {
     let f = fixture();
-    let mut admin = f.queue();
-    let cntlid = admin_ready(&mut admin, 0);
-    let mut q = io_ready(&f, cntlid, 1);
-    assert!(one(run(
-        &mut q,
-        rw(io_opcode::WRITE, 1, 0, 1),
-        Some(IoBuf::from_vec(vec![5; 512]))
-    ))
-    .completion
-    .status
-    .is_success());
+    let (_admin, mut q) = admin_and_io(&f);
+    write_ok(&mut q, 1, 0, vec![5; 512]);
 
     let fused = |cid: u16, opcode: u8, flag: u8| {
         let mut raw = *rw(opcode, cid, 0, 1).as_bytes();
@@ -531,17 +584,8 @@ fn fused_compare_and_write_is_all_or_nothing() {
 #[test]
 fn write_zeroes_and_deallocate_read_back_zero() {
     let f = fixture();
-    let mut admin = f.queue();
-    let cntlid = admin_ready(&mut admin, 0);
-    let mut q = io_ready(&f, cntlid, 1);
-    assert!(one(run(
-        &mut q,
-        rw(io_opcode::WRITE, 1, 0, 16),
-        Some(IoBuf::from_vec(vec![9; 8192]))
-    ))
-    .completion
-    .status
-    .is_success());
+    let (_admin, mut q) = admin_and_io(&f);
+    write_ok(&mut q, 1, 0, vec![9; 8192]);
     let mut wz = *rw(io_opcode::WRITE_ZEROES, 2, 0, 4).as_bytes();
     wz[32..40].fill(0);
     assert!(one(run(&mut q, Command::from_bytes(&wz), None))
@@ -629,10 +673,7 @@ fn namespace_identity_is_reported_everywhere() {
     let mut q = f.queue();
     admin_ready(&mut q, 0);
     let ns = identify(&mut q, spec::cns::NS, 1).data.unwrap().into_vec();
-    assert_eq!(
-        u64::from_le_bytes(ns[0..8].try_into().unwrap()),
-        NS_BYTES / 512
-    );
+    assert_eq!(le64(&ns, 0), NS_BYTES / 512);
     assert_eq!(ns[30] & 1, 1, "NMIC shared");
     assert_eq!(le32(&ns, 92), 1, "ANAGRPID");
     assert_eq!(&ns[104..120], &[1; 16], "NGUID");
@@ -711,10 +752,7 @@ fn resize_completes_an_aer_and_fills_the_changed_namespace_list() {
         .into_vec();
     assert_eq!(le32(&again, 0), 0, "read with RAE=0 cleared the list");
     let ns = identify(&mut q, spec::cns::NS, 1).data.unwrap().into_vec();
-    assert_eq!(
-        u64::from_le_bytes(ns[0..8].try_into().unwrap()),
-        (16 << 20) / 512
-    );
+    assert_eq!(le64(&ns, 0), (16 << 20) / 512);
     // Too many AERs.
     for cid in 30..34 {
         assert!(run(
@@ -737,26 +775,14 @@ fn discovery_log_lists_allowed_subsystems_on_every_listener() {
     let f = fixture();
     for (host, expected) in [(HOSTNQN, 2u64), (OTHER_HOST, 1)] {
         let mut q = f.queue();
-        let r = one(run(
-            &mut q,
-            connect(0, 31, 0),
-            Some(connect_data(spec::DISCOVERY_NQN, host, 0xffff)),
-        ));
-        assert!(r.completion.status.is_success(), "any host may discover");
-        assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20)).is_success());
+        discovery_ready(&mut q, host);
         let id = identify(&mut q, spec::cns::CTRL, 0)
             .data
             .unwrap()
             .into_vec();
         assert_eq!(id[111], 2, "discovery controller");
-        let page = get_log(&mut q, spec::log::DISC, 4096, 0, false)
-            .data
-            .unwrap()
-            .into_vec();
-        assert_eq!(
-            u64::from_le_bytes(page[8..16].try_into().unwrap()),
-            expected
-        );
+        let page = discovery_log(&mut q, 4096);
+        assert_eq!(numrec(&page), expected);
         if expected == 2 {
             let entry = &page[2048..3072];
             assert_eq!(entry[0], spec::disc::TRTYPE_TCP);
@@ -774,7 +800,7 @@ fn discovery_log_lists_allowed_subsystems_on_every_listener() {
 
 /// TRADDR of each discovery log record, in order.
 fn discovery_traddrs(page: &[u8]) -> Vec<String> {
-    let records = u64::from_le_bytes(page[8..16].try_into().unwrap()) as usize;
+    let records = numrec(page) as usize;
     (0..records)
         .map(|i| {
             let entry = &page[1024 * (i + 1)..1024 * (i + 2)];
@@ -805,17 +831,8 @@ fn a_wildcard_listener_is_listed_with_the_address_the_host_dialled() {
         if let Some(ip) = local {
             q.set_local_address(TransportType::Tcp, ip.parse().unwrap());
         }
-        let r = one(run(
-            &mut q,
-            connect(0, 31, 0),
-            Some(connect_data(spec::DISCOVERY_NQN, HOSTNQN, 0xffff)),
-        ));
-        assert!(r.completion.status.is_success());
-        assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20)).is_success());
-        let page = get_log(&mut q, spec::log::DISC, 8192, 0, false)
-            .data
-            .unwrap()
-            .into_vec();
+        discovery_ready(&mut q, HOSTNQN);
+        let page = discovery_log(&mut q, 8192);
         (discovery_traddrs(&page), page)
     };
     // The host reached us at 10.0.2.15 over TCP: the TCP wildcard becomes that address, a
@@ -864,17 +881,8 @@ fn ipv6_listeners_are_listed_with_adrfam_ipv6_and_canonical_traddr() {
     let page_for = |local: &str| {
         let mut q = f.queue();
         q.set_local_address(TransportType::Tcp, local.parse().unwrap());
-        let r = one(run(
-            &mut q,
-            connect(0, 31, 0),
-            Some(connect_data(spec::DISCOVERY_NQN, HOSTNQN, 0xffff)),
-        ));
-        assert!(r.completion.status.is_success());
-        assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20)).is_success());
-        get_log(&mut q, spec::log::DISC, 8192, 0, false)
-            .data
-            .unwrap()
-            .into_vec()
+        discovery_ready(&mut q, HOSTNQN);
+        discovery_log(&mut q, 8192)
     };
     // (ADRFAM byte, TRSVCID field, TRADDR field) of record `i` (1-based: 0 is the header).
     let record = |page: &[u8], i: usize| {
@@ -890,7 +898,7 @@ fn ipv6_listeners_are_listed_with_adrfam_ipv6_and_canonical_traddr() {
     // Dialled at ::1 over IPv6.
     let page = page_for("::1");
     assert_eq!(
-        u64::from_le_bytes(page[8..16].try_into().unwrap()),
+        numrec(&page),
         6,
         "NUMREC: 3 listeners x (discovery + the NVM subsystem)"
     );
@@ -1075,21 +1083,9 @@ fn queue_closed(q: &mut Queue) -> bool {
 
 fn discovery_records(f: &Fixture, host: &str) -> (u64, u64) {
     let mut q = f.queue();
-    let r = one(run(
-        &mut q,
-        connect(0, 31, 0),
-        Some(connect_data(spec::DISCOVERY_NQN, host, 0xffff)),
-    ));
-    assert!(r.completion.status.is_success());
-    assert!(property_set_cc(&mut q, 1 | (6 << 16) | (4 << 20)).is_success());
-    let page = get_log(&mut q, spec::log::DISC, 4096, 0, false)
-        .data
-        .unwrap()
-        .into_vec();
-    (
-        u64::from_le_bytes(page[0..8].try_into().unwrap()),
-        u64::from_le_bytes(page[8..16].try_into().unwrap()),
-    )
+    discovery_ready(&mut q, host);
+    let page = discovery_log(&mut q, 4096);
+    (le64(&page, 0), numrec(&page))
 }
 
 #[test]
@@ -1204,15 +1200,7 @@ fn removed_subsystem_closes_its_controllers_and_leaves_the_discovery_log() {
     let mut admin = f.queue();
     admin_ready(&mut admin, 0);
     let mut disc = f.queue();
-    assert!(one(run(
-        &mut disc,
-        connect(0, 31, 0),
-        Some(connect_data(spec::DISCOVERY_NQN, HOSTNQN, 0xffff)),
-    ))
-    .completion
-    .status
-    .is_success());
-    assert!(property_set_cc(&mut disc, 1 | (6 << 16) | (4 << 20)).is_success());
+    discovery_ready(&mut disc, HOSTNQN);
     arm_aer(&mut disc, spec::aer::CFG_DISC_CHANGE);
     let (generation, records) = discovery_records(&f, HOSTNQN);
     assert_eq!(records, 2);
@@ -1249,15 +1237,7 @@ fn removed_listener_leaves_the_discovery_log() {
         port_id: 2,
     });
     let mut disc = f.queue();
-    assert!(one(run(
-        &mut disc,
-        connect(0, 31, 0),
-        Some(connect_data(spec::DISCOVERY_NQN, HOSTNQN, 0xffff)),
-    ))
-    .completion
-    .status
-    .is_success());
-    assert!(property_set_cc(&mut disc, 1 | (6 << 16) | (4 << 20)).is_success());
+    discovery_ready(&mut disc, HOSTNQN);
     arm_aer(&mut disc, spec::aer::CFG_DISC_CHANGE);
     let (generation, records) = discovery_records(&f, HOSTNQN);
     assert_eq!(records, 4, "discovery + subsystem on two listeners");
