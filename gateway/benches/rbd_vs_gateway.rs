@@ -40,6 +40,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 use nvmeof_gateway::host::pipelined::{LeanQueue, Region, Workload};
 use nvmeof_gateway::host::{HostConnection, HostOptions};
 
@@ -1047,6 +1049,9 @@ fn main() {
     let ramp = Duration::from_secs_f64(args.ramp);
     let duration = Duration::from_secs_f64(args.seconds);
 
+    // The NVMe/TCP exchange alone, for reference: the same host against a target that answers
+    // at once.
+    let null_addr = common::spawn_null_responder();
     let mut rows = Vec::new();
     for (i, w) in WORKLOADS.iter().enumerate() {
         if args
@@ -1058,6 +1063,7 @@ fn main() {
         }
         let mut ds = Vec::new();
         let mut gs: Vec<Vec<Side>> = vec![Vec::new(); gateways.len()];
+        let mut null_means = Vec::new();
         for r in 0..args.repeat {
             eprintln!(
                 "{} run {}/{}: direct librbd (fio --ioengine=rbd), then the gateway(s)",
@@ -1113,6 +1119,13 @@ fn main() {
                     side.iops / d.iops.max(1.0)
                 );
             }
+            let mut q = LeanQueue::connect(null_addr, SUBNQN, HOSTNQN, 1, 1)
+                .expect("connect to the null responder");
+            if !ramp.is_zero() {
+                q.run(w, &region, ramp).expect("null responder ramp");
+            }
+            let f = q.run(w, &region, duration).expect("null responder run");
+            null_means.push(f.mean_us());
         }
         for (g, runs) in gs.iter().enumerate() {
             // Paired figures (gateway vs the direct run of the same round) are robust to drift.
@@ -1124,6 +1137,19 @@ fn main() {
             let added_mean = paired(|d, g| g.mean_us - d.mean_us);
             let added_mean_pct = paired(|d, g| (g.mean_us / d.mean_us.max(1e-9) - 1.0) * 100.0);
             let added_p50 = paired(|d, g| g.p50_us - d.p50_us);
+            let beyond: Vec<f64> = ds
+                .iter()
+                .zip(runs)
+                .zip(&null_means)
+                .map(|((d, g), null)| g.mean_us - d.mean_us - null)
+                .collect();
+            let beyond_pct = median(
+                ds.iter()
+                    .zip(&beyond)
+                    .map(|(d, b)| b / d.mean_us.max(1e-9) * 100.0)
+                    .collect(),
+            );
+            let exchange = [median(null_means.clone()), median(beyond), beyond_pct];
             rows.push((
                 w,
                 &variants[g].label,
@@ -1137,6 +1163,7 @@ fn main() {
                     added_mean_pct,
                     added_p50,
                 ],
+                exchange,
             ));
         }
     }
@@ -1184,7 +1211,7 @@ fn main() {
         "added mean us",
         "added p50 us",
     );
-    for (w, label, d, g, [ratio, ratio_q1, ratio_q3, added_mean, added_mean_pct, added_p50]) in
+    for (w, label, d, g, [ratio, ratio_q1, ratio_q3, added_mean, added_mean_pct, added_p50], _) in
         &rows
     {
         println!(
@@ -1233,7 +1260,7 @@ fn main() {
             "-".to_string()
         }
     };
-    for (w, label, d, g, _) in &rows {
+    for (w, label, d, g, _, _) in &rows {
         let direct_total = d.cpu_us_per_io + d.cluster_us_per_io;
         let gateway_total = g.cpu_us_per_io + g.host_us_per_io + g.cluster_us_per_io;
         println!(
@@ -1249,6 +1276,18 @@ fn main() {
             gateway_total,
             gateway_total / direct_total.max(1e-9),
             (gateway_total - g.host_us_per_io) / direct_total.max(1e-9),
+        );
+    }
+    println!();
+    println!("The NVMe/TCP exchange alone: mean latency of the same host at the same queue depth against a null responder (a thread of this process answering from a static buffer: no protocol core, no device), one run per round; 'beyond' = the gateway's added mean latency minus that exchange, in us and in % of direct's mean latency (medians of the per-round figures). At QD1 the exchange is the least any NVMe/TCP target adds on this machine.");
+    println!(
+        "{:<18} {:<8} | {:>16} {:>16} {:>18}",
+        "workload", "gateway", "exchange mean us", "added mean us", "beyond us (%)"
+    );
+    for (w, label, _, _, figures, [exchange, beyond, beyond_pct]) in &rows {
+        println!(
+            "{:<18} {:<8} | {:>16.1} {:>16.1} {:>9.1} ({:>+6.1}%)",
+            w.name, label, exchange, figures[3], beyond, beyond_pct,
         );
     }
     drop(gateways);

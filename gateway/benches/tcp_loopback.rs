@@ -10,17 +10,14 @@
 //! `--gateway-bin PATH` runs another build of `nvmeof-gateway` (to compare two builds on the
 //! same machine state).
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use nvmeof_gateway::host::cmd as hcmd;
+mod common;
+
 use nvmeof_gateway::host::pipelined::{LeanQueue, Region, Workload};
 use nvmeof_gateway::host::{HostConnection, HostOptions};
-use nvmeof_gateway::tcp::pdu::{
-    encode_icresp, DecoderConfig, IcResp, Pdu, PduDecoder, PduEncoder, Role,
-};
 
 const SUBNQN: &str = "nqn.2016-06.io.ceph-nvmeof-rs:bench";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:bench-0000-0000-0000-000000000001";
@@ -80,89 +77,6 @@ const WORKLOADS: &[Workload] = &[
         queue_depth: 8,
     },
 ];
-
-/// The baseline target: answers Connect, reads (C2HData from a static buffer) and writes
-/// (in-capsule or by R2T) with the same PDU codec and no protocol core or device.
-fn null_responder(listener: TcpListener) {
-    for stream in listener.incoming() {
-        let Ok(mut stream) = stream else { continue };
-        std::thread::spawn(move || {
-            stream.set_nodelay(true).ok();
-            let zeros = vec![0u8; 1 << 20];
-            let mut dec = PduDecoder::new(DecoderConfig::new(Role::Target));
-            let mut enc = PduEncoder::new(false, false, 0);
-            let mut rx: Vec<u8> = Vec::with_capacity(4 << 20);
-            let mut tx: Vec<u8> = Vec::with_capacity(1 << 20);
-            let mut chunk = vec![0u8; 256 * 1024];
-            loop {
-                let n = match stream.read(&mut chunk) {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                rx.extend_from_slice(&chunk[..n]);
-                let mut consumed = 0;
-                while let Ok(Some((pdu, used))) = dec.decode(&rx[consumed..]) {
-                    let respond = |tx: &mut Vec<u8>, enc: &PduEncoder, cid: u16| {
-                        let mut cqe = [0u8; 16];
-                        cqe[12..14].copy_from_slice(&cid.to_le_bytes());
-                        enc.capsule_resp(tx, &cqe);
-                    };
-                    match pdu {
-                        Pdu::IcReq(_) => {
-                            encode_icresp(
-                                &mut tx,
-                                &IcResp {
-                                    pfv: 0,
-                                    cpda: 0,
-                                    hdgst: false,
-                                    ddgst: false,
-                                    maxh2cdata: 1 << 20,
-                                },
-                            );
-                            enc = PduEncoder::new(false, false, 0);
-                        }
-                        Pdu::CapsuleCmd(c) => {
-                            let cid = c.cid();
-                            let len =
-                                u32::from_le_bytes([c.sqe[32], c.sqe[33], c.sqe[34], c.sqe[35]]);
-                            match c.opcode() {
-                                hcmd::io::READ => {
-                                    enc.c2h_data(
-                                        &mut tx,
-                                        cid,
-                                        0,
-                                        &zeros[..len as usize],
-                                        true,
-                                        false,
-                                    );
-                                    respond(&mut tx, &enc, cid);
-                                }
-                                _ if c.sqe[0] & 1 == 1 && c.data.is_empty() && len > 0 => {
-                                    enc.r2t(&mut tx, cid, cid, 0, len)
-                                }
-                                _ => respond(&mut tx, &enc, cid),
-                            }
-                        }
-                        Pdu::H2CData(d) => {
-                            if d.last {
-                                respond(&mut tx, &enc, d.cccid);
-                            }
-                        }
-                        _ => return,
-                    }
-                    consumed += used;
-                }
-                rx.drain(..consumed);
-                if !tx.is_empty() {
-                    if stream.write_all(&tx).is_err() {
-                        return;
-                    }
-                    tx.clear();
-                }
-            }
-        });
-    }
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -291,9 +205,7 @@ fn main() {
     let (_rt, _admin, cntlid) = admin_connect(gw_addr);
     prefill(gw_addr, cntlid);
 
-    let null_listener = TcpListener::bind("127.0.0.1:0").expect("bind null responder");
-    let null_addr = null_listener.local_addr().expect("addr");
-    std::thread::spawn(move || null_responder(null_listener));
+    let null_addr = common::spawn_null_responder();
 
     println!(
         "NVMe/TCP loopback, in-memory namespace, gateway on 1 worker thread, {:.1} s per run",
