@@ -3,7 +3,6 @@
 //! its line (the ones before stay, the message names the line); a malformed file sends
 //! nothing.
 
-use std::process::Command;
 use std::time::Duration;
 
 use control_plane::proto::gateway_control_client::GatewayControlClient;
@@ -13,6 +12,10 @@ use control_plane::store::Store;
 use control_plane::test_support::{self, add_subsystem_open_to_any_host, plain_channel};
 use tonic::transport::Channel;
 
+mod common;
+
+use common::ctl;
+
 const NQN: &str = "nqn.2016-06.io.test:add-many";
 
 async fn start() -> String {
@@ -20,23 +23,6 @@ async fn start() -> String {
     let cp = test_support::start_replica(Store::new(backend), "test", Options::default()).await;
     test_support::wait_for_lease(&cp, Duration::from_secs(10)).await;
     test_support::serve_plain(cp).await
-}
-
-fn ctl(addr: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nvmeofctl"))
-        .arg("--server")
-        .arg(addr)
-        .args(args)
-        .env_remove("NVMEOFCTL_TLS_CA")
-        .env_remove("NVMEOFCTL_TLS_CERT")
-        .env_remove("NVMEOFCTL_TLS_KEY")
-        .output()
-        .expect("run nvmeofctl");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 async fn namespaces(a: &mut AdminClient<Channel>) -> Vec<(u32, String, u32)> {

@@ -2,7 +2,6 @@
 //! control plane (in-memory state), compared with `cli_output.golden`. The times in the output
 //! (a beacon's age, how long add-many took) and the state versions are masked; everything else is compared as is.
 
-use std::process::Command;
 use std::time::Duration;
 
 use control_plane::ana::Timing;
@@ -10,6 +9,8 @@ use control_plane::proto::{self, gateway_control_client::GatewayControlClient};
 use control_plane::server::Options;
 use control_plane::store::Store;
 use control_plane::test_support;
+
+mod common;
 
 const NQN: &str = "nqn.2016-06.io.test:output";
 const GOLDEN: &str = include_str!("cli_output.golden");
@@ -106,13 +107,8 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
     let many = many.to_string_lossy().into_owned();
     let mut transcript = String::new();
     let mut ctl = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_nvmeofctl"))
-            .arg("--server")
-            .arg(&addr)
+        let out = common::nvmeofctl(&["--server", &addr])
             .args(args)
-            .env_remove("NVMEOFCTL_TLS_CA")
-            .env_remove("NVMEOFCTL_TLS_CERT")
-            .env_remove("NVMEOFCTL_TLS_KEY")
             .output()
             .expect("run nvmeofctl");
         let args = args.join(" ").replace(&many, "FILE");

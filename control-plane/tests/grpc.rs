@@ -17,6 +17,8 @@ use control_plane::test_support::{
 };
 use tonic::transport::Channel;
 
+mod common;
+
 const NQN: &str = "nqn.2016-06.io.test:grpc";
 
 struct Fixture {
@@ -476,19 +478,7 @@ async fn the_leader_ends_a_move_whose_replica_died() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nvmeofctl_prints_tables_json_and_exit_codes() {
     let f = start().await;
-    let ctl = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nvmeofctl"))
-            .arg("--server")
-            .arg(&f.addr)
-            .args(args)
-            .output()
-            .expect("run nvmeofctl");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let ctl = |args: &[&str]| common::ctl(&f.addr, args);
     let (rc, out, _) = ctl(&["subsystem", "add", "--nqn", NQN, "--allow-any-host"]);
     assert_eq!(rc, 0);
     assert!(out.contains("added"), "{out}");
@@ -528,9 +518,6 @@ async fn nvmeofctl_prints_tables_json_and_exit_codes() {
     assert!(out.contains("(none)"), "{out}");
     let (rc, _, _) = ctl(&["subsystem", "frobnicate"]);
     assert_eq!(rc, 2);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nvmeofctl"))
-        .args(["--server", "127.0.0.1:1", "subsystem", "list"])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(3));
+    let (rc, _, _) = common::ctl("127.0.0.1:1", &["subsystem", "list"]);
+    assert_eq!(rc, 3);
 }

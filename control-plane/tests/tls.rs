@@ -15,6 +15,8 @@ use control_plane::proto::{self, admin_client::AdminClient};
 use control_plane::test_support::{serve_in_memory_over_tls, TestPki};
 use control_plane::tls::{self, TlsFiles};
 
+mod common;
+
 /// A client that trusts only the other CA: the server's certificate is not trusted.
 fn trusting_the_other_ca(pki: &TestPki) -> TlsFiles {
     TlsFiles {
@@ -176,12 +178,7 @@ impl Drop for Daemon {
 }
 
 fn nvmeofctl(args: &[&str], env: &[(&str, &Path)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nvmeofctl"));
-    cmd.args(args)
-        .env_remove("NVMEOFCTL_TLS_CA")
-        .env_remove("NVMEOFCTL_TLS_CERT")
-        .env_remove("NVMEOFCTL_TLS_KEY")
-        .env_remove("NVMEOFCTL_SERVER");
+    let mut cmd = common::nvmeofctl(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
