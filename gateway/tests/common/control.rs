@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use control_plane::ana::Timing;
 use control_plane::proto::{self, admin_client::AdminClient};
-use control_plane::server::{self, ControlPlane, Options};
+use control_plane::server::{ControlPlane, Options};
 use control_plane::store::{RadosBackend, Store};
+use control_plane::test_support;
 use tonic::transport::Channel;
 
 use super::ceph::{ceph_settings, pool};
@@ -37,30 +38,17 @@ pub async fn start_rados_control_plane(group: &str, failback_delay_ms: u64) -> R
             .expect("join")
             .expect("state object");
     let state_oid = backend.oid().to_string();
-    let cp = ControlPlane::start(
-        Store::new(Arc::new(backend)),
-        "test-replica".into(),
-        Options {
-            timing: Timing {
-                grace_ms: GRACE_MS,
-                failback_delay_ms,
-            },
-            lease: Duration::from_secs(3),
-            tick: Duration::from_millis(100),
+    let options = Options {
+        timing: Timing {
+            grace_ms: GRACE_MS,
+            failback_delay_ms,
         },
-    )
-    .await
-    .expect("control plane");
-    tokio::spawn(cp.clone().run());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(server::serve(
-        cp.clone(),
-        listener,
-        std::future::pending::<()>(),
-    ));
+        lease: Duration::from_secs(3),
+        tick: Duration::from_millis(100),
+    };
+    let cp =
+        test_support::start_replica(Store::new(Arc::new(backend)), "test-replica", options).await;
+    let addr = test_support::serve_plain(cp.clone()).await;
     RadosControlPlane {
         cp,
         addr,
@@ -69,13 +57,7 @@ pub async fn start_rados_control_plane(group: &str, failback_delay_ms: u64) -> R
 }
 
 /// A plain-text gRPC channel to the replica at `addr`.
-pub async fn channel(addr: &str) -> Channel {
-    Channel::from_shared(format!("http://{addr}"))
-        .expect("url")
-        .connect()
-        .await
-        .expect("control plane")
-}
+pub use control_plane::test_support::plain_channel as channel;
 
 /// An admin client (what `nvmeofctl` uses) of the replica at `addr`.
 pub async fn admin_client(addr: &str) -> AdminClient<Channel> {
