@@ -77,13 +77,25 @@ impl Sim {
     }
 
     fn beacon(&mut self, gw: &str, group: u32, inc: u64) -> Vec<Action> {
+        self.beacon_with_groups(gw, group, inc, None)
+    }
+
+    /// A beacon now from `gw` (incarnation `inc`, client `127.0.0.1:0/<inc>`) acknowledging
+    /// the current epoch, reporting its clients per ANA group (`None`: it does not shard).
+    fn beacon_with_groups(
+        &mut self,
+        gw: &str,
+        group: u32,
+        inc: u64,
+        group_addrs: Option<BTreeMap<u32, Vec<String>>>,
+    ) -> Vec<Action> {
         let applied = self.map.epoch;
         self.event(Event::Beacon {
             gateway: gw.into(),
             ana_group: group,
             incarnation: inc,
             addrs: vec![format!("127.0.0.1:0/{inc}")],
-            group_addrs: None,
+            group_addrs,
             applied_epoch: applied,
             now_ms: self.now,
         })
@@ -709,17 +721,7 @@ fn sharded_addrs(inc: u64) -> BTreeMap<u32, Vec<String>> {
 
 impl Sim {
     fn sharded_beacon(&mut self, gw: &str, group: u32, inc: u64) -> Vec<Action> {
-        let applied = self.map.epoch;
-        self.event(Event::Beacon {
-            gateway: gw.into(),
-            ana_group: group,
-            incarnation: inc,
-            addrs: vec![format!("127.0.0.1:0/{inc}")],
-            group_addrs: Some(sharded_addrs(inc)),
-            applied_epoch: applied,
-            now_ms: self.now,
-        })
-        .expect("beacon")
+        self.beacon_with_groups(gw, group, inc, Some(sharded_addrs(inc)))
     }
 }
 
@@ -843,17 +845,7 @@ fn a_gateway_fenced_per_group_serves_again_once_it_dropped_its_fenced_clients() 
     fresh.remove(&1);
     for _ in 0..20 {
         s.now += 250;
-        let applied = s.map.epoch;
-        s.event(Event::Beacon {
-            gateway: "gw1".into(),
-            ana_group: 1,
-            incarnation: 11,
-            addrs: vec!["127.0.0.1:0/11".into()],
-            group_addrs: Some(fresh.clone()),
-            applied_epoch: applied,
-            now_ms: s.now,
-        })
-        .expect("beacon");
+        s.beacon_with_groups("gw1", 1, 11, Some(fresh.clone()));
         s.sharded_beacon("gw2", 2, 22);
         s.tick();
         if !s.fences.is_empty() {
