@@ -214,6 +214,26 @@ pub async fn plain_channel(addr: &str) -> Channel {
         .expect("connect to the control plane")
 }
 
+/// Reads `stream`'s assignments, from `last` on, until one makes `group` optimized, and
+/// returns it; panics ("no failover") when none has within `within`.
+pub async fn until_optimized(
+    stream: &mut tonic::Streaming<Assignment>,
+    mut last: Assignment,
+    group: u32,
+    within: Duration,
+) -> Assignment {
+    let started = Instant::now();
+    while ana_state_of(&last, group) != Some(AnaState::Optimized) {
+        assert!(started.elapsed() < within, "no failover");
+        last = tokio::time::timeout(within, stream.message())
+            .await
+            .expect("in time")
+            .expect("stream")
+            .expect("assignment");
+    }
+    last
+}
+
 /// Adds the subsystem `nqn`, open to any host; panics if the control plane refuses it.
 pub async fn add_subsystem_open_to_any_host(admin: &mut AdminClient<Channel>, nqn: &str) {
     admin

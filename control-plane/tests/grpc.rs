@@ -260,7 +260,7 @@ async fn assignments_follow_a_fenced_failover() {
         .expect("join")
         .into_inner();
     // The current assignment comes at once.
-    let mut last = tokio::time::timeout(Duration::from_secs(5), s1.message())
+    let last = tokio::time::timeout(Duration::from_secs(5), s1.message())
         .await
         .expect("in time")
         .expect("stream")
@@ -277,15 +277,7 @@ async fn assignments_follow_a_fenced_failover() {
             }
         })
     };
-    let started = Instant::now();
-    while ana_state_of(&last, 2) != Some(AnaState::Optimized) {
-        assert!(started.elapsed() < Duration::from_secs(10), "no failover");
-        last = tokio::time::timeout(Duration::from_secs(10), s1.message())
-            .await
-            .expect("in time")
-            .expect("stream")
-            .expect("assignment");
-    }
+    let last = test_support::until_optimized(&mut s1, last, 2, Duration::from_secs(10)).await;
     let fenced = f.backend.fenced.lock().expect("fenced").clone();
     assert_eq!(
         fenced,

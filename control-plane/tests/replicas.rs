@@ -21,7 +21,7 @@ use control_plane::proto;
 use control_plane::proto::admin_client::AdminClient;
 use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::test_support::{
-    add_subsystem_open_to_any_host, ana_state_of, ceph_conf, ceph_pool,
+    add_subsystem_open_to_any_host, ana_state_of, ceph_conf, ceph_pool, until_optimized,
 };
 use tonic::transport::Channel;
 
@@ -116,13 +116,19 @@ async fn leader_first(r1: Replica, r2: Replica) -> (Replica, Replica) {
     }
 }
 
+/// A gateway-control client of each replica at `addrs`.
+async fn gateway_clients(addrs: &[String]) -> Vec<GatewayControlClient<Channel>> {
+    let mut clients = Vec::new();
+    for a in addrs {
+        clients.push(GatewayControlClient::new(channel(a).await));
+    }
+    clients
+}
+
 /// Beacons `gw` to every replica every 200 ms until aborted.
 fn beacons(gw: &'static str, group: u32, addrs: Vec<String>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut clients = Vec::new();
-        for a in &addrs {
-            clients.push(GatewayControlClient::new(channel(a).await));
-        }
+        let mut clients = gateway_clients(&addrs).await;
         loop {
             for c in clients.iter_mut() {
                 let _ = c
@@ -185,7 +191,7 @@ async fn the_other_replica_takes_over_and_still_fails_over() {
         .await
         .expect("join")
         .into_inner();
-    let mut last = stream.message().await.expect("stream").expect("first");
+    let last = stream.message().await.expect("stream").expect("first");
     assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
 
     // kill -9 the leader.
@@ -203,14 +209,7 @@ async fn the_other_replica_takes_over_and_still_fails_over() {
     // Now gw2 dies: the new leader fences it and pushes group 2 to gw1.
     b2.abort();
     let died = Instant::now();
-    while ana_state_of(&last, 2) != Some(AnaState::Optimized) {
-        assert!(died.elapsed() < Duration::from_secs(20), "no failover");
-        last = tokio::time::timeout(Duration::from_secs(20), stream.message())
-            .await
-            .expect("in time")
-            .expect("stream")
-            .expect("assignment");
-    }
+    until_optimized(&mut stream, last, 2, Duration::from_secs(20)).await;
     eprintln!(
         "group 2 optimized on gw1 {} ms after gw2's last beacon",
         died.elapsed().as_millis()
@@ -239,10 +238,7 @@ fn group_beacons(
     applied: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut clients = Vec::new();
-        for a in &addrs {
-            clients.push(GatewayControlClient::new(channel(a).await));
-        }
+        let mut clients = gateway_clients(&addrs).await;
         loop {
             for c in clients.iter_mut() {
                 let addr = format!("127.0.0.1:0/{}", 910_000 + group);
