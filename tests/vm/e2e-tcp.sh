@@ -53,23 +53,15 @@ WORK=/tmp/e2e
 mkdir -p $WORK
 CONF=$WORK/gateway.toml
 GWLOG=$WORK/gateway.log
-if [ -n "${E2E_LOG_DIR:-}" ]; then LOGDIR=$E2E_LOG_DIR
-elif [ -d target/vm-logs ] && [ -w target/vm-logs ] && touch target/vm-logs/.w 2>/dev/null; then LOGDIR=$PWD/target/vm-logs
-else LOGDIR=/tmp/e2e-logs; fi
-LOGDIR=$LOGDIR/e2e-tcp
-mkdir -p "$LOGDIR" 2>/dev/null && rm -f "$LOGDIR"/* 2>/dev/null
 # connect options: fail fast instead of retrying for 10 min if the target breaks
 COPTS=(-t tcp -a "$ADDR" -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1)
 
 GWPID=""
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/e2e-tcp-ipv6.sh"
+guest_log_dir e2e-tcp
 
-gwlog_tail() { # n: tail of the gateway log (current run)
-  [ -s "$GWLOG" ] || return 0
-  echo "    --- gateway log (last ${1} lines of $GWLOG) ---"
-  tail -n "$1" "$GWLOG" | sed 's/\x1b\[[0-9;]*m//g; s/^/    | /'
-}
 on_step_failure() {
   gwlog_tail 15
   dmesg | grep -iE 'nvme|nvmet' | tail -n 8 | sed 's/^/    dmesg: /'
@@ -150,51 +142,12 @@ start_gateway() { # [label]
 }
 stop_gateway() { # SIGTERM; must exit 0 within 10 s
   if [ "$MODE" = kernel ]; then kernel_stop; return; fi
-  [ -n "$GWPID" ] || { say "gateway not running"; return 1; }
-  if ! kill -0 "$GWPID" 2>/dev/null; then
-    wait "$GWPID"; say "gateway had already exited (status $?) before SIGTERM"; GWPID=""; return 1
-  fi
-  local t0; t0=$(now)
-  kill -TERM "$GWPID"
-  for _ in $(seq 100); do kill -0 "$GWPID" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$GWPID" 2>/dev/null; then
-    say "gateway still running 10 s after SIGTERM: sending SIGKILL"
-    kill -KILL "$GWPID"; wait "$GWPID" 2>/dev/null; GWPID=""; return 1
-  fi
-  wait "$GWPID"; local rc=$?
-  GWPID=""
-  say "gateway exited with status $rc $(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}')s after SIGTERM"
+  sigterm_gateway || return 1
   port_listening && { say "port $PORT still listening after exit"; return 1; }
-  [ $rc -eq 0 ]
+  [ "$GW_STATUS" -eq 0 ]
 }
 
 # ------------------------------------------------------------- initiator --
-ns_dev_once() { # block device of the connected namespace of $NQN (multipath head or plain)
-  local s n b
-  for s in /sys/class/nvme-subsystem/nvme-subsys*; do
-    [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
-    for n in "$s"/nvme*n* "$s"/nvme*/nvme*n*; do
-      b=${n##*/}
-      case $b in *c*n*) continue ;; esac  # hidden per-path nodes
-      [ -b "/dev/$b" ] && { echo "/dev/$b"; return 0; }
-    done
-  done
-  return 1
-}
-ns_dev() { for _ in $(seq 150); do ns_dev_once && return 0; sleep 0.1; done; return 1; }
-connected_ctrls() { # controllers (nvmeX) connected to subsystem NQN $1
-  local c
-  for c in /sys/class/nvme/nvme*; do
-    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] && echo "${c##*/}"
-  done
-}
-disconnect_nqn() { # nqn: disconnect and wait until its controllers are gone
-  timeout -k 5 60 nvme disconnect -n "$1" 2>&1 | sed 's/^/    /'
-  for _ in $(seq 150); do [ -z "$(connected_ctrls "$1")" ] && return 0; sleep 0.1; done
-  say "controllers of $1 still present: $(connected_ctrls "$1" | tr '\n' ' ')"
-  return 1
-}
-
 discover() {
   local out rc
   out=$(timeout -k 5 60 nvme discover -t tcp -a $ADDR -s "$PORT" --hostnqn=$HOSTNQN --hostid=$HOSTID 2>&1)
@@ -221,48 +174,12 @@ connect() { # [extra nvme-connect options]
   [ "$sz" -eq $NS_BYTES ] || { say "size $sz != expected $NS_BYTES"; return 1; }
   [ "$lbs" -eq $NS_BS ] || { say "logical block size $lbs != expected $NS_BS"; return 1; }
 }
-fio_run() { # label fio-args...
-  local label=$1; shift
-  local out=$WORK/fio-$label.log
-  (cd /tmp && timeout -k 10 300 fio --name="$label" --filename="$DEV" --direct=1 --ioengine=libaio \
-     --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 --group_reporting "$@") > "$out" 2>&1
-  local rc=$?
-  cp "$out" "$LOGDIR/" 2>/dev/null
-  grep -E 'IOPS|err=|verify|error|fio:' "$out" | sed 's/^/    /'
-  [ $rc -eq 0 ] || { say "fio failed (rc=$rc$([ $rc -eq 124 ] && echo ': timeout')); full output in $out"; tail -n 5 "$out" | sed 's/^/    | /'; return 1; }
-  grep -qE 'err= *[1-9]' "$out" && { say "fio reported errors"; return 1; }
-  return 0
-}
 fio_randwrite() { fio_run randwrite-4k --rw=randwrite --bs=4k --size="$FIO_SIZE" --iodepth=16; }
 fio_seqwrite() { fio_run seqwrite-128k --rw=write --bs=128k --size="$FIO_SIZE" --iodepth=8; }
-fs_check() {
-  local m=/mnt/e2e blob=$WORK/blob want got
-  mkdir -p $m
-  head -c 16M /dev/urandom > $blob || return 1
-  want=$(sha256sum < $blob | cut -d' ' -f1)
-  timeout -k 5 120 mkfs.ext4 -q -F -E lazy_itable_init=1,lazy_journal_init=1 "$DEV" || { say "mkfs.ext4 failed"; return 1; }
-  timeout -k 5 60 mount "$DEV" $m || { say "mount failed"; return 1; }
-  timeout -k 5 120 cp $blob $m/blob && timeout -k 5 120 sync || { say "write/sync failed"; umount $m; return 1; }
-  timeout -k 5 60 umount $m || { say "umount failed"; return 1; }
-  echo 3 > /proc/sys/vm/drop_caches
-  timeout -k 5 60 mount "$DEV" $m || { say "second mount failed"; return 1; }
-  got=$(timeout -k 5 120 sha256sum < $m/blob | cut -d' ' -f1)
-  timeout -k 5 60 umount $m || { say "final umount failed"; return 1; }
-  say "sha256 written=$want read-back=$got"
-  [ "$want" = "$got" ] || { say "sha256 MISMATCH"; return 1; }
-  FS_SHA=$want
-}
-FS_SHA=""
 persist_check() { # reconnect (same gateway process): the ext4 file from step d is intact
-  [ -n "$FS_SHA" ] || { say "step d did not complete: nothing to compare"; return 1; }
-  connect || return 1
-  local m=/mnt/e2e got
-  timeout -k 5 60 mount -o ro "$DEV" $m || { say "mount after reconnect failed"; return 1; }
-  got=$(timeout -k 5 120 sha256sum < $m/blob | cut -d' ' -f1)
-  timeout -k 5 60 umount $m
-  say "sha256 before disconnect=$FS_SHA after reconnect=$got"
+  fs_reread || return 1
   disconnect_nqn $NQN > /dev/null || return 1
-  [ "$got" = "$FS_SHA" ] || { say "sha256 MISMATCH after reconnect"; return 1; }
+  [ "$FS_GOT" = "$FS_SHA" ] || { say "sha256 MISMATCH after reconnect"; return 1; }
 }
 jvars() { # json-file prefix keys...: prints shell assignments PREFIX_key=value (one python3 exec: ~1 s under TCG)
   python3 - "$@" <<'PY'
@@ -361,9 +278,8 @@ expect_refused() { # label nqn hostnqn hostid expected-status(hex, informational
 }
 
 cleanup() {
-  for c in $(connected_ctrls $NQN); do echo 1 > /sys/class/nvme/$c/delete_controller 2>/dev/null; done
-  if [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; then kill -KILL "$GWPID" 2>/dev/null; fi
-  [ -s "$GWLOG" ] && cp "$GWLOG" "$LOGDIR/" 2>/dev/null
+  delete_ctrls $NQN
+  kill_gateway
   v6_cleanup
   dmesg > "$LOGDIR/dmesg.log" 2>/dev/null
 }
@@ -378,10 +294,6 @@ step setup.modprobe "load the NVMe/TCP initiator" \
 ALL=(a.discover b.connect x1.admin-commands c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256
   x2.keepalive-idle e1.disconnect x3.reconnect-persist e2.sigterm e3.restart e4.reconnect
   e5.read-after-restart x4.digests f.reject-unknown-host g.reject-unknown-subsys h.shutdown)
-skip_from() { # first-step reason: every step from first-step on in ALL is "not run"
-  local on=0 s
-  for s in "${ALL[@]}"; do [ "$s" = "$1" ] && on=1; [ $on = 1 ] && skip "$s" "$2"; done
-}
 skip_list() { local r=$1 s; shift; for s in "$@"; do skip "$s" "$r"; done; }
 
 if step gateway.start "start the target on $ADDR:$PORT" start_gateway first; then
@@ -430,13 +342,5 @@ fi
 ipv6_steps
 
 cleanup; trap - EXIT
-echo
-echo "================ e2e-tcp summary (mode $MODE, guest $(uname -r), TCG) ================"
-printf '%s\n' "${RESULTS[@]}"
-echo "total $(awk -v a="$T_ALL" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}')s; logs: $LOGDIR"
-if [ $FAIL -gt 0 ] && [ -s "$GWLOG" ]; then
-  echo "---- gateway log tail ($LOGDIR/gateway.log) ----"
-  tail -n 40 "$GWLOG" | sed 's/\x1b\[[0-9;]*m//g'
-fi
-echo "$PASS passed, $FAIL failed"
+guest_summary "e2e-tcp summary (mode $MODE, guest $(uname -r), TCG)"
 [ $FAIL -eq 0 ]
