@@ -6,42 +6,14 @@
 //! starts a micro cluster and runs them with `--ignored`. Run that way without a cluster, a
 //! test fails with [`ceph_conf`]'s message rather than passing without having run.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rbd_backend::rbd::CephSettings;
-
-/// The cluster's ceph.conf; panics, saying how to start one, when there is none.
-pub fn ceph_conf() -> String {
-    let conf = std::env::var("CEPH_CONF").unwrap_or_default();
-    assert!(
-        !conf.is_empty() && std::path::Path::new(&conf).is_file(),
-        "this test needs a Ceph cluster: CEPH_CONF ({conf:?}) must name its ceph.conf.\n\
-         Start one with: eval \"$(scripts/micro-ceph.sh start)\"  (or run rbd-backend/tests/ceph-tests.sh)"
-    );
-    conf
-}
-
-/// The pool the test images go in.
-pub fn pool() -> String {
-    std::env::var("MICRO_CEPH_POOL").unwrap_or_else(|_| "rbd".into())
-}
+pub use control_plane::test_support::{ceph_conf, ceph_pool as pool, ceph_settings};
 
 /// `pool/image`, as the `rbd` tool names an image.
 pub fn image_spec(image: &str) -> String {
     format!("{}/{image}", pool())
-}
-
-/// How the test's own librados clients (a control plane's state, clean-up) reach the cluster:
-/// one connection is enough for them.
-pub fn ceph_settings() -> CephSettings {
-    CephSettings {
-        conf: Some(PathBuf::from(ceph_conf())),
-        keyring: std::env::var("CEPH_KEYRING").ok().map(PathBuf::from),
-        max_connections: 1,
-        ..CephSettings::default()
-    }
 }
 
 /// Runs `cmd` and returns its standard output; panics with its standard error if it fails.
