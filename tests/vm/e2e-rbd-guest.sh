@@ -50,32 +50,14 @@ COPTS=(-t tcp -a "$ADDR" -s "$PORT" --ctrl-loss-tmo=60 --reconnect-delay=1)
 
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/requests.sh"  # ask
+. "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh"  # ns_dev, connected_ctrls...
 on_step_failure() { dmesg | grep -iE 'nvme' | tail -n 8 | sed 's/^/    dmesg: /'; }
 
 
 # ------------------------------------------------------------- initiator --
-ns_dev_once() { # NSID: block device (multipath head or plain) of that namespace of $NQN
-  local s n b
-  for s in /sys/class/nvme-subsystem/nvme-subsys*; do
-    [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
-    for n in "$s"/nvme*n* "$s"/nvme*/nvme*n*; do
-      b=${n##*/}
-      case $b in *c*n*) continue ;; esac  # hidden per-path nodes
-      [ "$(cat "/sys/block/$b/nsid" 2>/dev/null)" = "$1" ] && [ -b "/dev/$b" ] && { echo "/dev/$b"; return 0; }
-    done
-  done
-  return 1
-}
-ns_dev() { # NSID [TENTHS]
-  for _ in $(seq "${2:-150}"); do ns_dev_once "$1" && return 0; sleep 0.1; done
-  return 1
-}
 ctrl() { # the controller (nvmeX) connected to $NQN
-  local c
-  for c in /sys/class/nvme/nvme*; do
-    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] && { echo "${c##*/}"; return 0; }
-  done
-  return 1
+  local c; c=$(connected_ctrls "$NQN" | head -n 1)
+  [ -n "$c" ] && echo "$c"
 }
 bytes() { echo $(( $(cat "/sys/block/${1#/dev/}/size") * 512 )); }
 DEV="" CTRL="" CNTLID=""
@@ -232,17 +214,8 @@ missing_appears() { # the host creates the image; the gateway's retry serves it 
   same_controller
 }
 
-disconnect() {
-  timeout -k 5 60 nvme disconnect -n "$NQN" 2>&1 | sed 's/^/    /'
-  for _ in $(seq 150); do ctrl >/dev/null || return 0; sleep 0.1; done
-  say "controller still present after disconnect"; return 1
-}
-
 cleanup() {
-  local c
-  for c in /sys/class/nvme/nvme*; do
-    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] && echo 1 > "$c/delete_controller" 2>/dev/null
-  done
+  delete_ctrls "$NQN"
   dmesg > "$LOGDIR/dmesg.log" 2>/dev/null
 }
 trap cleanup EXIT
@@ -257,15 +230,11 @@ if step connect "nvme connect -t tcp -a $ADDR -s $PORT; nsid 1 = rbd/$IMG 256 Mi
   step write-zeroes "blkdiscard -z and nvme write-zeroes: zeros in the guest and in rbd export" zeroes_check
   step osd-outage "osd.0 killed for ${OUTAGE_S}s during fio --verify=crc32c: a pause, no error" outage_check
   step missing-image "rbd create of the missing image: nsid 2 appears, 64 MiB, writable" missing_appears
-  step disconnect "nvme disconnect" disconnect
+  step disconnect "nvme disconnect" disconnect_nqn "$NQN"
 else
   for s in data resize discard write-zeroes osd-outage missing-image disconnect; do skip $s "connect failed"; done
 fi
 cleanup; trap - EXIT
 
-echo
-echo "================ e2e-rbd guest summary (guest $(uname -r), TCG) ================"
-printf '%s\n' "${RESULTS[@]}"
-echo "total $(since "$T_ALL")s; logs: $LOGDIR"
-echo "$PASS passed, $FAIL failed"
+guest_summary "e2e-rbd guest summary (guest $(uname -r), TCG)"
 [ $FAIL -eq 0 ]

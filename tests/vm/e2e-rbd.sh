@@ -38,10 +38,6 @@ export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 GW_SRC=${1:-$ROOT/target/release/nvmeof-gateway}
 case $GW_SRC in /*) ;; *) GW_SRC=$PWD/$GW_SRC ;; esac
 TIMEOUT=${E2E_TIMEOUT:-900}
-LOGBASE=${E2E_LOG_DIR:-$ROOT/target/vm-logs}
-case $LOGBASE in /*) ;; *) LOGBASE=$PWD/$LOGBASE ;; esac
-SH=$LOGBASE/e2e-rbd          # shared with the guest
-SIG=$SH/sig
 NQN=nqn.2016-06.io.ceph-nvmeof-rs:e2e-rbd
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:e2e0bd00-0000-4000-8000-000000000001
 POOL=rbd
@@ -54,22 +50,13 @@ exec 3>&1  # the terminal, for progress lines printed while an answer is being w
 STEP_PREFIX=host:
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/requests.sh"
+shared_dir e2e-rbd  # SH, shared with the guest
 
 # ------------------------------------------------------------- cleanup --
 WORK="" CEPHDIR="" GWPID="" VMPID=""
 cleanup() {
-  if [ -n "$VMPID" ] && kill -0 "$VMPID" 2>/dev/null; then
-    echo "e2e-rbd: stopping the VM (run-in-vm.sh pid $VMPID)"
-    kill -TERM "$VMPID" 2>/dev/null  # its own trap kills qemu
-    for _ in $(seq 150); do kill -0 "$VMPID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$VMPID" 2>/dev/null
-  fi
-  if [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; then
-    echo "e2e-rbd: stopping the gateway (pid $GWPID)"
-    kill -TERM "$GWPID" 2>/dev/null
-    for _ in $(seq 150); do kill -0 "$GWPID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$GWPID" 2>/dev/null
-  fi
+  stop_vm e2e-rbd
+  stop_process "$GWPID" 150 "e2e-rbd: stopping the gateway (pid $GWPID)"
   wait 2>/dev/null
   if [ -n "$CEPHDIR" ]; then
     [ -d "$CEPHDIR/log" ] && { mkdir -p "$SH/ceph-log"; cp "$CEPHDIR"/log/*.log "$SH/ceph-log/" 2>/dev/null; }
@@ -85,31 +72,11 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- setup --
-rm -rf "$SH"
-mkdir -p "$SIG" || { echo "cannot create $SIG"; echo "0 passed, 1 failed"; exit 2; }
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/e2e-rbd.XXXXXX")
+fresh_shared_dir e2e-rbd
 GWLOG=$SH/gateway.log
 CONF=$SH/gateway.toml
-VMOUT=$SH/vm-output.log
-
-free_port() {
-  local p
-  for _ in $(seq 50); do
-    p=$((20000 + RANDOM % 20000))
-    ss -Hltn "sport = :$p" | grep -q . || { echo "$p"; return 0; }
-  done
-  return 1
-}
 PORT=${E2E_PORT:-$(free_port)}
 
-start_cluster() {
-  local envl
-  CEPHDIR=$WORK/ceph
-  envl=$(MICRO_CEPH_VERBOSE=1 timeout -k 10 300 "$ROOT/scripts/micro-ceph.sh" start --dir "$CEPHDIR" \
-    --store bluestore --image '' 3>&-) || { say "micro-ceph.sh start failed"; return 1; }
-  eval "$envl"
-  say "cluster in $CEPHDIR, CEPH_CONF=$CEPH_CONF"
-}
 create_images() {
   timeout -k 5 60 rbd create --size 256M "$POOL/$IMG" || return 1
   if timeout -k 5 60 rbd info "$POOL/$MISSING" >/dev/null 2>&1; then say "$POOL/$MISSING exists"; return 1; fi
@@ -147,7 +114,6 @@ conf = "$CEPH_CONF"
 keyring = "$CEPH_KEYRING"
 EOF
 }
-port_listening() { ss -Hltn "sport = :$PORT" | grep -q .; }
 start_gateway() {
   [ -x "$GW_SRC" ] || { say "gateway binary not found: $GW_SRC"; return 1; }
   # a private copy: a concurrent cargo build must not replace the binary under the test
@@ -158,7 +124,7 @@ start_gateway() {
   RUST_LOG=${RUST_LOG:-info} "$WORK/nvmeof-gateway" --config "$CONF" > "$GWLOG" 2>&1 < /dev/null 3>&- &
   GWPID=$!
   for _ in $(seq 300); do  # up to 30 s (opening images talks to the cluster)
-    port_listening && { say "gateway pid $GWPID listening on 127.0.0.1:$PORT"; return 0; }
+    port_free "$PORT" || { say "gateway pid $GWPID listening on 127.0.0.1:$PORT"; return 0; }
     kill -0 "$GWPID" 2>/dev/null || { wait "$GWPID"; say "gateway exited with status $?"; GWPID=""; tail -n 20 "$GWLOG"; return 1; }
     sleep 0.1
   done
@@ -188,35 +154,6 @@ stop_gateway() { # SIGTERM: exit 0 within 15 s (the images are closed before exi
 # ------------------------------------------------- requests from the guest --
 num() { [[ $1 =~ ^[0-9]+$ ]]; }
 image_ok() { [ "$1" = "$IMG" ] || [ "$1" = "$MISSING" ]; }
-act_check() { # IMAGE {zero OFF LEN | cmp OFF FILE}...
-  local image=$1 exp=$WORK/export.img rc=0 off len f; shift
-  image_ok "$image" || { echo fail; echo "unknown image $image"; return; }
-  rm -f "$exp"
-  if ! timeout -k 5 120 rbd export --no-progress "$POOL/$image" "$exp" > "$WORK/export.err" 2>&1; then
-    echo fail; echo "rbd export $POOL/$image failed: $(cat "$WORK/export.err")"; return
-  fi
-  local out=() size; size=$(stat -c %s "$exp")
-  out+=("rbd export $POOL/$image: $size bytes")
-  while [ $# -gt 0 ]; do
-    case $1 in
-      zero)
-        off=$2 len=$3; shift 3
-        num "$off" && num "$len" || { echo fail; echo "bad zero range"; return; }
-        if cmp -s -i "$off:0" -n "$len" "$exp" /dev/zero; then out+=("[$off, +$len) reads zeros in the export")
-        else out+=("MISMATCH: [$off, +$len) is not all zeros in the export: $(cmp -i "$off:0" -n "$len" "$exp" /dev/zero 2>&1 | head -1)"); rc=1; fi ;;
-      cmp)
-        off=$2 f=$3; shift 3
-        num "$off" && [[ $f =~ ^[A-Za-z0-9._-]+$ ]] && [ -f "$SH/$f" ] || { echo fail; echo "bad cmp arguments ($off $f)"; return; }
-        len=$(stat -c %s "$SH/$f")
-        if cmp -s -i "$off:0" -n "$len" "$exp" "$SH/$f"; then out+=("[$off, +$len) equals $f byte for byte")
-        else out+=("MISMATCH: [$off, +$len) differs from $f: $(cmp -i "$off:0" -n "$len" "$exp" "$SH/$f" 2>&1 | head -1)"); rc=1; fi ;;
-      *) echo fail; echo "bad check word $1"; return ;;
-    esac
-  done
-  rm -f "$exp"
-  [ $rc -eq 0 ] && echo ok || echo fail
-  printf '%s\n' "${out[@]}"
-}
 alive() { # PID: running and not a zombie
   local st; st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
   st=${st##*) }; [ "${st%% *}" != Z ]
@@ -256,7 +193,7 @@ handle() { # reads one request line, prints the answer
   set -- $line
   local a=${1:-}; [ $# -gt 0 ] && shift
   case $a in
-    check) act_check "$@" ;;
+    check) check_image "$@" ;;
     resize)
       image_ok "${1:-}" && [[ ${2:-} =~ ^[0-9]+[MG]$ ]] || { echo fail; echo "bad resize request"; return; }
       if timeout -k 5 60 rbd resize --no-progress --size "$2" "$POOL/$1" > "$WORK/rbd.out" 2>&1; then
@@ -277,7 +214,7 @@ run_vm() {
 
 # ------------------------------------------------------------------ main --
 echo "e2e-rbd: gateway $GW_SRC, port $PORT, shared dir $SH, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-if step cluster.start "micro Ceph (1 mon, 1 OSD on bluestore) on 127.0.0.1" start_cluster &&
+if step cluster.start "micro Ceph (1 mon, 1 OSD on bluestore) on 127.0.0.1" start_cluster --store bluestore &&
    step images "rbd create $POOL/$IMG 256M; $POOL/$MISSING absent" create_images; then
   if step gateway.start "gateway on 127.0.0.1:$PORT, nsid 1 = $POOL/$IMG, nsid 2 = $POOL/$MISSING (missing)" start_gateway; then
     step missing.logged "the error names $POOL/$MISSING and its field; 1 namespace served" missing_logged
@@ -291,12 +228,4 @@ else
 fi
 cleanup; trap - EXIT
 
-echo
-echo "================ e2e-rbd summary ================"
-printf '%s\n' "${RESULTS[@]}"
-grep -E '^(PASS|FAIL)  ' "$VMOUT" 2>/dev/null | sed 's/^/  guest: /'
-TOTAL_PASS=$((PASS + GUEST_PASS)) TOTAL_FAIL=$((FAIL + GUEST_FAIL))
-echo "host steps: $PASS passed, $FAIL failed; guest steps: $GUEST_PASS passed, $GUEST_FAIL failed"
-echo "total $(since "$T_ALL")s; logs: $SH"
-echo "$TOTAL_PASS passed, $TOTAL_FAIL failed"
-[ "$TOTAL_FAIL" -eq 0 ]
+host_summary "e2e-rbd summary"
