@@ -63,6 +63,7 @@ COPTS=(-t tcp -a "$ADDR" --ctrl-loss-tmo=600 --reconnect-delay=1 --hostnqn="$HOS
 
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/requests.sh"  # ask
+. "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh"
 on_step_failure() { dmesg | grep -iE 'nvme' | tail -n 6 | sed 's/^/    dmesg: /'; }
 
 
@@ -138,29 +139,7 @@ wait_moved() { # NSID gwN SECONDS: until nsid is optimized on exactly one gatewa
 show_paths() { local n; for n in $(seq $NGW); do path_scan "$n"; say "nsid $n: $(printf '%s;' "${PATHS_OUT[@]}")"; done; }
 
 # ------------------------------------------------------------------ steps --
-setup() {
-  modprobe -a nvme-core nvme-tcp || return 1
-  local mp; mp=$(cat /sys/module/nvme_core/parameters/multipath)
-  say "nvme_core multipath=$mp, iopolicy default numa"
-  [ "$mp" = Y ]
-}
-
-discover() {
-  local out
-  out=$(timeout -k 5 60 nvme discover -t tcp -a "$ADDR" -s "${PORTS[0]}" --hostnqn="$HOSTNQN" --hostid="$HOSTID" -o json 2>&1) ||
-    { say "nvme discover failed: $out"; return 1; }
-  echo "$out" > "$LOGDIR/discover.json"
-  echo "$out" | python3 -c '
-import json, sys
-recs = json.load(sys.stdin)["records"]
-nqn, ports = sys.argv[1], sys.argv[2].split(",")
-for r in recs:
-    print("    record: %s %s:%s %s" % (r.get("subtype"), r.get("traddr"), r.get("trsvcid"), r.get("subnqn")))
-seen = {r["trsvcid"].strip() for r in recs if r.get("subnqn", "").strip() == nqn}
-missing = [p for p in ports if p not in seen]
-if missing:
-    print("    the subsystem is not listed on port(s) %s" % missing); sys.exit(1)' "$NQN" "$(IFS=,; echo "${PORTS[*]}")"
-}
+discover() { discover_on_ports "${PORTS[0]}" "$(IFS=,; echo "${PORTS[*]}")"; }
 
 connect_all() {
   local i out n
@@ -400,10 +379,7 @@ disconnect() {
 cleanup() {
   [ -n "$FIO_PID" ] && kill "$FIO_PID" 2>/dev/null
   [ -n "$PROBE_PID" ] && kill "$PROBE_PID" 2>/dev/null
-  local c
-  for c in /sys/class/nvme/nvme*; do
-    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] && echo 1 > "$c/delete_controller" 2>/dev/null
-  done
+  delete_ctrls "$NQN"
   dmesg > "$LOGDIR/dmesg.log" 2>/dev/null
 }
 trap cleanup EXIT
@@ -411,7 +387,7 @@ trap cleanup EXIT
 # ------------------------------------------------------------------ main --
 echo "e2e-group-guest: guest $(uname -r), $(nproc) vCPU, nvme-cli $(nvme version 2>/dev/null | head -1 | awk '{print $3}'), gateways at $ADDR:${PORTS[*]}"
 LATER=(data failover pauses leader-kill failover-after-leader-kill fence restart-all final-data disconnect)
-if step setup "load nvme-tcp; native multipath on" setup &&
+if step setup "load nvme-tcp; native multipath on" multipath_setup "iopolicy default numa" &&
    step discover "nvme discover via gw1: the subsystem on every gateway's port" discover &&
    step connect "nvme connect to the $NGW gateways: one head per namespace, $NGW paths each" connect_all; then
   step ana "one optimized path per namespace, on its ANA group's owner" ana_check
@@ -432,9 +408,5 @@ else
 fi
 cleanup; trap - EXIT
 
-echo
-echo "================ e2e-group guest summary (guest $(uname -r), TCG) ================"
-printf '%s\n' "${RESULTS[@]}"
-echo "total $(since "$T_ALL")s; logs: $LOGDIR"
-echo "$PASS passed, $FAIL failed"
+guest_summary "e2e-group guest summary (guest $(uname -r), TCG)"
 [ $FAIL -eq 0 ]

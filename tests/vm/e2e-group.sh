@@ -50,10 +50,6 @@ case $BIN_SRC in /*) ;; *) BIN_SRC=$PWD/$BIN_SRC ;; esac
 TIMEOUT=${E2E_TIMEOUT:-900}
 ROUNDS=${E2E_ROUNDS:-5}
 GRACE_MS=${E2E_GRACE_MS:-1500}
-LOGBASE=${E2E_LOG_DIR:-$ROOT/target/vm-logs}
-case $LOGBASE in /*) ;; *) LOGBASE=$PWD/$LOGBASE ;; esac
-SH=$LOGBASE/e2e-group        # shared with the guest
-SIG=$SH/sig
 NQN=nqn.2016-06.io.ceph-nvmeof-rs:e2e-group
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:e2e09000-0000-4000-8000-000000000001
 POOL=rbd
@@ -66,6 +62,7 @@ exec 3>&1  # the terminal, for progress lines printed while an answer is being w
 STEP_PREFIX=host:
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/requests.sh"
+shared_dir e2e-group  # SH, shared with the guest
 
 # ------------------------------------------------------------- cleanup --
 WORK="" CEPHDIR="" VMPID=""
@@ -84,10 +81,7 @@ stop_pid() { # PID [SIGNAL]: signal, wait up to 15 s, then SIGKILL; reaps it
 }
 cleanup() {
   local i
-  if [ -n "$VMPID" ] && kill -0 "$VMPID" 2>/dev/null; then
-    echo "e2e-group: stopping the VM (run-in-vm.sh pid $VMPID)"
-    stop_pid "$VMPID"  # its own trap kills qemu
-  fi
+  stop_vm e2e-group
   for i in "${!GWPID[@]}"; do stop_pid "${GWPID[$i]}"; done
   for i in "${!CPPID[@]}"; do stop_pid "${CPPID[$i]}"; done
   GWPID=() CPPID=()
@@ -105,49 +99,19 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- setup --
-rm -rf "$SH"
-mkdir -p "$SIG" || { echo "cannot create $SIG"; echo "0 passed, 1 failed"; exit 2; }
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/e2e-group.XXXXXX")
-VMOUT=$SH/vm-output.log
+fresh_shared_dir e2e-group
 GROUP=e2e-group-$$-$RANDOM
 
-free_port() {
-  local p
-  for _ in $(seq 50); do
-    p=$((20000 + RANDOM % 20000))
-    ss -Hltn "sport = :$p" | grep -q . && continue
-    [[ " ${GWPORT[*]:-} ${CPPORT[*]:-} " == *" $p "* ]] && continue
-    echo "$p"; return 0
-  done
-  return 1
-}
-for i in 1 2; do CPPORT[$i]=$(free_port); done
-for i in $(seq $NGW); do GWPORT[$i]=$(free_port); done
+for i in 1 2; do CPPORT[$i]=$(free_port "${CPPORT[@]}"); done
+for i in $(seq $NGW); do GWPORT[$i]=$(free_port "${CPPORT[@]}" "${GWPORT[@]}"); done
 SERVERS=127.0.0.1:${CPPORT[1]},127.0.0.1:${CPPORT[2]}
 ctl() { timeout -k 5 30 "$WORK/nvmeofctl" --server "$SERVERS" "$@"; }
 
-copy_binaries() { # private copies: a concurrent cargo build must not replace them under the test
-  local b
-  for b in nvmeof-gateway nvmeof-control nvmeofctl; do
-    [ -x "$BIN_SRC/$b" ] || { say "$BIN_SRC/$b missing (cargo build --release -p nvmeof-gateway -p control-plane)"; return 1; }
-    cp "$BIN_SRC/$b" "$WORK/$b" || return 1
-  done
-}
-start_cluster() {
-  local envl
-  CEPHDIR=$WORK/ceph
-  envl=$(MICRO_CEPH_VERBOSE=1 timeout -k 10 300 "$ROOT/scripts/micro-ceph.sh" start --dir "$CEPHDIR" \
-    --image '' 3>&-) || { say "micro-ceph.sh start failed"; return 1; }
-  eval "$envl"
-  export CEPH_CONF CEPH_KEYRING
-  say "cluster in $CEPHDIR, CEPH_CONF=$CEPH_CONF"
-}
 create_images() {
   local i
   for i in "${IMAGES[@]}"; do timeout -k 5 60 rbd create --size 256M "$POOL/$i" || return 1; done
   say "rbd ls $POOL: $(timeout 60 rbd ls "$POOL" | tr '\n' ' ')"
 }
-port_listening() { ss -Hltn "sport = :$1" | grep -q .; }
 # the leading replica, as the replicas say (each asked alone: a replica started after the
 # leader took the lease may not know it and says "")
 leader() {
@@ -167,7 +131,7 @@ start_cp() { # N
     --grace-ms "$GRACE_MS" --failback-delay-ms 1000 --lease-ms 3000 >> "$log" 2>&1 < /dev/null 3>&- &
   CPPID[$n]=$!
   for _ in $(seq 300); do
-    port_listening "${CPPORT[$n]}" && return 0
+    port_free "${CPPORT[$n]}" || return 0
     kill -0 "${CPPID[$n]}" 2>/dev/null || { say "nvmeof-control cp$n exited: $(tail -n 5 "$log")"; return 1; }
     sleep 0.1
   done
@@ -216,7 +180,7 @@ start_gw() { # N: start, wait until it listens
   RUST_LOG=${RUST_LOG:-info} "$WORK/nvmeof-gateway" --config "$SH/gw$n.toml" >> "$log" 2>&1 < /dev/null 3>&- &
   GWPID[$n]=$!
   for _ in $(seq 300); do
-    port_listening "${GWPORT[$n]}" && return 0
+    port_free "${GWPORT[$n]}" || return 0
     kill -0 "${GWPID[$n]}" 2>/dev/null || { say "gw$n exited: $(tail -n 5 "$log")"; return 1; }
     sleep 0.1
   done
@@ -259,35 +223,6 @@ sys.exit(0 if ok else 1)' "$NGW" && { say "steady after $(since "$t0")s:"; ctl a
 num() { [[ $1 =~ ^[0-9]+$ ]]; }
 gw_ok() { [[ ${1:-} =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le $NGW ]; }
 image_ok() { [[ " ${IMAGES[*]} " == *" $1 "* ]]; }
-act_check() { # IMAGE {zero OFF LEN | cmp OFF FILE}...
-  local image=$1 exp=$WORK/export.img rc=0 off len f; shift
-  image_ok "$image" || { echo fail; echo "unknown image $image"; return; }
-  rm -f "$exp"
-  if ! timeout -k 5 120 rbd export --no-progress "$POOL/$image" "$exp" > "$WORK/export.err" 2>&1; then
-    echo fail; echo "rbd export $POOL/$image failed: $(cat "$WORK/export.err")"; return
-  fi
-  local out=() size; size=$(stat -c %s "$exp")
-  out+=("rbd export $POOL/$image: $size bytes")
-  while [ $# -gt 0 ]; do
-    case $1 in
-      zero)
-        off=$2 len=$3; shift 3
-        num "$off" && num "$len" || { echo fail; echo "bad zero range"; return; }
-        if cmp -s -i "$off:0" -n "$len" "$exp" /dev/zero; then out+=("[$off, +$len) reads zeros in the export")
-        else out+=("MISMATCH: [$off, +$len) is not all zeros in the export"); rc=1; fi ;;
-      cmp)
-        off=$2 f=$3; shift 3
-        num "$off" && [[ $f =~ ^[A-Za-z0-9._-]+$ ]] && [ -f "$SH/$f" ] || { echo fail; echo "bad cmp arguments ($off $f)"; return; }
-        len=$(stat -c %s "$SH/$f")
-        if cmp -s -i "$off:0" -n "$len" "$exp" "$SH/$f"; then out+=("[$off, +$len) equals $f byte for byte")
-        else out+=("MISMATCH: [$off, +$len) differs from $f: $(cmp -i "$off:0" -n "$len" "$exp" "$SH/$f" 2>&1 | head -1)"); rc=1; fi ;;
-      *) echo fail; echo "bad check word $1"; return ;;
-    esac
-  done
-  rm -f "$exp"
-  [ $rc -eq 0 ] && echo ok || echo fail
-  printf '%s\n' "${out[@]}"
-}
 FENCES_CAUSED=0  # fences the test provokes (each kill -9 / freeze of a gateway holding a group)
 act_kill_gw() { # N
   local n=$1 p=${GWPID[$1]:-}
@@ -345,7 +280,7 @@ act_fence_cycle() { # N NSID LBA
   echo "$r" | grep -q '"fenced_write_failed": true' || { out+=("THE FENCED GATEWAY WROTE (or the write got no answer)"); ok=0; }
   # data intact: the block still holds the control write's 0xA5
   head -c 512 /dev/zero | tr '\0' '\245' > "$SH/fence-a5.bin"
-  local c; c=$(act_check "${IMAGES[$((nsid - 1))]}" cmp $((lba * 512)) fence-a5.bin)
+  local c; c=$(check_image "${IMAGES[$((nsid - 1))]}" cmp $((lba * 512)) fence-a5.bin)
   out+=("$(echo "$c" | tail -n +2 | tr '\n' ';')")
   [ "$(echo "$c" | head -n 1)" = ok ] || ok=0
   out+=("fenced gw$n's log: $(grep -c 'this gateway was fenced' "$SH/gw$n.log") 'this gateway was fenced' line(s)")
@@ -411,7 +346,7 @@ handle() { # reads one request line, prints the answer
     start-gw) gw_ok "${1:-}" && act_start_gw "$1" || { echo fail; echo "bad request '$line'"; } ;;
     fence-cycle) gw_ok "${1:-}" && [ $# -eq 3 ] && act_fence_cycle "$@" || { echo fail; echo "bad request '$line'"; } ;;
     kill-leader) act_kill_leader ;;
-    check) act_check "$@" ;;
+    check) check_image "$@" ;;
     restart-all) act_restart_all ;;
     *) echo fail; echo "unknown request '$line'" ;;
   esac
@@ -581,7 +516,7 @@ PY
 # ------------------------------------------------------------------ main --
 echo "e2e-group: binaries from $BIN_SRC, gateways gw1..gw$NGW on ports $(for i in $(seq $NGW); do printf '%s ' "${GWPORT[$i]}"; done), replicas cp1, cp2 on ${CPPORT[1]} ${CPPORT[2]}, shared dir $SH, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 write_fenced_write_py
-if step binaries "private copies of nvmeof-gateway, nvmeof-control, nvmeofctl" copy_binaries &&
+if step binaries "private copies of nvmeof-gateway, nvmeof-control, nvmeofctl" copy_binaries "$WORK" &&
    step cluster.start "micro Ceph (1 mon, 1 OSD, memstore) on 127.0.0.1" start_cluster &&
    step images "rbd create ${IMAGES[*]} (256 MiB each)" create_images &&
    step control.start "two nvmeof-control replicas (state in RADOS, lease 3 s, grace ${GRACE_MS} ms); one leads" start_control &&
@@ -597,13 +532,5 @@ fi
 for i in 1 2; do [ -n "${CPPID[$i]:-}" ] && echo "nvmeof-control cp$i: $(grep -c 'leading the gateway group' "$SH/control$i.log") time(s) leader"; done
 cleanup; trap - EXIT
 
-echo
-echo "================ e2e-group summary ================"
-printf '%s\n' "${RESULTS[@]}"
-grep -E '^(PASS|FAIL)  ' "$VMOUT" 2>/dev/null | sed 's/^/  guest: /'
-grep -E '^PAUSE ' "$VMOUT" 2>/dev/null
-TOTAL_PASS=$((PASS + GUEST_PASS)) TOTAL_FAIL=$((FAIL + GUEST_FAIL))
-echo "host steps: $PASS passed, $FAIL failed; guest steps: $GUEST_PASS passed, $GUEST_FAIL failed"
-echo "total $(since "$T_ALL")s; logs: $SH"
-echo "$TOTAL_PASS passed, $TOTAL_FAIL failed"
-[ "$TOTAL_FAIL" -eq 0 ]
+pauses() { grep -E '^PAUSE ' "$VMOUT" 2>/dev/null; return 0; }
+host_summary "e2e-group summary" pauses
