@@ -48,6 +48,7 @@ COPTS=(-t tcp -a "$ADDR" --ctrl-loss-tmo=60 --reconnect-delay=1 --hostnqn="$HOST
 
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/requests.sh"  # ask
+. "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh"
 on_step_failure() { dmesg | grep -iE 'nvme' | tail -n 8 | sed 's/^/    dmesg: /'; }
 
 
@@ -112,30 +113,7 @@ wait_optimized() {
 }
 
 # ------------------------------------------------------------------ steps --
-setup() {
-  modprobe -a nvme-core nvme-tcp || return 1
-  local mp; mp=$(cat /sys/module/nvme_core/parameters/multipath)
-  say "nvme_core multipath=$mp"
-  [ "$mp" = Y ]
-}
-
-discover() {
-  local out
-  out=$(timeout -k 5 60 nvme discover -t tcp -a "$ADDR" -s "$PORT" --hostnqn="$HOSTNQN" --hostid="$HOSTID" -o json 2>&1) ||
-    { say "nvme discover -t tcp -a $ADDR -s $PORT failed: $out"; return 1; }
-  echo "$out" > "$LOGDIR/discover.json"
-  echo "$out" | python3 -c '
-import json, sys
-recs = json.load(sys.stdin)["records"]
-nqn, ports = sys.argv[1], sys.argv[2].split(",")
-for r in recs:
-    print("    record: %s %s %s:%s %s" % (r.get("subtype"), r.get("trtype"), r.get("traddr"), r.get("trsvcid"), r.get("subnqn")))
-seen = {r["trsvcid"].strip() for r in recs if r.get("subnqn", "").strip() == nqn and r.get("trtype", "").strip() == "tcp"}
-missing = [p for p in ports if p not in seen]
-if missing:
-    print("    %s is not listed on port(s) %s" % (nqn, missing)); sys.exit(1)
-print("    %s listed on ports %s" % (nqn, ", ".join(sorted(seen))))' "$NQN" "${PORTS[0]},${PORTS[1]}"
-}
+discover() { discover_on_ports "$PORT" "${PORTS[0]},${PORTS[1]}"; }
 
 DEV=""
 connect_both() {
@@ -224,10 +202,7 @@ disconnect() {
 }
 
 cleanup() {
-  local c
-  for c in /sys/class/nvme/nvme*; do
-    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] && echo 1 > "$c/delete_controller" 2>/dev/null
-  done
+  delete_ctrls "$NQN"
   dmesg > "$LOGDIR/dmesg.log" 2>/dev/null
 }
 trap cleanup EXIT
@@ -235,7 +210,7 @@ trap cleanup EXIT
 # ------------------------------------------------------------------ main --
 echo "e2e-demo-guest: guest $(uname -r), $(nproc) vCPU, nvme-cli $(nvme version 2>/dev/null | head -1 | awk '{print $3}'), gw1 at $ADDR:${PORTS[0]}, gw2 at $ADDR:${PORTS[1]}"
 LATER=(ana data failover disconnect)
-if step setup "load nvme-tcp; native multipath on" setup &&
+if step setup "load nvme-tcp; native multipath on" multipath_setup &&
    step discover "nvme discover -t tcp -a $ADDR -s $PORT: the demo subsystem on both ports" discover &&
    step connect "nvme connect to both gateways: one namespace, two paths" connect_both; then
   step ana "ana_state: optimized on gw1's path, not on gw2's" ana_check
@@ -248,9 +223,5 @@ else
 fi
 cleanup; trap - EXIT
 
-echo
-echo "================ e2e-demo guest summary (guest $(uname -r), TCG) ================"
-printf '%s\n' "${RESULTS[@]}"
-echo "total $(since "$T_ALL")s; logs: $LOGDIR"
-echo "$PASS passed, $FAIL failed"
+guest_summary "e2e-demo guest summary (guest $(uname -r), TCG)"
 [ $FAIL -eq 0 ]

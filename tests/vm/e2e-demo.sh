@@ -43,11 +43,6 @@ TIMEOUT=${E2E_TIMEOUT:-300}
 START_BOUND_S=${START_BOUND_S:-90}
 STOP_BOUND_S=${STOP_BOUND_S:-45}
 FAILOVER_BOUND_S=${FAILOVER_BOUND_S:-20}
-LOGBASE=${E2E_LOG_DIR:-$ROOT/target/vm-logs}
-case $LOGBASE in /*) ;; *) LOGBASE=$PWD/$LOGBASE ;; esac
-SH=$LOGBASE/e2e-demo         # shared with the guest
-SIG=$SH/sig
-DEMO=$SH/demo                # DEMO_DIR
 NQN=nqn.2016-06.io.ceph-nvmeof-rs:demo
 POOL=rbd
 IMAGE=demo
@@ -59,6 +54,8 @@ exec 3>&1  # the terminal, for progress lines printed while an answer is being w
 STEP_PREFIX=host:
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/requests.sh"
+shared_dir e2e-demo  # SH, shared with the guest
+DEMO=$SH/demo        # DEMO_DIR
 
 # ------------------------------------------------------------- cleanup --
 WORK="" VMPID="" DEMOPID=""
@@ -100,18 +97,8 @@ save_demo_logs() { # the demo's logs survive its stop (which removes DEMO_DIR)
 }
 cleanup() {
   local p
-  if [ -n "$VMPID" ] && kill -0 "$VMPID" 2>/dev/null; then
-    echo "e2e-demo: stopping the VM (run-in-vm.sh pid $VMPID)"
-    kill -TERM "$VMPID" 2>/dev/null  # its own trap kills qemu
-    for _ in $(seq 150); do kill -0 "$VMPID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$VMPID" 2>/dev/null
-  fi
-  if [ -n "$DEMOPID" ] && kill -0 "$DEMOPID" 2>/dev/null; then
-    echo "e2e-demo: stopping scripts/demo.sh (pid $DEMOPID)"
-    kill -TERM "$DEMOPID" 2>/dev/null
-    for _ in $(seq 100); do kill -0 "$DEMOPID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$DEMOPID" 2>/dev/null
-  fi
+  stop_vm e2e-demo
+  stop_process "$DEMOPID" 100 "e2e-demo: stopping scripts/demo.sh (pid $DEMOPID)"
   wait 2>/dev/null
   if [ -d "$DEMO" ] && [ ${#DEMO_CMD[@]} -gt 0 ]; then
     record_pids
@@ -137,12 +124,8 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- setup --
-rm -rf "$SH"
-mkdir -p "$SIG" || { echo "cannot create $SIG"; echo "0 passed, 1 failed"; exit 2; }
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/e2e-demo.XXXXXX")
-VMOUT=$SH/vm-output.log
+fresh_shared_dir e2e-demo
 
-port_free() { ! ss -Hltn "sport = :$1" | grep -q .; }
 # a free port pair P, P+1 for the gateways and a free port for the control plane, below the
 # micro Ceph's range (40000+)
 PORT="" CPORT=""
@@ -157,16 +140,6 @@ done
 [ -n "$PORT" ] && [ -n "$CPORT" ] || { echo "no free ports"; echo "0 passed, 1 failed"; exit 2; }
 DEMO_CMD=(env DEMO_DIR="$DEMO" DEMO_PORT="$PORT" DEMO_CONTROL_PORT="$CPORT" DEMO_BIN="$WORK/bin"
   RUST_LOG="${RUST_LOG:-info}" "$ROOT/scripts/demo.sh")
-
-copy_binaries() {
-  local b
-  mkdir -p "$WORK/bin"
-  for b in nvmeof-gateway nvmeof-control nvmeofctl; do
-    [ -x "$BIN_SRC/$b" ] || { say "$BIN_SRC/$b missing (cargo build --release -p nvmeof-gateway -p control-plane)"; return 1; }
-    cp "$BIN_SRC/$b" "$WORK/bin/$b" || return 1
-  done
-  say "$(ls "$WORK/bin" | tr '\n' ' ')from $BIN_SRC"
-}
 
 START_S=""
 demo_start() {
@@ -221,30 +194,15 @@ demo_status() {
 }
 
 # ------------------------------------------------- requests from the guest --
-num() { [[ $1 =~ ^[0-9]+$ ]]; }
 act_check() { # {cmp OFF FILE}...
-  local exp=$WORK/export.img rc=0 off len f
+  local exp=$WORK/export.img
   rm -f "$exp"
   if ! (eval "$("$ROOT/scripts/micro-ceph.sh" env "$DEMO/ceph")" &&
         timeout -k 5 120 rbd export --no-progress "$POOL/$IMAGE" "$exp") > "$WORK/export.err" 2>&1; then
     echo fail; echo "rbd export $POOL/$IMAGE failed: $(cat "$WORK/export.err")"; return
   fi
-  local lines=() size; size=$(stat -c %s "$exp")
-  lines+=("rbd export $POOL/$IMAGE (the demo's cluster, $DEMO/ceph): $size bytes")
-  while [ $# -gt 0 ]; do
-    case $1 in
-      cmp)
-        off=${2:-} f=${3:-}; shift 3 2>/dev/null || shift $#
-        num "$off" && [[ $f =~ ^[A-Za-z0-9._-]+$ ]] && [ -f "$SH/$f" ] || { echo fail; echo "bad cmp arguments ($off $f)"; return; }
-        len=$(stat -c %s "$SH/$f")
-        if cmp -s -i "$off:0" -n "$len" "$exp" "$SH/$f"; then lines+=("[$off, +$len) equals $f byte for byte")
-        else lines+=("MISMATCH: [$off, +$len) differs from $f: $(cmp -i "$off:0" -n "$len" "$exp" "$SH/$f" 2>&1 | head -1)"); rc=1; fi ;;
-      *) echo fail; echo "bad check word $1"; return ;;
-    esac
-  done
+  check_export "rbd export $POOL/$IMAGE (the demo's cluster, $DEMO/ceph): $(stat -c %s "$exp") bytes" "$exp" "$@"
   rm -f "$exp"
-  [ $rc -eq 0 ] && echo ok || echo fail
-  printf "%s\n" "${lines[@]}"
 }
 act_kill_gw1() {
   local p
@@ -312,7 +270,7 @@ demo_stop() {
 
 # ------------------------------------------------------------------ main --
 echo "e2e-demo: binaries from $BIN_SRC, DEMO_PORT $PORT (gw2 $((PORT + 1))), DEMO_CONTROL_PORT $CPORT, DEMO_DIR $DEMO, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-if step binaries "private copies of nvmeof-gateway, nvmeof-control, nvmeofctl (DEMO_BIN)" copy_binaries &&
+if step binaries "private copies of nvmeof-gateway, nvmeof-control, nvmeofctl (DEMO_BIN)" copy_binaries "$WORK/bin" &&
    step demo.start "scripts/demo.sh exits 0 within ${START_BOUND_S}s, prints the nvme discover/connect lines" demo_start; then
   if step demo.status "scripts/demo.sh status: control, gw1, gw2 and the micro Ceph run" demo_status; then
     step vm "the guest's steps (tests/vm/e2e-demo-guest.sh)" run_vm
@@ -325,14 +283,8 @@ else
 fi
 cleanup; trap - EXIT
 
-echo
-echo "================ e2e-demo summary ================"
-printf '%s\n' "${RESULTS[@]}"
-grep -E '^(PASS|FAIL)  ' "$VMOUT" 2>/dev/null | sed 's/^/  guest: /'
-grep -E '^FAILOVER ' "$VMOUT" 2>/dev/null
-echo "TIMES demo.sh start ${START_S:-?}s, stop ${STOP_S:-?}s"
-TOTAL_PASS=$((PASS + GUEST_PASS)) TOTAL_FAIL=$((FAIL + GUEST_FAIL))
-echo "host steps: $PASS passed, $FAIL failed; guest steps: $GUEST_PASS passed, $GUEST_FAIL failed"
-echo "total $(since "$T_ALL")s; logs: $SH"
-echo "$TOTAL_PASS passed, $TOTAL_FAIL failed"
-[ "$TOTAL_FAIL" -eq 0 ]
+demo_figures() {
+  grep -E '^FAILOVER ' "$VMOUT" 2>/dev/null
+  echo "TIMES demo.sh start ${START_S:-?}s, stop ${STOP_S:-?}s"
+}
+host_summary "e2e-demo summary" demo_figures
