@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # e2e-rdma-rbd.sh - RBD behind NVMe/RDMA, sourced by tests/vm/e2e-rdma.sh (uses its helpers:
-# say, step, fio_run, ns_dev, connected_ctrls, disconnect_nqn, counter). Ceph is not reachable
+# say, step, fio_run, ns_dev, connected_ctrls, disconnect_nqn, counter from steps.sh, guest-lib.sh and it). Ceph is not reachable
 # from the guest over RDMA, and the guest shares the host's root filesystem, so a micro Ceph
 # (scripts/micro-ceph.sh, memstore OSD) runs INSIDE the guest on its own 127.0.0.1, and a
 # second gateway in the guest serves an RBD image from it over nvme-rdma (port E2E_RBD_PORT,
@@ -70,15 +70,7 @@ EOC
 rbd_connect() {
   timeout -k 5 90 nvme connect -t rdma -a $ADDR -s "$RBD_PORT" -n $RBD_NQN --hostnqn=$HOSTNQN --hostid=$HOSTID \
     --ctrl-loss-tmo=5 --reconnect-delay=1 > $WORK/err 2>&1 || { say "connect failed: $(cat $WORK/err)"; return 1; }
-  local s n b
-  for _ in $(seq 150); do
-    for s in /sys/class/nvme-subsystem/nvme-subsys*; do
-      [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$RBD_NQN" ] || continue
-      for n in "$s"/nvme*n*; do b=${n##*/}; case $b in *c*n*) continue ;; esac; [ -b "/dev/$b" ] && RBD_DEV=/dev/$b; done
-    done
-    [ -n "$RBD_DEV" ] && break; sleep 0.1
-  done
-  [ -n "$RBD_DEV" ] || { say "no block device for $RBD_NQN"; return 1; }
+  RBD_DEV=$(NQN=$RBD_NQN ns_dev) || { RBD_DEV=""; say "no block device for $RBD_NQN"; return 1; }
   say "$RBD_DEV: $(( $(cat /sys/block/${RBD_DEV#/dev/}/size) * 512 )) bytes over rdma"
 }
 rbd_fio() {

@@ -68,23 +68,15 @@ WORK=/tmp/e2e-rdma
 mkdir -p $WORK
 CONF=$WORK/gateway.toml
 GWLOG=$WORK/gateway.log
-if [ -n "${E2E_LOG_DIR:-}" ]; then LOGDIR=$E2E_LOG_DIR
-elif [ -d target/vm-logs ] && [ -w target/vm-logs ] && touch target/vm-logs/.w 2>/dev/null; then LOGDIR=$PWD/target/vm-logs
-else LOGDIR=/tmp/e2e-logs; fi
-LOGDIR=$LOGDIR/e2e-rdma
-mkdir -p "$LOGDIR" 2>/dev/null && rm -f "$LOGDIR"/* 2>/dev/null
 COPTS=(-t rdma -a $ADDR -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1)
 
 GWPID=""
 GW_ENV=()  # extra environment for the gateway (pool shape for the back-pressure step)
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/e2e-rdma-rbd.sh"  # RBD behind RDMA (steps k*)
+guest_log_dir e2e-rdma
 
-gwlog_tail() {
-  [ -s "$GWLOG" ] || return 0
-  echo "    --- gateway log (last ${1} lines of $GWLOG) ---"
-  tail -n "$1" "$GWLOG" | sed 's/\x1b\[[0-9;]*m//g; s/^/    | /'
-}
 on_step_failure() {
   gwlog_tail 15
   dmesg | grep -iE 'nvme|rdma|rxe' | tail -n 8 | sed 's/^/    dmesg: /'
@@ -159,22 +151,7 @@ start_gateway() {
   say "no 'NVMe/RDMA listener ready' after 15 s"
   return 1
 }
-stop_gateway() {
-  [ -n "$GWPID" ] || { say "gateway not running"; return 1; }
-  if ! kill -0 "$GWPID" 2>/dev/null; then
-    wait "$GWPID"; say "gateway had already exited (status $?) before SIGTERM"; GWPID=""; return 1
-  fi
-  kill -TERM "$GWPID"
-  for _ in $(seq 100); do kill -0 "$GWPID" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$GWPID" 2>/dev/null; then
-    say "gateway still running 10 s after SIGTERM: sending SIGKILL"
-    kill -KILL "$GWPID"; wait "$GWPID" 2>/dev/null; GWPID=""; return 1
-  fi
-  wait "$GWPID"; local rc=$?
-  GWPID=""
-  say "gateway exited with status $rc"
-  [ $rc -eq 0 ]
-}
+stop_gateway() { sigterm_gateway && [ "$GW_STATUS" -eq 0 ]; }
 # Counters logged by the gateway when a queue pair closes (last line).
 last_counters() { grep 'queue pair closed' "$GWLOG" | tail -n 1 | sed 's/\x1b\[[0-9;]*m//g'; }
 counter() { # name [line]: value of name=N in the last counters line
@@ -195,31 +172,6 @@ released_check() { # after every controller is gone: no QP alive, no pool buffer
 }
 
 # ------------------------------------------------------------- initiator --
-ns_dev_once() {
-  local s n b
-  for s in /sys/class/nvme-subsystem/nvme-subsys*; do
-    [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
-    for n in "$s"/nvme*n* "$s"/nvme*/nvme*n*; do
-      b=${n##*/}
-      case $b in *c*n*) continue ;; esac
-      [ -b "/dev/$b" ] && { echo "/dev/$b"; return 0; }
-    done
-  done
-  return 1
-}
-ns_dev() { for _ in $(seq 150); do ns_dev_once && return 0; sleep 0.1; done; return 1; }
-connected_ctrls() {
-  local c
-  for c in /sys/class/nvme/nvme*; do
-    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] && echo "${c##*/}"
-  done
-}
-disconnect_nqn() {
-  timeout -k 5 60 nvme disconnect -n "$1" 2>&1 | sed 's/^/    /'
-  for _ in $(seq 150); do [ -z "$(connected_ctrls "$1")" ] && return 0; sleep 0.1; done
-  say "controllers of $1 still present: $(connected_ctrls "$1" | tr '\n' ' ')"
-  return 1
-}
 discover() {
   local out rc
   out=$(timeout -k 5 60 nvme discover -t rdma -a $ADDR -s "$PORT" --hostnqn=$HOSTNQN --hostid=$HOSTID 2>&1)
@@ -258,40 +210,10 @@ identify_check() {
   [ "$ioccsz" -eq 516 ] || { say "IOCCSZ $ioccsz != 516 (8 KiB in-capsule data)"; return 1; }
   [ "$msdbd" -ge 1 ] || { say "MSDBD 0"; return 1; }
 }
-fio_run() { # label fio-args...
-  local label=$1; shift
-  local out=$WORK/fio-$label.log
-  (cd /tmp && timeout -k 10 300 fio --name="$label" --filename="$DEV" --direct=1 --ioengine=libaio \
-     --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 --group_reporting "$@") > "$out" 2>&1
-  local rc=$?
-  cp "$out" "$LOGDIR/" 2>/dev/null
-  grep -E 'IOPS|err=|verify|error|fio:' "$out" | sed 's/^/    /'
-  [ $rc -eq 0 ] || { say "fio failed (rc=$rc); full output in $out"; tail -n 5 "$out" | sed 's/^/    | /'; return 1; }
-  grep -qE 'err= *[1-9]' "$out" && { say "fio reported errors"; return 1; }
-  return 0
-}
 HALF=$(( $(numfmt --from=iec "$FIO_SIZE") / 2 ))
 # two jobs (the guest has 2 vCPUs: one nvme-rdma I/O queue each), disjoint halves
 fio_randwrite() { fio_run randwrite-4k --rw=randwrite --bs=4k --size=$HALF --offset_increment=$HALF --numjobs=2 --iodepth=16; }
 fio_seqwrite() { fio_run seqwrite-128k --rw=write --bs=128k --size=$HALF --offset_increment=$HALF --numjobs=2 --iodepth=8; }
-FS_SHA=""
-fs_check() {
-  local m=/mnt/e2e blob=$WORK/blob want got
-  mkdir -p $m
-  head -c 16M /dev/urandom > $blob || return 1
-  want=$(sha256sum < $blob | cut -d' ' -f1)
-  timeout -k 5 120 mkfs.ext4 -q -F -E lazy_itable_init=1,lazy_journal_init=1 "$DEV" || { say "mkfs.ext4 failed"; return 1; }
-  timeout -k 5 60 mount "$DEV" $m || { say "mount failed"; return 1; }
-  timeout -k 5 120 cp $blob $m/blob && timeout -k 5 120 sync || { say "write/sync failed"; umount $m; return 1; }
-  timeout -k 5 60 umount $m || { say "umount failed"; return 1; }
-  echo 3 > /proc/sys/vm/drop_caches
-  timeout -k 5 60 mount "$DEV" $m || { say "second mount failed"; return 1; }
-  got=$(timeout -k 5 120 sha256sum < $m/blob | cut -d' ' -f1)
-  timeout -k 5 60 umount $m || { say "final umount failed"; return 1; }
-  say "sha256 written=$want read-back=$got"
-  [ "$want" = "$got" ] || { say "sha256 MISMATCH"; return 1; }
-  FS_SHA=$want
-}
 idle_cpu() { # a connected, idle controller costs (almost) no gateway CPU: no busy polling
   local c0 c1 u0 s0 u1 s1 hz pct
   hz=$(getconf CLK_TCK)
@@ -305,14 +227,8 @@ idle_cpu() { # a connected, idle controller costs (almost) no gateway CPU: no bu
   awk -v p="$pct" 'BEGIN{exit !(p < 5)}' || { say "more than 5%: something polls"; return 1; }
 }
 persist_check() {
-  [ -n "$FS_SHA" ] || { say "step d did not complete: nothing to compare"; return 1; }
-  connect || return 1
-  local m=/mnt/e2e got
-  timeout -k 5 60 mount -o ro "$DEV" $m || { say "mount after reconnect failed"; return 1; }
-  got=$(timeout -k 5 120 sha256sum < $m/blob | cut -d' ' -f1)
-  timeout -k 5 60 umount $m
-  say "sha256 before disconnect=$FS_SHA after reconnect=$got"
-  [ "$got" = "$FS_SHA" ] || { say "sha256 MISMATCH after reconnect"; return 1; }
+  fs_reread || return 1
+  [ "$FS_GOT" = "$FS_SHA" ] || { say "sha256 MISMATCH after reconnect"; return 1; }
 }
 
 # ------------------------------------------------------------------ perf --
@@ -592,9 +508,8 @@ device_readd() { # rdma link add rxe0 again: the listener comes back, a host con
 
 cleanup() {
   rbd_cleanup
-  for c in $(connected_ctrls $NQN); do echo 1 > /sys/class/nvme/$c/delete_controller 2>/dev/null; done
-  if [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; then kill -KILL "$GWPID" 2>/dev/null; fi
-  [ -s "$GWLOG" ] && cp "$GWLOG" "$LOGDIR/" 2>/dev/null
+  delete_ctrls $NQN
+  kill_gateway
   dmesg > "$LOGDIR/dmesg.log" 2>/dev/null
 }
 trap cleanup EXIT
@@ -607,7 +522,6 @@ ALL=(a.discover b.connect x1.identify-rdma c1.fio-randwrite-4k c2.fio-seqwrite-1
   s.bad-sgls f.fused-compare-write v.host-vanishes m1.srq-memory y1.device-removal y2.tcp-after-removal y3.device-readd
   w.back-pressure m2.no-srq-memory k1.rbd-ceph k2.rbd-gateway k3.rbd-fio k4.rbd-export k5.rbd-stop
   h.shutdown)
-skip_from() { local on=0 s; for s in "${ALL[@]}"; do [ "$s" = "$1" ] && on=1; [ $on = 1 ] && skip "$s" "$2"; done; }
 
 if [ "${E2E_ONLY:-}" = perf ]; then
   # Perf only: alternate RDMA and TCP rounds (the machine is shared: single rounds are noisy).
@@ -674,15 +588,10 @@ else
 fi
 
 cleanup; trap - EXIT
-echo
-echo "================ e2e-rdma summary (guest $(uname -r), TCG, Soft-RoCE) ================"
-printf '%s\n' "${RESULTS[@]}"
-[ -n "$PERF_RDMA" ] && echo "perf (4K randread QD16; IOPS, gateway CPU us/IO total user system): rdma $PERF_RDMA; tcp $PERF_TCP"
-[ -n "$MEM_SRQ$MEM_NOSRQ" ] && echo "receive memory (bytes registered, registrations, controllers, queue pairs): srq $MEM_SRQ; per-QP $MEM_NOSRQ"
-echo "total $(awk -v a="$T_ALL" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}')s; logs: $LOGDIR"
-if [ $FAIL -gt 0 ] && [ -s "$GWLOG" ]; then
-  echo "---- gateway log tail ($LOGDIR/gateway.log) ----"
-  tail -n 40 "$GWLOG" | sed 's/\x1b\[[0-9;]*m//g'
-fi
-echo "$PASS passed, $FAIL failed"
+figures() {
+  [ -n "$PERF_RDMA" ] && echo "perf (4K randread QD16; IOPS, gateway CPU us/IO total user system): rdma $PERF_RDMA; tcp $PERF_TCP"
+  [ -n "$MEM_SRQ$MEM_NOSRQ" ] && echo "receive memory (bytes registered, registrations, controllers, queue pairs): srq $MEM_SRQ; per-QP $MEM_NOSRQ"
+  return 0
+}
+guest_summary "e2e-rdma summary (guest $(uname -r), TCG, Soft-RoCE)" figures
 [ $FAIL -eq 0 ]
