@@ -439,6 +439,26 @@ impl Drop for Gateway {
     }
 }
 
+/// How this machine's CPUs idle, which decides what a thread wake-up costs: in a VM whose
+/// idle vCPUs halt at once (the `haltpoll` cpuidle driver with `guest_halt_poll_ns` 0) every
+/// wake-up of an idle vCPU is a VM exit, and the QD1 figures of both sides are mostly that.
+fn cpu_idle_description() -> String {
+    let read = |path: &str| {
+        std::fs::read_to_string(path)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "-".into())
+    };
+    let driver = read("/sys/devices/system/cpu/cpuidle/current_driver");
+    let mut text = format!("CPU idle: cpuidle driver {driver}");
+    if driver == "haltpoll" {
+        let poll_ns = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns");
+        text.push_str(&format!(
+            ", guest_halt_poll_ns {poll_ns} (an idle vCPU polls that long before it halts)"
+        ));
+    }
+    text
+}
+
 /// User + system CPU seconds of a process, from /proc/PID/stat (clock ticks of 1/100 s).
 fn cpu_seconds(pid: u32) -> f64 {
     cpu_seconds_of(&format!("/proc/{pid}/stat"))
@@ -1180,6 +1200,7 @@ fn main() {
         }
     );
     println!("direct = fio --ioengine=rbd (1 job); gateway = nvmeof-gateway over NVMe/TCP on 127.0.0.1, pipelined Rust host, 1 queue");
+    println!("{}", cpu_idle_description());
     for v in &variants {
         println!(
             "  {}: {} ({} worker threads)",
