@@ -6,6 +6,7 @@ pub mod events;
 pub mod group;
 pub mod host;
 mod keep_alive;
+pub mod limits;
 pub mod rdma;
 pub mod signals;
 pub mod spec;

@@ -48,6 +48,15 @@ fn main() -> ExitCode {
         println!("configuration OK");
         return ExitCode::SUCCESS;
     }
+    match nvmeof_gateway::limits::raise_open_file_limit() {
+        Ok(l) if l.before != l.after => tracing::info!(
+            before = ?l.before,
+            after = ?l.after,
+            "open-file limit raised to the hard limit"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = config.gateway.worker_threads {
         builder.worker_threads(n);
