@@ -22,10 +22,32 @@ impl GatewayProcess {
     /// Writes `config` to `dir/<name>.toml` and starts a gateway with it, logging to
     /// `dir/<name>.log`. `port` is the listener port `config` names.
     pub fn spawn(dir: &Path, name: &str, port: u16, config: &str) -> GatewayProcess {
+        Self::spawn_via(dir, name, port, config, &[])
+    }
+
+    /// The same, started through `launcher` (a command that runs its last arguments: the
+    /// gateway binary and `--config PATH`), e.g. a shell that first changes a limit and then
+    /// `exec`s the gateway, so the PID stays the gateway's.
+    pub fn spawn_via(
+        dir: &Path,
+        name: &str,
+        port: u16,
+        config: &str,
+        launcher: &[&str],
+    ) -> GatewayProcess {
         let path = dir.join(format!("{name}.toml"));
         std::fs::write(&path, config).expect("write config");
         let log = dir.join(format!("{name}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_nvmeof-gateway"))
+        let binary = env!("CARGO_BIN_EXE_nvmeof-gateway");
+        let mut command = match launcher.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(binary);
+                c
+            }
+            None => Command::new(binary),
+        };
+        let child = command
             .arg("--config")
             .arg(&path)
             .env("RUST_LOG", "info")

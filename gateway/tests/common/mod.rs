@@ -32,14 +32,15 @@ pub struct TestGateway {
     pub server: tokio::task::JoinHandle<()>,
 }
 
-/// Starts a gateway serving `subnqn` with one in-memory namespace of `size` to any host.
-pub async fn start_gateway(subnqn: &str, size: &str) -> TestGateway {
-    let config = Config::from_toml_str(&format!(
+/// The configuration of a gateway listening on 127.0.0.1:`port` and serving `subnqn` with one
+/// in-memory namespace of `size` to any host.
+pub fn memory_gateway_toml(port: u16, subnqn: &str, size: &str) -> String {
+    format!(
         r#"
         [[listener]]
         transport = "tcp"
         address = "127.0.0.1"
-        port = 4420
+        port = {port}
 
         [[subsystem]]
         nqn = "{subnqn}"
@@ -50,8 +51,13 @@ pub async fn start_gateway(subnqn: &str, size: &str) -> TestGateway {
         backend = "memory"
         size = "{size}"
         "#
-    ))
-    .expect("valid test configuration");
+    )
+}
+
+/// Starts a gateway serving `subnqn` with one in-memory namespace of `size` to any host.
+pub async fn start_gateway(subnqn: &str, size: &str) -> TestGateway {
+    let config = Config::from_toml_str(&memory_gateway_toml(4420, subnqn, size))
+        .expect("valid test configuration");
     serve_target(config.build_target().expect("target")).await
 }
 
