@@ -146,6 +146,12 @@ pub trait BlockDevice: Send + Sync {
         0
     }
 
+    /// What the device has completed so far (ops, bytes, time per kind of op); `None` for a
+    /// device that does not count.
+    fn io_stats(&self) -> Option<crate::stats::IoStatsSnapshot> {
+        None
+    }
+
     /// The concrete device, for callers that manage a backend's own features (reopening an
     /// RBD image on a fresh cluster client). `None`: nothing beyond this trait.
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -16,9 +16,11 @@ mod ffi;
 mod memory;
 pub mod rados;
 pub mod rbd;
+pub mod stats;
 
 pub use device::{
     BlockDevice, DeviceEvent, DeviceEventSink, IoBuf, IoCompletion, IoDone, IoError, IoOp,
 };
 pub use memory::MemoryDevice;
 pub use rbd::{CephSettings, ClusterPool, ImageSpec, RbdDevice, RbdError};
+pub use stats::{IoStats, IoStatsSnapshot, OpKind, OpTotals};

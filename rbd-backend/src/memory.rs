@@ -6,10 +6,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use crate::device::{
     BlockDevice, DeviceEvent, DeviceEventSink, IoCompletion, IoDone, IoError, IoOp,
 };
+use crate::stats::{IoStats, IoStatsSnapshot};
 
 const CHUNK_SHIFT: u32 = 20; // 1 MiB chunks
 const CHUNK_SIZE: u64 = 1 << CHUNK_SHIFT;
@@ -25,6 +27,8 @@ pub struct MemoryDevice {
     /// its write see no interleaved write.
     atomicity: RwLock<()>,
     event_sink: Mutex<Option<Arc<dyn DeviceEventSink>>>,
+    /// Every op's outcome, recorded just before its completion is delivered.
+    stats: IoStats,
 }
 
 impl MemoryDevice {
@@ -35,6 +39,7 @@ impl MemoryDevice {
             chunks: RwLock::new(Self::empty_chunks(size)),
             atomicity: RwLock::new(()),
             event_sink: Mutex::new(None),
+            stats: IoStats::default(),
         }
     }
 
@@ -202,8 +207,14 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn submit(&self, tag: u64, mut op: IoOp, completion: &Arc<dyn IoCompletion>) {
+        let started = Instant::now();
         let result = self.execute(&mut op);
+        self.stats.record(&op, started, &result);
         completion.complete(IoDone { tag, op, result });
+    }
+
+    fn io_stats(&self) -> Option<IoStatsSnapshot> {
+        Some(self.stats.snapshot())
     }
 
     fn set_event_sink(&self, sink: Arc<dyn DeviceEventSink>) {

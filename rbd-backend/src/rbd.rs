@@ -43,6 +43,7 @@ use crate::device::{
     BlockDevice, DeviceEvent, DeviceEventSink, IoCompletion, IoDone, IoError, IoOp,
 };
 use crate::ffi::{self, AioAction, AioRequest, FfiError};
+use crate::stats::{IoStats, IoStatsSnapshot};
 
 pub use crate::ffi::versions as library_versions;
 
@@ -634,6 +635,7 @@ impl ClusterPool {
             client: conn.health.clone(),
             fence_reported: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            stats: IoStats::default(),
         });
         let weak = Arc::downgrade(&state);
         state
@@ -816,9 +818,24 @@ pub struct DeviceState {
     fence_reported: AtomicBool,
     /// Ops handed to librbd (or queued behind the write gate) and not completed yet.
     in_flight: AtomicUsize,
+    /// Every op's outcome, recorded just before its completion is delivered.
+    stats: IoStats,
 }
 
 impl DeviceState {
+    /// Counts the op and hands its result to the caller.
+    fn deliver(
+        &self,
+        started: Instant,
+        completion: &Arc<dyn IoCompletion>,
+        tag: u64,
+        op: IoOp,
+        result: Result<(), IoError>,
+    ) {
+        self.stats.record(&op, started, &result);
+        completion.complete(IoDone { tag, op, result });
+    }
+
     /// The connection was blocklisted: mark it (no op goes through it again) and tell the
     /// sink once, so the gateway reports the path inaccessible.
     fn fenced(&self) {
@@ -943,14 +960,6 @@ impl RbdDevice {
     /// notification would.
     pub fn refresh_size(&self) {
         self.state.refresh_size();
-    }
-
-    fn fail(tag: u64, op: IoOp, completion: &Arc<dyn IoCompletion>, error: IoError) {
-        completion.complete(IoDone {
-            tag,
-            op,
-            result: Err(error),
-        });
     }
 
     /// Checks that can fail before librbd sees the op.
@@ -1083,9 +1092,10 @@ fn finish(req: Box<AioRequest>, result: Result<(), IoError>) {
         completion,
         gate,
         device,
+        started,
         ..
     } = *req;
-    completion.complete(IoDone { tag, op, result });
+    device.deliver(started, &completion, tag, op, result);
     device.in_flight.fetch_sub(1, Ordering::SeqCst);
     if let Some(gate) = gate {
         gate.write_done();
@@ -1157,6 +1167,7 @@ enum Queued {
 
 struct CawJob {
     state: Arc<DeviceState>,
+    started: Instant,
     tag: u64,
     op: IoOp,
     completion: Arc<dyn IoCompletion>,
@@ -1246,13 +1257,15 @@ fn spawn_caw(job: CawJob) {
         fn drop(&mut self) {
             if let Some(job) = self.0.take() {
                 let gate = job.state.gate.clone();
-                job.completion.complete(IoDone {
-                    tag: job.tag,
-                    op: job.op,
-                    result: Err(IoError::Device(
+                job.state.deliver(
+                    job.started,
+                    &job.completion,
+                    job.tag,
+                    job.op,
+                    Err(IoError::Device(
                         "compare-and-write: could not start its worker thread".into(),
                     )),
-                });
+                );
                 job.state.in_flight.fetch_sub(1, Ordering::SeqCst);
                 gate.caw_done();
             }
@@ -1265,6 +1278,7 @@ fn spawn_caw(job: CawJob) {
             if let Some(job) = guard.0.take() {
                 let CawJob {
                     state,
+                    started,
                     tag,
                     mut op,
                     completion,
@@ -1277,7 +1291,7 @@ fn spawn_caw(job: CawJob) {
                 if matches!(result, Err(IoError::Fenced(_))) {
                     state.fenced();
                 }
-                completion.complete(IoDone { tag, op, result });
+                state.deliver(started, &completion, tag, op, result);
                 state.in_flight.fetch_sub(1, Ordering::SeqCst);
                 state.gate.caw_done();
             }
@@ -1373,18 +1387,20 @@ impl BlockDevice for RbdDevice {
     }
 
     fn submit(&self, tag: u64, op: IoOp, completion: &Arc<dyn IoCompletion>) {
+        let started = Instant::now();
         if self.state.client.is_blocklisted() {
             // Fenced: nothing goes through this client again, not even a read.
             self.state.fenced();
-            return Self::fail(
+            return self.state.deliver(
+                started,
+                completion,
                 tag,
                 op,
-                completion,
-                IoError::Fenced("client blocklisted".into()),
+                Err(IoError::Fenced("client blocklisted".into())),
             );
         }
         if let Err(e) = self.precheck(&op) {
-            return Self::fail(tag, op, completion, e);
+            return self.state.deliver(started, completion, tag, op, Err(e));
         }
         let empty = match &op {
             IoOp::Read { buf, .. } | IoOp::Write { buf, .. } => buf.is_empty(),
@@ -1393,11 +1409,7 @@ impl BlockDevice for RbdDevice {
             IoOp::Flush => false,
         };
         if empty {
-            return completion.complete(IoDone {
-                tag,
-                op,
-                result: Ok(()),
-            });
+            return self.state.deliver(started, completion, tag, op, Ok(()));
         }
         // Counted down when the completion has been delivered (`finish`, the caw worker).
         self.state.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -1405,6 +1417,7 @@ impl BlockDevice for RbdDevice {
             if !native_compare_and_write(*offset, write.len() as u64) {
                 let job = CawJob {
                     state: self.state.clone(),
+                    started,
                     tag,
                     op,
                     completion: completion.clone(),
@@ -1432,6 +1445,7 @@ impl BlockDevice for RbdDevice {
             on_done: on_aio_done,
             gate: is_write.then(|| self.state.gate.clone()),
             device: self.state.clone(),
+            started,
         });
         if is_write {
             if let Some(req) = self.state.gate.admit_write(req) {
@@ -1448,6 +1462,10 @@ impl BlockDevice for RbdDevice {
 
     fn in_flight(&self) -> usize {
         self.state.in_flight.load(Ordering::SeqCst)
+    }
+
+    fn io_stats(&self) -> Option<IoStatsSnapshot> {
+        Some(self.state.stats.snapshot())
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

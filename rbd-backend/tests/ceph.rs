@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use rbd_backend::rbd::{CephSettings, ClusterPool, ImageSpec, PoolAdmin, RbdError};
 use rbd_backend::{
     BlockDevice, DeviceEvent, DeviceEventSink, IoBuf, IoCompletion, IoDone, IoError, IoOp,
-    RbdDevice,
+    IoStatsSnapshot, OpKind, RbdDevice,
 };
 
 const MIB: u64 = 1 << 20;
@@ -222,6 +222,70 @@ fn write_read_round_trip_across_an_object_boundary() {
     drop(dev);
     let again = f.pool.open(&spec).expect("reopen");
     assert_eq!(read(&again, offset, data.len()), data);
+}
+
+/// Every op is counted once by kind, when its result is known: bytes for the ones that
+/// succeeded, failures (out of range, a miscompare) apart, and time spent.
+#[test]
+fn io_statistics_count_every_op_by_kind() {
+    let mut f = Fixture::new(1);
+    let dev = f.open(8 * MIB);
+    assert_eq!(
+        dev.io_stats(),
+        Some(IoStatsSnapshot::default()),
+        "a fresh device"
+    );
+    write(&dev, 0, &pattern(8192, 1), false);
+    write(&dev, OBJ, &pattern(4096, 2), true);
+    for _ in 0..3 {
+        read(&dev, 0, 4096);
+    }
+    let beyond = run(
+        &dev,
+        IoOp::Read {
+            offset: 8 * MIB,
+            buf: IoBuf::zeroed(4096),
+        },
+    );
+    assert!(beyond.result.is_err());
+    run(&dev, IoOp::Flush).result.expect("flush");
+    run(
+        &dev,
+        IoOp::Discard {
+            offset: 0,
+            len: MIB,
+        },
+    )
+    .result
+    .expect("discard");
+    run(
+        &dev,
+        IoOp::WriteZeroes {
+            offset: MIB,
+            len: 65536,
+        },
+    )
+    .result
+    .expect("write zeroes");
+    // native (one sector) and emulated (4 KiB), each matching once and missing once
+    for len in [512usize, 4096] {
+        let old = read(&dev, 2 * MIB, len);
+        caw(&dev, 2 * MIB, &old, &pattern(len, 3)).expect("matching compare-and-write");
+        assert!(caw(&dev, 2 * MIB, &old, &pattern(len, 4)).is_err());
+    }
+    let s = dev.io_stats().expect("an RBD device counts its ops");
+    let counts = |k: OpKind| {
+        let t = s.get(k);
+        (t.completed, t.failed, t.bytes)
+    };
+    // 3 reads above, 1 beyond the end, 2 more before the compare-and-writes
+    assert_eq!(counts(OpKind::Read), (6, 1, 4 * 4096 + 512));
+    assert_eq!(counts(OpKind::Write), (2, 0, 8192 + 4096));
+    assert_eq!(counts(OpKind::Flush), (1, 0, 0));
+    assert_eq!(counts(OpKind::Discard), (1, 0, MIB));
+    assert_eq!(counts(OpKind::WriteZeroes), (1, 0, 65536));
+    assert_eq!(counts(OpKind::CompareAndWrite), (4, 2, 512 + 4096));
+    assert!(s.get(OpKind::Read).seconds > 0.0, "time is counted");
 }
 
 #[test]

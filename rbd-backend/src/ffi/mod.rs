@@ -646,6 +646,8 @@ pub struct AioRequest {
     /// The device the request belongs to: a blocklisted result marks its cluster client (no
     /// further op goes through it) and reports the fence to the device's event sink.
     pub device: Arc<crate::rbd::DeviceState>,
+    /// When the op was submitted (for the device's statistics).
+    pub started: std::time::Instant,
 }
 
 /// Starts `req` on its image. On success `req.on_done` runs later, exactly once, on a librbd
