@@ -52,6 +52,10 @@ pub struct GatewaySection {
     /// Runtime worker threads (default: one per CPU).
     #[serde(default)]
     pub worker_threads: Option<usize>,
+    /// Where Prometheus scrapes `/metrics` ("0.0.0.0:10008", "[::1]:10008"); unset: no
+    /// metrics endpoint.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -84,7 +88,7 @@ impl ListenerConfig {
                     "port",
                     format!(
                         "missing: give `port = 4420` or put it in the address ({})",
-                        with_port_example(ip, &self.address)
+                        with_port_example(ip, &self.address, 4420)
                     ),
                 ))
             }
@@ -96,16 +100,28 @@ impl ListenerConfig {
     }
 }
 
-/// How an address with a port is written for `ip`'s family; `text` is how it was given.
-fn with_port_example(ip: IpAddr, text: &str) -> String {
+/// `[gateway] metrics_listen`: a numeric address with its port.
+fn metrics_socket_addr(text: &str) -> Result<SocketAddr, String> {
+    match parse_listen_address(text)? {
+        (_, Some(0)) => Err("the port must not be 0".into()),
+        (ip, Some(port)) => Ok(SocketAddr::new(ip, port)),
+        (ip, None) => Err(format!(
+            "missing the port: {}",
+            with_port_example(ip, text, 10008)
+        )),
+    }
+}
+
+/// How `ip` with `port` is written for `ip`'s family; `text` is how the address was given.
+fn with_port_example(ip: IpAddr, text: &str, port: u16) -> String {
     match ip {
-        IpAddr::V4(_) => format!("\"{ip}:4420\""),
+        IpAddr::V4(_) => format!("\"{ip}:{port}\""),
         // "::1:4420" is itself a valid IPv6 address (::1:4420), hence the brackets.
         IpAddr::V6(_) if !text.starts_with('[') => format!(
-            "\"[{ip}]:4420\"; an IPv6 address takes its port after brackets: {text:?} is read as \
-             the address {ip}"
+            "\"[{ip}]:{port}\"; an IPv6 address takes its port after brackets: {text:?} is read \
+             as the address {ip}"
         ),
-        IpAddr::V6(_) => format!("\"[{ip}]:4420\""),
+        IpAddr::V6(_) => format!("\"[{ip}]:{port}\""),
     }
 }
 
@@ -672,6 +688,18 @@ impl Config {
         if let Some(0) = self.gateway.worker_threads {
             return Err(invalid("gateway.worker_threads", "must be at least 1"));
         }
+        if let Some(text) = &self.gateway.metrics_listen {
+            let field = "gateway.metrics_listen";
+            let metrics = metrics_socket_addr(text).map_err(|problem| invalid(field, problem))?;
+            for (transport, addr) in &seen {
+                if *transport == "tcp" && listeners_overlap(metrics, *addr) {
+                    return Err(invalid(
+                        field,
+                        format!("{metrics} overlaps the NVMe/TCP listener {addr}"),
+                    ));
+                }
+            }
+        }
         let mut seen_nqns = BTreeSet::new();
         let mut seen_images = HashMap::new();
         for (i, s) in self.subsystems.iter().enumerate() {
@@ -822,6 +850,12 @@ impl Config {
     /// NVMe/RDMA listener addresses (the RDMA device's IP address and an rdma_cm port).
     pub fn rdma_listen_addrs(&self) -> Vec<SocketAddr> {
         self.transport_addrs("rdma")
+    }
+
+    /// Where the metrics endpoint listens, when configured (and valid).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        let text = self.gateway.metrics_listen.as_ref()?;
+        metrics_socket_addr(text).ok()
     }
 
     fn transport_addrs(&self, transport: &str) -> Vec<SocketAddr> {
@@ -1352,6 +1386,33 @@ mod tests {
                 "{lines}: {err:?} should name {field}"
             );
             assert!(err.contains(words), "{lines}: {err:?} should say {words:?}");
+        }
+    }
+
+    #[test]
+    fn the_metrics_address_needs_a_port_and_its_own_socket() {
+        let with_metrics = |addr: &str| format!("[gateway]\nmetrics_listen = \"{addr}\"\n{GOOD}");
+        let ok = parse(&with_metrics("[::]:10008")).expect("valid");
+        assert_eq!(ok.metrics_addr(), Some("[::]:10008".parse().unwrap()));
+        assert_eq!(
+            parse(GOOD).expect("valid").metrics_addr(),
+            None,
+            "off unless set"
+        );
+        for (addr, words) in [
+            ("127.0.0.1", "missing the port: \"127.0.0.1:10008\""),
+            ("127.0.0.1:0", "must not be 0"),
+            ("metrics.example:10008", "not a numeric"),
+            (
+                "0.0.0.0:4420",
+                "overlaps the NVMe/TCP listener 127.0.0.1:4420",
+            ),
+        ] {
+            let err = parse(&with_metrics(addr)).unwrap_err().to_string();
+            assert!(
+                err.starts_with("gateway.metrics_listen") && err.contains(words),
+                "{addr}: {err:?} should name the field and say {words:?}"
+            );
         }
     }
 

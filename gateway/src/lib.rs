@@ -7,6 +7,7 @@ pub mod group;
 pub mod host;
 mod keep_alive;
 pub mod limits;
+pub mod metrics;
 pub mod rdma;
 pub mod signals;
 pub mod spec;

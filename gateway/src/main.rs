@@ -12,6 +12,7 @@ use clap::Parser;
 use nvmeof_gateway::config::Config;
 use nvmeof_gateway::core::{Target, TransportType};
 use nvmeof_gateway::group::PushedListener;
+use nvmeof_gateway::metrics::http::MetricsServer;
 use nvmeof_gateway::rdma::server::RdmaServer;
 use nvmeof_gateway::tcp::server::TcpServer;
 use tokio::sync::watch;
@@ -122,6 +123,10 @@ async fn serve(config: Config) -> Result<(), String> {
     for addr in config.rdma_listen_addrs() {
         listeners.start(true, addr).await?;
     }
+    let metrics = match config.metrics_addr() {
+        Some(addr) => Some(start_metrics(addr, &target, &config).await?),
+        None => None,
+    };
     for s in target.subsystems() {
         tracing::info!(
             subsystem = s.nqn(),
@@ -163,6 +168,10 @@ async fn serve(config: Config) -> Result<(), String> {
     }
     tracing::info!("shutting down: closing connections");
     listeners.stop_all().await;
+    if let Some((stop, server)) = metrics {
+        let _ = stop.send(true);
+        let _ = server.await;
+    }
     // The agent's tasks hold the target: end them first, so the images close below (and are
     // waited for) instead of during the runtime's teardown, racing librbd's threads at exit.
     if let Some(agent) = _group {
@@ -180,6 +189,21 @@ async fn serve(config: Config) -> Result<(), String> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Serves `/metrics` on `addr`: the stop switch and the server's task.
+async fn start_metrics(
+    addr: SocketAddr,
+    target: &Arc<Target>,
+    config: &Config,
+) -> Result<(watch::Sender<bool>, tokio::task::JoinHandle<()>), String> {
+    let name = config.gateway.name.clone().unwrap_or_default();
+    let server = MetricsServer::bind(addr, target.clone(), name)
+        .await
+        .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+    tracing::info!(%addr, "metrics at http://{addr}/metrics");
+    let (stop, stopped) = watch::channel(false);
+    Ok((stop, tokio::spawn(server.serve(stopped))))
 }
 
 async fn wait_for_signal() {

@@ -20,4 +20,4 @@ pub use subsystem::{HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSp
 pub use target::{ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

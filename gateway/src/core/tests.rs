@@ -8,8 +8,8 @@ use rbd_backend::{BlockDevice, IoBuf, IoCompletion, IoDone, MemoryDevice};
 use super::*;
 use crate::spec::{self, admin_opcode, fabrics, io_opcode, sc};
 
-const SUBNQN: &str = "nqn.2016-06.io.test:sub";
-const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:host-a";
+pub(crate) const SUBNQN: &str = "nqn.2016-06.io.test:sub";
+pub(crate) const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:host-a";
 const OTHER_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:host-b";
 const NS_BYTES: u64 = 8 << 20;
 /// CC as the Linux host writes it to enable a controller: EN with the NVM command set's
@@ -35,13 +35,13 @@ impl IoCompletion for Collect {
     }
 }
 
-struct Fixture {
-    target: Arc<Target>,
+pub(crate) struct Fixture {
+    pub(crate) target: Arc<Target>,
     device: Arc<MemoryDevice>,
     notifier: Arc<Wakes>,
 }
 
-fn fixture() -> Fixture {
+pub(crate) fn fixture() -> Fixture {
     let target = Arc::new(Target::new(TargetIdentity::default()));
     let sub = Arc::new(Subsystem::new(
         SubsystemKind::Nvm,
@@ -87,7 +87,7 @@ fn caps() -> TransportCaps {
 }
 
 impl Fixture {
-    fn queue(&self) -> Queue {
+    pub(crate) fn queue(&self) -> Queue {
         let strong: Arc<dyn QueueNotifier> = self.notifier.clone();
         let weak: Weak<dyn QueueNotifier> = Arc::downgrade(&strong);
         // Keep the notifier alive through the fixture's Arc, not this temporary.
@@ -133,7 +133,7 @@ fn connect_data(subnqn: &str, hostnqn: &str, cntlid: u16) -> IoBuf {
 }
 
 /// Runs a command to completion, executing device ops synchronously.
-fn run(q: &mut Queue, cmd: Command, data: Option<IoBuf>) -> Vec<Response> {
+pub(crate) fn run(q: &mut Queue, cmd: Command, data: Option<IoBuf>) -> Vec<Response> {
     let mut actions = Vec::new();
     q.execute(cmd, data, &mut actions);
     settle(q, actions)
@@ -165,7 +165,7 @@ fn settle(q: &mut Queue, mut actions: Vec<Action>) -> Vec<Response> {
     responses
 }
 
-fn one(mut responses: Vec<Response>) -> Response {
+pub(crate) fn one(mut responses: Vec<Response>) -> Response {
     assert_eq!(responses.len(), 1, "{responses:?}");
     responses.remove(0)
 }
@@ -205,7 +205,7 @@ fn admin_ready(q: &mut Queue, kato: u32) -> u16 {
 }
 
 /// An admin queue connected and enabled, and I/O queue 1 of the same controller.
-fn admin_and_io(f: &Fixture) -> (Queue, Queue) {
+pub(crate) fn admin_and_io(f: &Fixture) -> (Queue, Queue) {
     let mut admin = f.queue();
     let cntlid = admin_ready(&mut admin, 0);
     let io = io_ready(f, cntlid, 1);
@@ -214,7 +214,7 @@ fn admin_and_io(f: &Fixture) -> (Queue, Queue) {
 
 /// A discovery controller for `host` on `q`: Connect to the well-known discovery NQN (any
 /// host may), then CC.EN.
-fn discovery_ready(q: &mut Queue, host: &str) {
+pub(crate) fn discovery_ready(q: &mut Queue, host: &str) {
     let r = one(run(
         q,
         connect(0, 31, 0),
@@ -273,7 +273,7 @@ fn get_log(q: &mut Queue, lid: u8, len: u32, offset: u64, rae: bool) -> Response
     one(run(q, Command::from_bytes(&raw), None))
 }
 
-fn rw(opcode: u8, cid: u16, slba: u64, blocks: u32) -> Command {
+pub(crate) fn rw(opcode: u8, cid: u16, slba: u64, blocks: u32) -> Command {
     let mut raw = sqe(opcode, cid, 1);
     set_cdw(&mut raw, 10, slba as u32);
     set_cdw(&mut raw, 11, (slba >> 32) as u32);
@@ -300,7 +300,7 @@ fn numrec(page: &[u8]) -> u64 {
 }
 
 /// A write of `data` at `slba` that must succeed.
-fn write_ok(q: &mut Queue, cid: u16, slba: u64, data: Vec<u8>) {
+pub(crate) fn write_ok(q: &mut Queue, cid: u16, slba: u64, data: Vec<u8>) {
     let blocks = (data.len() / 512) as u32;
     let w = one(run(
         q,

@@ -1,0 +1,303 @@
+//! The gateway's metrics in Prometheus' text exposition format (version 0.0.4), served over
+//! HTTP by [`http`] when `[gateway] metrics_listen` is set.
+//!
+//! Everything is read from the live [`Target`] at scrape time: there is no second copy of
+//! the state to keep in step. Per namespace the device's own counters (ops, failures, bytes
+//! and time per kind of op, see [`rbd_backend::stats`]) are what SPDK's bdev iostat and
+//! ceph-nvmeof's `bdev_*` metrics report; the rest says what the gateway serves and who is
+//! connected.
+
+pub mod http;
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use crate::core::{Target, TransportType};
+use crate::spec::ana;
+
+/// Every metric name starts with this.
+const PREFIX: &str = "nvmeof";
+
+/// Label pairs of one sample; values are escaped when written.
+type Labels<'a> = [(&'a str, &'a str)];
+
+/// Appends one metric family (HELP, TYPE and its samples) to the exposition text.
+struct Family<'a> {
+    out: &'a mut String,
+    name: String,
+}
+
+impl<'a> Family<'a> {
+    fn new(out: &'a mut String, name: &str, kind: &str, help: &str) -> Self {
+        let name = format!("{PREFIX}_{name}");
+        // Writing to a String cannot fail.
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        Family { out, name }
+    }
+
+    fn sample(&mut self, labels: &Labels<'_>, value: impl std::fmt::Display) {
+        self.out.push_str(&self.name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (key, value)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{key}=\"");
+                escape_label_value(self.out, value);
+                self.out.push('"');
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+/// Label values are quoted: backslash, double quote and line feed are escaped (the text
+/// format's only escapes), so an odd NQN or image name cannot break the exposition.
+fn escape_label_value(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn ana_state_name(state: u8) -> &'static str {
+    match state {
+        ana::OPTIMIZED => "optimized",
+        ana::NON_OPTIMIZED => "non_optimized",
+        ana::INACCESSIBLE => "inaccessible",
+        ana::PERSISTENT_LOSS => "persistent_loss",
+        ana::CHANGE => "change",
+        _ => "unknown",
+    }
+}
+
+fn transport_name(transport: TransportType) -> &'static str {
+    match transport {
+        TransportType::Tcp => "tcp",
+        TransportType::Rdma => "rdma",
+    }
+}
+
+/// The exposition text for `target`; `gateway` is this gateway's name (may be empty).
+pub fn render(target: &Target, gateway: &str) -> String {
+    let mut out = String::with_capacity(4096);
+    Family::new(
+        &mut out,
+        "gateway_info",
+        "gauge",
+        "This gateway: its name and version (always 1).",
+    )
+    .sample(
+        &[("name", gateway), ("version", env!("CARGO_PKG_VERSION"))],
+        1,
+    );
+    render_listeners(&mut out, target);
+    render_subsystems(&mut out, target);
+    render_namespaces(&mut out, target);
+    out
+}
+
+fn render_listeners(out: &mut String, target: &Target) {
+    let mut f = Family::new(
+        out,
+        "listener_info",
+        "gauge",
+        "An address this gateway serves NVMe-oF on (always 1).",
+    );
+    for l in target.listeners() {
+        let port = l.port.to_string();
+        f.sample(
+            &[
+                ("transport", transport_name(l.transport)),
+                ("address", &l.address),
+                ("port", &port),
+            ],
+            1,
+        );
+    }
+}
+
+fn render_subsystems(out: &mut String, target: &Target) {
+    let subsystems = target.subsystems();
+    let mut f = Family::new(
+        out,
+        "subsystem_namespaces",
+        "gauge",
+        "Namespaces of the subsystem on this gateway.",
+    );
+    for s in &subsystems {
+        f.sample(&[("subsystem", s.nqn())], s.namespaces().len());
+    }
+    let mut f = Family::new(
+        out,
+        "subsystem_controllers",
+        "gauge",
+        "Connected controllers (host associations) per subsystem, host and transport; \
+         subsystem is the discovery NQN for discovery controllers.",
+    );
+    let discovery = target.subsystem(crate::spec::DISCOVERY_NQN);
+    for s in discovery.iter().chain(&subsystems) {
+        let mut per_host: BTreeMap<(String, &'static str), usize> = BTreeMap::new();
+        for c in s.controllers() {
+            let transport = c
+                .local_address
+                .map_or("unknown", |(t, _)| transport_name(t));
+            *per_host.entry((c.hostnqn.clone(), transport)).or_default() += 1;
+        }
+        for ((host, transport), n) in &per_host {
+            f.sample(
+                &[
+                    ("subsystem", s.nqn()),
+                    ("host", host),
+                    ("transport", transport),
+                ],
+                n,
+            );
+        }
+    }
+    let mut f = Family::new(
+        out,
+        "ana_group_state",
+        "gauge",
+        "The ANA state this gateway reports for the group (1 for the current state).",
+    );
+    for s in &subsystems {
+        for (group, state) in s.ana_groups() {
+            let group = group.to_string();
+            f.sample(
+                &[
+                    ("subsystem", s.nqn()),
+                    ("ana_group", &group),
+                    ("state", ana_state_name(state)),
+                ],
+                1,
+            );
+        }
+    }
+}
+
+fn render_namespaces(out: &mut String, target: &Target) {
+    struct Row {
+        subsystem: String,
+        nsid: String,
+        device: String,
+        ana_group: String,
+        capacity: u64,
+        in_flight: usize,
+        stats: Option<rbd_backend::IoStatsSnapshot>,
+    }
+    let rows: Vec<Row> = target
+        .subsystems()
+        .iter()
+        .flat_map(|s| {
+            s.namespaces().into_iter().map(move |ns| Row {
+                subsystem: s.nqn().to_string(),
+                nsid: ns.nsid.to_string(),
+                device: ns.device.name().to_string(),
+                ana_group: ns.ana_group.to_string(),
+                capacity: ns.device.size_bytes(),
+                in_flight: ns.device.in_flight(),
+                stats: ns.device.io_stats(),
+            })
+        })
+        .collect();
+    let mut f = Family::new(
+        out,
+        "namespace_info",
+        "gauge",
+        "A namespace, its device (pool/image for RBD) and ANA group (always 1).",
+    );
+    for r in &rows {
+        f.sample(
+            &[
+                ("subsystem", &r.subsystem),
+                ("nsid", &r.nsid),
+                ("device", &r.device),
+                ("ana_group", &r.ana_group),
+            ],
+            1,
+        );
+    }
+    let mut f = Family::new(
+        out,
+        "namespace_capacity_bytes",
+        "gauge",
+        "Size of the namespace's device.",
+    );
+    for r in &rows {
+        f.sample(
+            &namespace_labels(r.subsystem.as_str(), &r.nsid, &r.device),
+            r.capacity,
+        );
+    }
+    let mut f = Family::new(
+        out,
+        "namespace_ops_in_flight",
+        "gauge",
+        "Ops submitted to the device and not completed yet.",
+    );
+    for r in &rows {
+        f.sample(
+            &namespace_labels(&r.subsystem, &r.nsid, &r.device),
+            r.in_flight,
+        );
+    }
+    type Pick = fn(&rbd_backend::OpTotals) -> String;
+    let per_op: [(&str, &str, Pick); 4] = [
+        (
+            "namespace_ops_total",
+            "Ops the device completed, successfully or not, per kind of op.",
+            |t| t.completed.to_string(),
+        ),
+        (
+            "namespace_failed_ops_total",
+            "Ops the device completed with an error (a compare-and-write miscompare included).",
+            |t| t.failed.to_string(),
+        ),
+        (
+            "namespace_bytes_total",
+            "Bytes of the ops that succeeded: read or written, the range for discard and \
+             write zeroes.",
+            |t| t.bytes.to_string(),
+        ),
+        (
+            "namespace_op_seconds_total",
+            "Time from submission to the device to completion, summed over completed ops.",
+            |t| t.seconds.to_string(),
+        ),
+    ];
+    for (name, help, pick) in per_op {
+        let mut f = Family::new(out, name, "counter", help);
+        for r in &rows {
+            let Some(stats) = &r.stats else { continue };
+            for (kind, totals) in stats.iter() {
+                f.sample(
+                    &[
+                        ("subsystem", &r.subsystem),
+                        ("nsid", &r.nsid),
+                        ("device", &r.device),
+                        ("op", kind.name()),
+                    ],
+                    pick(&totals),
+                );
+            }
+        }
+    }
+}
+
+fn namespace_labels<'a>(
+    subsystem: &'a str,
+    nsid: &'a str,
+    device: &'a str,
+) -> [(&'a str, &'a str); 3] {
+    [("subsystem", subsystem), ("nsid", nsid), ("device", device)]
+}
+
+#[cfg(test)]
+mod tests;

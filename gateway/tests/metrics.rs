@@ -1,0 +1,131 @@
+//! The gateway process's Prometheus endpoint (`[gateway] metrics_listen`): a scrape after
+//! I/O by a host shows that I/O and the host's controller; requests a scraper would not send
+//! get a 4xx answer and the gateway keeps serving.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::gateway_process::GatewayProcess;
+use common::host::{connect_within, Attach};
+use common::{free_port, loopback, memory_gateway_toml, pattern, scratch_dir};
+
+const SUBNQN: &str = "nqn.2016-06.io.ceph-nvmeof-rs:metrics";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-00000000e7e7";
+
+/// Sends `request` as is and returns the whole answer (the server closes after one).
+fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s.write_all(request).expect("send the request");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read the answer");
+    answer
+}
+
+/// The value of the sample line that starts with `series` (name and labels).
+fn value(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn a_scrape_counts_the_hosts_io_and_bad_requests_are_refused() {
+    let dir = scratch_dir(&format!("nvmeof-metrics-{}", std::process::id()));
+    let port = free_port();
+    let metrics_port = free_port();
+    let config = format!(
+        "[gateway]\nname = \"gw-metrics\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n{}",
+        memory_gateway_toml(port, SUBNQN, "16MiB")
+    );
+    let gateway = GatewayProcess::spawn(&dir, "gateway", port, &config);
+    gateway
+        .wait_for_log(
+            &format!("metrics at http://127.0.0.1:{metrics_port}/metrics"),
+            Duration::from_secs(20),
+            "the metrics endpoint never came up",
+        )
+        .await;
+    let host = connect_within(port, &Attach::new(HOSTNQN, SUBNQN), Duration::from_secs(20)).await;
+    let data = pattern(8192, 7);
+    for slba in [0u64, 64, 128] {
+        host.io
+            .write(1, slba, data.clone(), 512)
+            .await
+            .expect("write");
+    }
+    assert_eq!(host.io.read(1, 64, 16, 512).await.expect("read"), data);
+    host.io.flush(1).await.expect("flush");
+
+    let metrics = loopback(metrics_port);
+    let answer = exchange(metrics, b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let ns = format!("subsystem=\"{SUBNQN}\",nsid=\"1\",device=\"memory:{SUBNQN}/1\"");
+    let expect = [
+        (format!("nvmeof_namespace_ops_total{{{ns},op=\"write\"}}"), 3.0),
+        (format!("nvmeof_namespace_bytes_total{{{ns},op=\"write\"}}"), 3.0 * 8192.0),
+        (format!("nvmeof_namespace_ops_total{{{ns},op=\"read\"}}"), 1.0),
+        (format!("nvmeof_namespace_bytes_total{{{ns},op=\"read\"}}"), 8192.0),
+        (format!("nvmeof_namespace_ops_total{{{ns},op=\"flush\"}}"), 1.0),
+        (format!("nvmeof_namespace_failed_ops_total{{{ns},op=\"write\"}}"), 0.0),
+        (format!("nvmeof_namespace_capacity_bytes{{{ns}}}"), 16.0 * 1048576.0),
+        (
+            format!(
+                "nvmeof_subsystem_controllers{{subsystem=\"{SUBNQN}\",host=\"{HOSTNQN}\",transport=\"tcp\"}}"
+            ),
+            1.0,
+        ),
+        (
+            "nvmeof_gateway_info{name=\"gw-metrics\",version=\"".to_string()
+                + env!("CARGO_PKG_VERSION")
+                + "\"}",
+            1.0,
+        ),
+    ];
+    for (series, want) in &expect {
+        assert_eq!(value(body, series), Some(*want), "{series} in\n{body}");
+    }
+
+    // What a scraper would not send: an answer that says so, then the next scrape works.
+    for (request, status) in [
+        (&b"POST /metrics HTTP/1.1\r\n\r\n"[..], "405"),
+        (b"GET /favicon.ico HTTP/1.1\r\n\r\n", "404"),
+        (
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
+            "400",
+        ),
+        (&[b'A'; 20000][..], "400"),
+    ] {
+        let answer = exchange(metrics, request);
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{status} expected, got {answer:?}"
+        );
+    }
+    // A client that connects and says nothing does not block others.
+    let _silent = TcpStream::connect(metrics).expect("connect");
+    let again = exchange(metrics, b"GET /metrics HTTP/1.0\r\n\r\n");
+    assert!(again.starts_with("HTTP/1.1 200 OK"), "{again}");
+    let (_, body) = again.split_once("\r\n\r\n").expect("body");
+    assert_eq!(
+        value(
+            body,
+            &format!("nvmeof_namespace_ops_total{{{ns},op=\"write\"}}")
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        host.io.read(1, 0, 16, 512).await.expect("still serving"),
+        data
+    );
+    drop(gateway);
+    let _ = std::fs::remove_dir_all(&dir);
+}
