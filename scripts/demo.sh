@@ -11,7 +11,8 @@
 #                              3: nothing runs
 #
 # Env: DEMO_DIR (default /tmp/nvmeof-demo), DEMO_PORT (4420; the second gateway uses +1),
-#      DEMO_CONTROL_PORT (5500), DEMO_IMAGE_SIZE (1G),
+#      DEMO_CONTROL_PORT (5500), DEMO_METRICS_PORT (10008: the gateways' Prometheus
+#      /metrics; the second gateway's is +1), DEMO_IMAGE_SIZE (1G),
 #      DEMO_BACKEND=memory to skip Ceph and the group: one gateway serving a 1 GiB in-memory
 #      namespace,
 #      DEMO_BIN: a directory holding nvmeof-gateway, nvmeof-control and nvmeofctl to run
@@ -23,6 +24,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DIR=${DEMO_DIR:-/tmp/nvmeof-demo}
 PORT=${DEMO_PORT:-4420}
 CONTROL_PORT=${DEMO_CONTROL_PORT:-5500}
+METRICS_PORT=${DEMO_METRICS_PORT:-10008}
 SIZE=${DEMO_IMAGE_SIZE:-1G}
 BACKEND=${DEMO_BACKEND:-rbd}
 NQN=nqn.2016-06.io.ceph-nvmeof-rs:demo
@@ -145,6 +147,7 @@ write_memory_config() {
 # Written by scripts/demo.sh
 [gateway]
 name = "demo"
+metrics_listen = "127.0.0.1:$METRICS_PORT"
 
 [[listener]]
 transport = "tcp"
@@ -172,6 +175,7 @@ write_group_config() { # N
 name = "gw$n"
 cntlid_min = $(( (n - 1) * 2040 + 1 ))
 cntlid_max = $(( n * 2040 ))
+metrics_listen = "127.0.0.1:$(( METRICS_PORT + n - 1 ))"
 
 [group]
 control_plane = ["127.0.0.1:$CONTROL_PORT"]
@@ -209,6 +213,7 @@ From a Linux host with nvme-cli and the nvme-tcp module:
     nvme list
     nvme disconnect -n $NQN
 
+Metrics (Prometheus): curl -s http://127.0.0.1:$METRICS_PORT/metrics
 Gateway log: $DIR/gateway.log    config: $DIR/gateway.toml
 Stop everything: scripts/demo.sh stop
 EOF2
@@ -281,6 +286,7 @@ From a Linux host with nvme-cli and the nvme-tcp module:
 
 Manage it: $BIN/nvmeofctl --server 127.0.0.1:$CONTROL_PORT ana show | namespace list | gateway list | ...
 Fail over:  kill -9 \$(cat $DIR/gw1.pid)   (gw2 becomes optimized after the fence)
+Metrics:    curl -s http://127.0.0.1:$METRICS_PORT/metrics (gw1), :$(( METRICS_PORT + 1 ))/metrics (gw2)
 Logs:       $DIR/{control,gw1,gw2}.log
 Ceph:       CEPH_CONF=$CEPH_CONF rbd ls $MICRO_CEPH_POOL
 Stop everything: scripts/demo.sh stop
@@ -306,10 +312,10 @@ start() {
         exit 0
     fi
     case $BACKEND in rbd | memory) ;; *) die "DEMO_BACKEND must be rbd or memory, not '$BACKEND'" ;; esac
-    local p ports=$PORT
-    [ "$BACKEND" = rbd ] && ports="$PORT $(( PORT + 1 )) $CONTROL_PORT"
+    local p ports="$PORT $METRICS_PORT"
+    [ "$BACKEND" = rbd ] && ports="$PORT $(( PORT + 1 )) $CONTROL_PORT $METRICS_PORT $(( METRICS_PORT + 1 ))"
     for p in $ports; do
-        listening "$p" && die "127.0.0.1:$p is in use already (DEMO_PORT / DEMO_CONTROL_PORT choose others)"
+        listening "$p" && die "127.0.0.1:$p is in use already (DEMO_PORT / DEMO_CONTROL_PORT / DEMO_METRICS_PORT choose others)"
     done
     mkdir -p "$DIR"
     echo "$BACKEND" > "$DIR/backend"

@@ -17,6 +17,9 @@
 #                 Ceph run; the recorded PIDs (DEMO_DIR/*.pid, DEMO_DIR/ceph/pids) are saved
 #   vm            tests/vm/e2e-demo-guest.sh in the VM (its own steps counted one by one):
 #                 discover, connect to both gateways, ANA states, data, kill -9 of gw1
+#   metrics       gw2's Prometheus /metrics (DEMO_METRICS_PORT + 1) after the guest's steps:
+#                 ANA group 1 optimized there, and the 4 MiB the guest wrote through it
+#                 after the failover counted as written bytes of namespace 1
 #   demo.stop     `scripts/demo.sh stop` exits 0 within STOP_BOUND_S; none of the recorded
 #                 processes (gateways, control plane, micro Ceph daemons) is left, nothing
 #                 listens on the demo's ports, DEMO_DIR is gone
@@ -137,8 +140,14 @@ for _ in $(seq 50); do
   p=$((20000 + RANDOM % 19000))
   [ "$p" -ne "$PORT" ] && [ "$p" -ne $((PORT + 1)) ] && port_free "$p" && { CPORT=$p; break; }
 done
-[ -n "$PORT" ] && [ -n "$CPORT" ] || { echo "no free ports"; echo "0 passed, 1 failed"; exit 2; }
-DEMO_CMD=(env DEMO_DIR="$DEMO" DEMO_PORT="$PORT" DEMO_CONTROL_PORT="$CPORT" DEMO_BIN="$WORK/bin"
+MPORT=""
+for _ in $(seq 50); do
+  p=$((20000 + RANDOM % 19000))
+  case " $PORT $((PORT + 1)) $CPORT " in *" $p "* | *" $((p + 1)) "*) continue ;; esac
+  port_free "$p" && port_free $((p + 1)) && { MPORT=$p; break; }
+done
+[ -n "$PORT" ] && [ -n "$CPORT" ] && [ -n "$MPORT" ] || { echo "no free ports"; echo "0 passed, 1 failed"; exit 2; }
+DEMO_CMD=(env DEMO_DIR="$DEMO" DEMO_PORT="$PORT" DEMO_CONTROL_PORT="$CPORT" DEMO_METRICS_PORT="$MPORT" DEMO_BIN="$WORK/bin"
   RUST_LOG="${RUST_LOG:-info}" "$ROOT/scripts/demo.sh")
 
 START_S=""
@@ -239,6 +248,41 @@ run_vm() {
     "$SH" "$PORT" "$size"
 }
 
+# gw2 served the guest after the failover: its metrics say so
+metrics_check() {
+  local out=$SH/gw2-metrics.txt
+  python3 - "http://127.0.0.1:$((MPORT + 1))/metrics" > "$out" 2> "$SH/gw2-metrics.err" <<'PY' || { say "GET /metrics of gw2 failed: $(cat "$SH/gw2-metrics.err")"; return 1; }
+import sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=10) as r:
+    assert r.status == 200, r.status
+    assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4"), r.headers["Content-Type"]
+    sys.stdout.write(r.read().decode())
+PY
+  grep -E '^nvmeof_(ana_group_state|namespace_(ops|bytes)_total)\{' "$out" | grep -F "$NQN" | sed 's/^/    | /'
+  python3 - "$out" "$NQN" <<'PY'
+import re, sys
+text, nqn = open(sys.argv[1]).read(), sys.argv[2]
+def value(name, want):
+    for line in text.splitlines():
+        m = re.match(r'(\w+)\{(.*)\} (\S+)$', line)
+        if m and m.group(1) == name:
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2)))
+            if all(labels.get(k) == v for k, v in want.items()):
+                return float(m.group(3))
+    return None
+ok = True
+state = value("nvmeof_ana_group_state", {"subsystem": nqn, "ana_group": "1", "state": "optimized"})
+if state != 1:
+    print("    gw2 does not report ANA group 1 optimized"); ok = False
+written = value("nvmeof_namespace_bytes_total", {"subsystem": nqn, "nsid": "1", "op": "write"})
+if written is None or written < 4 << 20:
+    print(f"    gw2 counted {written} bytes written to namespace 1, the guest wrote 4 MiB through it"); ok = False
+else:
+    print(f"    gw2: ANA group 1 optimized, {written:.0f} bytes written to namespace 1")
+sys.exit(0 if ok else 1)
+PY
+}
+
 STOP_S=""
 demo_stop() {
   local t0 rc out=$SH/demo-stop.out p ok=0
@@ -269,17 +313,21 @@ demo_stop() {
 }
 
 # ------------------------------------------------------------------ main --
-echo "e2e-demo: binaries from $BIN_SRC, DEMO_PORT $PORT (gw2 $((PORT + 1))), DEMO_CONTROL_PORT $CPORT, DEMO_DIR $DEMO, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "e2e-demo: binaries from $BIN_SRC, DEMO_PORT $PORT (gw2 $((PORT + 1))), DEMO_CONTROL_PORT $CPORT, DEMO_METRICS_PORT $MPORT, DEMO_DIR $DEMO, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 if step binaries "private copies of nvmeof-gateway, nvmeof-control, nvmeofctl (DEMO_BIN)" copy_binaries "$WORK/bin" &&
    step demo.start "scripts/demo.sh exits 0 within ${START_BOUND_S}s, prints the nvme discover/connect lines" demo_start; then
   if step demo.status "scripts/demo.sh status: control, gw1, gw2 and the micro Ceph run" demo_status; then
-    step vm "the guest's steps (tests/vm/e2e-demo-guest.sh)" run_vm
+    if step vm "the guest's steps (tests/vm/e2e-demo-guest.sh)" run_vm; then
+      step metrics "gw2's /metrics: ANA group 1 optimized, the guest's writes after the failover counted" metrics_check
+    else
+      skip metrics "the guest's steps failed"
+    fi
   else
-    skip vm "the demo does not run"
+    skip vm "the demo does not run"; skip metrics "the demo does not run"
   fi
   step demo.stop "scripts/demo.sh stop exits 0 within ${STOP_BOUND_S}s: no process left, DEMO_DIR removed" demo_stop
 else
-  skip demo.status "no demo"; skip vm "no demo"; skip demo.stop "no demo"
+  skip demo.status "no demo"; skip vm "no demo"; skip metrics "no demo"; skip demo.stop "no demo"
 fi
 cleanup; trap - EXIT
 
