@@ -984,7 +984,7 @@ impl Config {
         skipped: &[SkippedNamespace],
         interval: std::time::Duration,
     ) -> Option<std::thread::JoinHandle<()>> {
-        let mut pending: Vec<(usize, usize, String)> = skipped
+        let retried: Vec<&SkippedNamespace> = skipped
             .iter()
             .filter(|k| {
                 self.subsystems
@@ -992,11 +992,18 @@ impl Config {
                     .and_then(|s| s.namespaces.get(k.namespace_index))
                     .is_some_and(|ns| ns.backend == "rbd")
             })
-            .map(|k| (k.subsystem_index, k.namespace_index, k.field.clone()))
             .collect();
-        if pending.is_empty() {
+        if retried.is_empty() {
             return None;
         }
+        // Reported (metrics) until served or given up.
+        for k in &retried {
+            target.mark_unavailable(&k.nqn, k.nsid, &k.device);
+        }
+        let mut pending: Vec<(usize, usize, String)> = retried
+            .iter()
+            .map(|k| (k.subsystem_index, k.namespace_index, k.field.clone()))
+            .collect();
         let config = self.clone();
         let target = Arc::downgrade(target);
         let spawned = std::thread::Builder::new()
@@ -1008,10 +1015,10 @@ impl Config {
                     let Some(target) = target.upgrade() else {
                         return;
                     };
-                    pending.retain(|(i, j, field)| {
+                    let attach = |i: usize, j: usize, field: &str| -> bool {
                         let (Some(s), Some(ns)) = (
-                            config.subsystems.get(*i),
-                            config.subsystems.get(*i).and_then(|s| s.namespaces.get(*j)),
+                            config.subsystems.get(i),
+                            config.subsystems.get(i).and_then(|s| s.namespaces.get(j)),
                         ) else {
                             return false;
                         };
@@ -1052,6 +1059,18 @@ impl Config {
                                 true
                             }
                         }
+                    };
+                    pending.retain(|(i, j, field)| {
+                        let keep = attach(*i, *j, field);
+                        if !keep {
+                            // served now, or not retried any more: no longer reported
+                            if let Some(s) = config.subsystems.get(*i) {
+                                if let Some(ns) = s.namespaces.get(*j) {
+                                    target.clear_unavailable(&s.nqn, ns.nsid);
+                                }
+                            }
+                        }
+                        keep
                     });
                 }
             });

@@ -23,6 +23,7 @@ use common::{pattern, poll_until, serve_target, TestGateway};
 use nvmeof_gateway::config::{Config, SkippedNamespace};
 use nvmeof_gateway::core::Target;
 use nvmeof_gateway::host::HostConnection;
+use nvmeof_gateway::metrics::render;
 
 const SUBNQN: &str = "nqn.2016-06.io.test:rbd-e2e";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000e4";
@@ -284,6 +285,18 @@ async fn a_skipped_namespace_is_served_once_its_image_exists() {
         .expect("a retry thread for the skipped namespace");
     let (admin, q) = connect(gw.served.addr).await;
     assert_eq!(admin.active_namespaces(0).await.expect("ns list"), vec![1]);
+    // reported as unavailable, with its image, until it is served
+    let unavailable = format!(
+        "nvmeof_namespace_unavailable{{subsystem=\"{SUBNQN}\",nsid=\"2\",device=\"{}\"}} 1",
+        late.spec()
+    );
+    let served_info = format!(
+        "nvmeof_namespace_info{{subsystem=\"{SUBNQN}\",nsid=\"2\",device=\"{}\",ana_group=\"1\"}} 1",
+        late.spec()
+    );
+    let metrics = render(&gw.target, "");
+    assert!(metrics.lines().any(|l| l == unavailable), "{metrics}");
+    assert!(!metrics.contains(&served_info), "{metrics}");
     let spec = late.spec();
     tokio::task::spawn_blocking(move || rbd(&["create", "--size", "8M", &spec]))
         .await
@@ -307,6 +320,32 @@ async fn a_skipped_namespace_is_served_once_its_image_exists() {
     let data = pattern(4096, 11);
     q.write(2, 8, data.clone(), 512).await.expect("write ns 2");
     assert_eq!(q.read(2, 8, 8, 512).await.expect("read ns 2"), data);
+    let metrics = render(&gw.target, "");
+    assert!(
+        !metrics.contains("nvmeof_namespace_unavailable{"),
+        "{metrics}"
+    );
+    assert!(metrics.lines().any(|l| l == served_info), "{metrics}");
+    // the RBD device counted the host's I/O
+    let ns2 = format!(
+        "subsystem=\"{SUBNQN}\",nsid=\"2\",device=\"{}\"",
+        late.spec()
+    );
+    for (series, value) in [
+        (
+            format!("nvmeof_namespace_ops_total{{{ns2},op=\"write\"}}"),
+            "1",
+        ),
+        (
+            format!("nvmeof_namespace_bytes_total{{{ns2},op=\"read\"}}"),
+            "4096",
+        ),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == format!("{series} {value}")),
+            "{series} {value} in\n{metrics}"
+        );
+    }
     tokio::task::spawn_blocking(move || retry.join())
         .await
         .expect("join")

@@ -17,7 +17,9 @@ pub use command::{Command, Completion, Status};
 pub use controller::{Controller, QueueNotifier, TeardownReason};
 pub use queue::{Action, BufferSource, Queue, RecycledBuffers, Response};
 pub use subsystem::{HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec};
-pub use target::{ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType};
+pub use target::{
+    ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType, UnavailableNamespace,
+};
 
 #[cfg(test)]
 pub(crate) mod tests;

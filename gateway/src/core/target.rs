@@ -51,6 +51,16 @@ impl Default for TargetIdentity {
     }
 }
 
+/// A configured namespace that is not served because its device could not be opened (an
+/// RBD image missing, the cluster unreachable); the daemon retries it in the background.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnavailableNamespace {
+    pub nqn: String,
+    pub nsid: u32,
+    /// `pool/image` for RBD.
+    pub device: String,
+}
+
 /// All subsystems and listeners of one gateway.
 pub struct Target {
     pub identity: TargetIdentity,
@@ -58,6 +68,8 @@ pub struct Target {
     subsystems: RwLock<BTreeMap<String, Arc<Subsystem>>>,
     listeners: RwLock<Vec<ListenerInfo>>,
     discovery_generation: AtomicU64,
+    /// (NQN, NSID) -> device of the namespaces waiting for their device.
+    unavailable: RwLock<BTreeMap<(String, u32), String>>,
 }
 
 impl std::fmt::Debug for Target {
@@ -85,7 +97,43 @@ impl Target {
             subsystems: RwLock::new(BTreeMap::new()),
             listeners: RwLock::new(Vec::new()),
             discovery_generation: AtomicU64::new(1),
+            unavailable: RwLock::new(BTreeMap::new()),
         }
+    }
+
+    /// Records that namespace `nsid` of `nqn` is configured but its device (`device`) could
+    /// not be opened, for whoever reports on the gateway (metrics).
+    pub fn mark_unavailable(&self, nqn: &str, nsid: u32, device: &str) {
+        self.unavailable
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((nqn.to_string(), nsid), device.to_string());
+    }
+
+    /// The namespace is served now, or no longer wanted.
+    pub fn clear_unavailable(&self, nqn: &str, nsid: u32) {
+        self.unavailable
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(nqn.to_string(), nsid));
+    }
+
+    /// Namespaces waiting for their device and not served meanwhile (another open of the
+    /// same namespace, by a later configuration push, may have succeeded first).
+    pub fn unavailable_namespaces(&self) -> Vec<UnavailableNamespace> {
+        let marked = self
+            .unavailable
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        marked
+            .into_iter()
+            .filter(|((nqn, nsid), _)| {
+                self.subsystem(nqn)
+                    .is_none_or(|s| s.namespace(*nsid).is_none())
+            })
+            .map(|((nqn, nsid), device)| UnavailableNamespace { nqn, nsid, device })
+            .collect()
     }
 
     pub fn add_subsystem(&self, subsystem: Arc<Subsystem>) {

@@ -100,7 +100,22 @@ pub fn render(target: &Target, gateway: &str) -> String {
     render_listeners(&mut out, target);
     render_subsystems(&mut out, target);
     render_namespaces(&mut out, target);
+    render_unavailable(&mut out, target);
     out
+}
+
+fn render_unavailable(out: &mut String, target: &Target) {
+    let mut f = Family::new(
+        out,
+        "namespace_unavailable",
+        "gauge",
+        "A configured namespace not served because its device could not be opened (the \
+         log says why; retried in the background). Always 1.",
+    );
+    for ns in target.unavailable_namespaces() {
+        let nsid = ns.nsid.to_string();
+        f.sample(&namespace_labels(&ns.nqn, &nsid, &ns.device), 1);
+    }
 }
 
 fn render_listeners(out: &mut String, target: &Target) {

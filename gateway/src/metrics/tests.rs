@@ -134,3 +134,24 @@ fn label_values_are_escaped() {
     );
     assert_eq!(samples(&out).len(), 1);
 }
+
+#[test]
+fn namespaces_waiting_for_their_device_are_listed_until_served() {
+    let f = fixture();
+    f.target.mark_unavailable(SUBNQN, 2, "rbd/late");
+    f.target.mark_unavailable(SUBNQN, 1, "rbd/served-meanwhile");
+    let lines = samples(&render(&f.target, ""));
+    let waiting = format!(
+        "nvmeof_namespace_unavailable{{subsystem=\"{SUBNQN}\",nsid=\"2\",device=\"rbd/late\"}} 1"
+    );
+    assert!(has(&lines, &waiting), "{lines:#?}");
+    assert!(
+        !lines.iter().any(|l| l.contains("served-meanwhile")),
+        "namespace 1 is served: not unavailable"
+    );
+    f.target.clear_unavailable(SUBNQN, 2);
+    let lines = samples(&render(&f.target, ""));
+    assert!(!lines
+        .iter()
+        .any(|l| l.starts_with("nvmeof_namespace_unavailable{")));
+}
