@@ -219,33 +219,34 @@ mod tests {
 
     #[test]
     fn request_lines() {
-        let p = |s: &str| parse(s.as_bytes());
-        assert_eq!(
-            p("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
-            Request::Metrics { head_only: false }
-        );
-        assert_eq!(
-            p("GET /metrics?name[]=up HTTP/1.0\r\n\r\n"),
-            Request::Metrics { head_only: false }
-        );
-        assert_eq!(
-            p("HEAD /metrics HTTP/1.1\r\n\r\n"),
-            Request::Metrics { head_only: true }
-        );
-        assert_eq!(
-            p("GET / HTTP/1.1\r\n\r\n"),
-            Request::Index { head_only: false }
-        );
-        assert_eq!(p("GET /other HTTP/1.1\r\n\r\n"), Request::NotFound);
-        assert_eq!(
-            p("POST /metrics HTTP/1.1\r\n\r\n"),
-            Request::MethodNotAllowed
-        );
-        assert_eq!(p("GET /metrics\r\n\r\n"), Request::Bad);
-        assert_eq!(p("GET metrics HTTP/1.1\r\n\r\n"), Request::Bad);
-        assert_eq!(p("GET /metrics SMTP\r\n\r\n"), Request::Bad);
-        assert_eq!(p("GET  /metrics HTTP/1.1\r\n\r\n"), Request::Bad);
-        assert_eq!(parse(b"GET /\xff HTTP/1.1\r\n\r\n"), Request::Bad);
+        let cases: [(&[u8], Request); 11] = [
+            (
+                b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+                Request::Metrics { head_only: false },
+            ),
+            (
+                b"GET /metrics?name[]=up HTTP/1.0\r\n\r\n",
+                Request::Metrics { head_only: false },
+            ),
+            (
+                b"HEAD /metrics HTTP/1.1\r\n\r\n",
+                Request::Metrics { head_only: true },
+            ),
+            (
+                b"GET / HTTP/1.1\r\n\r\n",
+                Request::Index { head_only: false },
+            ),
+            (b"GET /other HTTP/1.1\r\n\r\n", Request::NotFound),
+            (b"POST /metrics HTTP/1.1\r\n\r\n", Request::MethodNotAllowed),
+            (b"GET /metrics\r\n\r\n", Request::Bad),
+            (b"GET metrics HTTP/1.1\r\n\r\n", Request::Bad),
+            (b"GET /metrics SMTP\r\n\r\n", Request::Bad),
+            (b"GET  /metrics HTTP/1.1\r\n\r\n", Request::Bad),
+            (b"GET /\xff HTTP/1.1\r\n\r\n", Request::Bad),
+        ];
+        for (head, want) in cases {
+            assert_eq!(parse(head), want, "{:?}", String::from_utf8_lossy(head));
+        }
     }
 
     async fn answer_to(request: &[u8]) -> String {
