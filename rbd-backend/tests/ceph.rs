@@ -288,6 +288,73 @@ fn io_statistics_count_every_op_by_kind() {
     assert!(s.get(OpKind::Read).seconds > 0.0, "time is counted");
 }
 
+/// Opening and closing other images on the same cluster connection does not hold up a
+/// device's I/O: a reader keeps completing ops inside the time of every `rbd_open` and while
+/// the closes run (librbd's opens and this crate's background closes share the connection's
+/// messenger, but no lock or thread the I/O path needs).
+#[test]
+fn opening_and_closing_other_images_does_not_hold_up_io() {
+    const OTHERS: usize = 8;
+    let mut f = Fixture::new(1);
+    let dev = f.open(16 * MIB);
+    write(&dev, 0, &pattern(1 << 20, 9), false);
+    let others: Vec<ImageSpec> = (0..OTHERS).map(|_| f.image(4 * MIB)).collect();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut completed = Vec::new();
+            let mut offset = 0;
+            while !stop.load(Ordering::SeqCst) {
+                read(&dev, offset, 4096);
+                completed.push(Instant::now());
+                offset = (offset + 4096) % (1 << 20);
+            }
+            completed
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let mut opens = Vec::new();
+    let mut opened = Vec::new();
+    for spec in &others {
+        let t0 = Instant::now();
+        opened.push(f.pool.open(spec).expect("open another image"));
+        opens.push((t0, Instant::now()));
+    }
+    let closing = Instant::now();
+    drop(opened);
+    assert!(
+        rbd_backend::rbd::wait_for_closes(Duration::from_secs(60)),
+        "the images close"
+    );
+    let closed = Instant::now();
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, Ordering::SeqCst);
+    let completed = reader.join().expect("reader");
+    let inside =
+        |(a, b): (Instant, Instant)| completed.iter().filter(|t| **t > a && **t < b).count();
+    let per_open: Vec<usize> = opens.iter().map(|w| inside(*w)).collect();
+    let open_ms: Vec<u128> = opens.iter().map(|(a, b)| (*b - *a).as_millis()).collect();
+    let during_closes = inside((closing, closed));
+    eprintln!(
+        "reads completed inside each open: {per_open:?} (opens took {open_ms:?} ms); \
+         during the closes ({} ms): {during_closes}; {} reads in all",
+        (closed - closing).as_millis(),
+        completed.len()
+    );
+    assert!(
+        per_open.iter().sum::<usize>() >= OTHERS,
+        "reads stopped while other images opened: {per_open:?} in opens of {open_ms:?} ms"
+    );
+    assert!(
+        per_open.iter().filter(|n| **n > 0).count() * 2 >= OTHERS,
+        "no read completed inside most opens: {per_open:?} in opens of {open_ms:?} ms"
+    );
+    if closed - closing > Duration::from_millis(20) {
+        assert!(during_closes > 0, "reads stopped while images closed");
+    }
+}
+
 #[test]
 fn out_of_range_and_empty_ops() {
     let mut f = Fixture::new(1);
