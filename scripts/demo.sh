@@ -12,7 +12,7 @@
 #
 # Env: DEMO_DIR (default /tmp/nvmeof-demo), DEMO_PORT (4420; the second gateway uses +1),
 #      DEMO_CONTROL_PORT (5500), DEMO_METRICS_PORT (10008: the gateways' Prometheus
-#      /metrics; the second gateway's is +1), DEMO_IMAGE_SIZE (1G),
+#      /metrics; the second gateway's is +1, the control plane's +2), DEMO_IMAGE_SIZE (1G),
 #      DEMO_BACKEND=memory to skip Ceph and the group: one gateway serving a 1 GiB in-memory
 #      namespace,
 #      DEMO_BIN: a directory holding nvmeof-gateway, nvmeof-control and nvmeofctl to run
@@ -237,7 +237,8 @@ start_group() {
     eval "$envl"
     say "starting the control plane on 127.0.0.1:$CONTROL_PORT (state: RADOS object nvmeof.demo.state in pool $MICRO_CEPH_POOL)"
     spawn control "$CONTROL_PORT" "$BIN/nvmeof-control" --listen "127.0.0.1:$CONTROL_PORT" --id control1 \
-        --group demo --pool "$MICRO_CEPH_POOL" --ceph-conf "$CEPH_CONF" --keyring "$CEPH_KEYRING"
+        --group demo --pool "$MICRO_CEPH_POOL" --ceph-conf "$CEPH_CONF" --keyring "$CEPH_KEYRING" \
+        --metrics-listen "127.0.0.1:$(( METRICS_PORT + 2 ))"
     local n joined
     for n in 1 2; do
         write_group_config "$n"
@@ -286,7 +287,8 @@ From a Linux host with nvme-cli and the nvme-tcp module:
 
 Manage it: $BIN/nvmeofctl --server 127.0.0.1:$CONTROL_PORT ana show | namespace list | gateway list | ...
 Fail over:  kill -9 \$(cat $DIR/gw1.pid)   (gw2 becomes optimized after the fence)
-Metrics:    curl -s http://127.0.0.1:$METRICS_PORT/metrics (gw1), :$(( METRICS_PORT + 1 ))/metrics (gw2)
+Metrics:    curl -s http://127.0.0.1:$METRICS_PORT/metrics (gw1), :$(( METRICS_PORT + 1 ))/metrics (gw2),
+            :$(( METRICS_PORT + 2 ))/metrics (control plane)
 Logs:       $DIR/{control,gw1,gw2}.log
 Ceph:       CEPH_CONF=$CEPH_CONF rbd ls $MICRO_CEPH_POOL
 Stop everything: scripts/demo.sh stop
@@ -313,7 +315,7 @@ start() {
     fi
     case $BACKEND in rbd | memory) ;; *) die "DEMO_BACKEND must be rbd or memory, not '$BACKEND'" ;; esac
     local p ports="$PORT $METRICS_PORT"
-    [ "$BACKEND" = rbd ] && ports="$PORT $(( PORT + 1 )) $CONTROL_PORT $METRICS_PORT $(( METRICS_PORT + 1 ))"
+    [ "$BACKEND" = rbd ] && ports="$PORT $(( PORT + 1 )) $CONTROL_PORT $METRICS_PORT $(( METRICS_PORT + 1 )) $(( METRICS_PORT + 2 ))"
     for p in $ports; do
         listening "$p" && die "127.0.0.1:$p is in use already (DEMO_PORT / DEMO_CONTROL_PORT / DEMO_METRICS_PORT choose others)"
     done

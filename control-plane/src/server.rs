@@ -717,7 +717,42 @@ impl ControlPlane {
         })
     }
 
-    fn gateway_infos(&self) -> Vec<proto::GatewayInfo> {
+    /// The ANA groups (owner, holder, phase, namespaces) and every gateway's ANA states, as
+    /// the live map (leader) or the stored one (other replicas) has them.
+    pub(crate) fn ana_show(&self) -> proto::AnaShowReply {
+        let st = self.snapshot();
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let map = live.or(st.map.clone()).unwrap_or_default();
+        let groups = map
+            .groups
+            .values()
+            .map(|g| proto::AnaGroupInfo {
+                ana_group: g.id,
+                owner: g.owner.clone(),
+                holder: g.holder.clone(),
+                phase: g.phase.name().into(),
+                namespaces: st
+                    .namespaces
+                    .values()
+                    .filter(|n| n.ana_group == g.id)
+                    .count() as u32,
+            })
+            .collect();
+        let mut states = Vec::new();
+        for gw in map.gateways.keys() {
+            for (g, s) in map.ana_states(gw) {
+                states.push(proto::GatewayAnaState {
+                    gateway: gw.clone(),
+                    ana_group: g,
+                    state: u32::from(s.code()),
+                });
+            }
+        }
+        proto::AnaShowReply { groups, states }
+    }
+
+    /// The gateways of the group, as the live map (leader) or the stored one has them.
+    pub(crate) fn gateway_infos(&self) -> Vec<proto::GatewayInfo> {
         let now = self.now_ms();
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let map = live.or_else(|| self.snapshot().map.clone());
@@ -1185,40 +1220,7 @@ impl proto::admin_server::Admin for AdminService {
         &self,
         _: Request<proto::Empty>,
     ) -> Result<Response<proto::AnaShowReply>, Status> {
-        let st = self.0.snapshot();
-        let live = self
-            .0
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let map = live.or(st.map.clone()).unwrap_or_default();
-        let groups = map
-            .groups
-            .values()
-            .map(|g| proto::AnaGroupInfo {
-                ana_group: g.id,
-                owner: g.owner.clone(),
-                holder: g.holder.clone(),
-                phase: g.phase.name().into(),
-                namespaces: st
-                    .namespaces
-                    .values()
-                    .filter(|n| n.ana_group == g.id)
-                    .count() as u32,
-            })
-            .collect();
-        let mut states = Vec::new();
-        for gw in map.gateways.keys() {
-            for (g, s) in map.ana_states(gw) {
-                states.push(proto::GatewayAnaState {
-                    gateway: gw.clone(),
-                    ana_group: g,
-                    state: u32::from(s.code()),
-                });
-            }
-        }
-        Ok(Response::new(proto::AnaShowReply { groups, states }))
+        Ok(Response::new(self.0.ana_show()))
     }
 }
 

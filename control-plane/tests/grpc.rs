@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use control_plane::ana::{AnaState, Timing};
+use control_plane::metrics::render;
 use control_plane::proto;
 use control_plane::proto::admin_client::AdminClient;
 use control_plane::proto::gateway_control_client::GatewayControlClient;
@@ -267,6 +268,14 @@ async fn assignments_follow_a_fenced_failover() {
         .expect("assignment");
     assert_eq!(ana_state_of(&last, 1), Some(AnaState::Optimized));
     assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
+    let metrics = render(&f.cp);
+    for line in [
+        "nvmeof_control_leader 1",
+        "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"available\"} 1",
+        "nvmeof_control_ana_group_info{ana_group=\"2\",owner=\"gw2\",holder=\"gw2\",phase=\"active\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
     // gw1 keeps beaconing, gw2 stops: gw2 is fenced, then group 2 is pushed optimized.
     let beacons = {
         let mut g = g.clone();
@@ -285,6 +294,14 @@ async fn assignments_follow_a_fenced_failover() {
         "fenced before the push"
     );
     assert_eq!(ana_state_of(&last, 1), Some(AnaState::Optimized));
+    // the metrics tell the same story: gw2 fenced, its group held by gw1
+    let metrics = render(&f.cp);
+    for line in [
+        "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"fenced\"} 1",
+        "nvmeof_control_ana_group_info{ana_group=\"2\",owner=\"gw2\",holder=\"gw1\",phase=\"active\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
     beacons.abort();
 }
 

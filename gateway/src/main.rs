@@ -9,10 +9,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use clap::Parser;
+use metrics_exposition::MetricsServer;
 use nvmeof_gateway::config::Config;
 use nvmeof_gateway::core::{Target, TransportType};
 use nvmeof_gateway::group::PushedListener;
-use nvmeof_gateway::metrics::http::MetricsServer;
 use nvmeof_gateway::rdma::server::RdmaServer;
 use nvmeof_gateway::tcp::server::TcpServer;
 use tokio::sync::watch;
@@ -198,7 +198,14 @@ async fn start_metrics(
     config: &Config,
 ) -> Result<(watch::Sender<bool>, tokio::task::JoinHandle<()>), String> {
     let name = config.gateway.name.clone().unwrap_or_default();
-    let server = MetricsServer::bind(addr, target.clone(), name)
+    // Weak: a slow scraper must not keep the target (and its open images) alive through a
+    // shutdown.
+    let target = Arc::downgrade(target);
+    let render = Arc::new(move || match target.upgrade() {
+        Some(target) => nvmeof_gateway::metrics::render(&target, &name),
+        None => String::new(),
+    });
+    let server = MetricsServer::bind(addr, render)
         .await
         .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
     tracing::info!(%addr, "metrics at http://{addr}/metrics");

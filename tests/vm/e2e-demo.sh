@@ -19,7 +19,8 @@
 #                 discover, connect to both gateways, ANA states, data, kill -9 of gw1
 #   metrics       gw2's Prometheus /metrics (DEMO_METRICS_PORT + 1) after the guest's steps:
 #                 ANA group 1 optimized there, and the 4 MiB the guest wrote through it
-#                 after the failover counted as written bytes of namespace 1
+#                 after the failover counted as written bytes of namespace 1; the control
+#                 plane's (+2): it leads, gw1 is not available, group 1 is held by gw2
 #   demo.stop     `scripts/demo.sh stop` exits 0 within STOP_BOUND_S; none of the recorded
 #                 processes (gateways, control plane, micro Ceph daemons) is left, nothing
 #                 listens on the demo's ports, DEMO_DIR is gone
@@ -143,8 +144,8 @@ done
 MPORT=""
 for _ in $(seq 50); do
   p=$((20000 + RANDOM % 19000))
-  case " $PORT $((PORT + 1)) $CPORT " in *" $p "* | *" $((p + 1)) "*) continue ;; esac
-  port_free "$p" && port_free $((p + 1)) && { MPORT=$p; break; }
+  case " $PORT $((PORT + 1)) $CPORT " in *" $p "* | *" $((p + 1)) "* | *" $((p + 2)) "*) continue ;; esac
+  port_free "$p" && port_free $((p + 1)) && port_free $((p + 2)) && { MPORT=$p; break; }
 done
 [ -n "$PORT" ] && [ -n "$CPORT" ] && [ -n "$MPORT" ] || { echo "no free ports"; echo "0 passed, 1 failed"; exit 2; }
 DEMO_CMD=(env DEMO_DIR="$DEMO" DEMO_PORT="$PORT" DEMO_CONTROL_PORT="$CPORT" DEMO_METRICS_PORT="$MPORT" DEMO_BIN="$WORK/bin"
@@ -248,38 +249,56 @@ run_vm() {
     "$SH" "$PORT" "$size"
 }
 
-# gw2 served the guest after the failover: its metrics say so
-metrics_check() {
-  local out=$SH/gw2-metrics.txt
-  python3 - "http://127.0.0.1:$((MPORT + 1))/metrics" > "$out" 2> "$SH/gw2-metrics.err" <<'PY' || { say "GET /metrics of gw2 failed: $(cat "$SH/gw2-metrics.err")"; return 1; }
+# GET http://127.0.0.1:PORT/metrics into FILE (the format's content type checked)
+fetch_metrics() { # PORT FILE
+  python3 - "http://127.0.0.1:$1/metrics" > "$2" 2> "$2.err" <<'PY' || { say "GET /metrics on :$1 failed: $(cat "$2.err")"; return 1; }
 import sys, urllib.request
 with urllib.request.urlopen(sys.argv[1], timeout=10) as r:
     assert r.status == 200, r.status
     assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4"), r.headers["Content-Type"]
     sys.stdout.write(r.read().decode())
 PY
-  grep -E '^nvmeof_(ana_group_state|namespace_(ops|bytes)_total)\{' "$out" | grep -F "$NQN" | sed 's/^/    | /'
-  python3 - "$out" "$NQN" <<'PY'
+}
+# gw2 served the guest after the failover, and the control plane moved group 1 to it: the
+# metrics of both say so
+metrics_check() {
+  local gw2=$SH/gw2-metrics.txt control=$SH/control-metrics.txt
+  fetch_metrics $((MPORT + 1)) "$gw2" && fetch_metrics $((MPORT + 2)) "$control" || return 1
+  grep -E '^nvmeof_(ana_group_state|namespace_(ops|bytes)_total)\{' "$gw2" | grep -F "$NQN" | sed 's/^/    gw2 | /'
+  grep -E '^nvmeof_control_(leader|gateway_info|ana_group_info)' "$control" | sed 's/^/    control | /'
+  python3 - "$gw2" "$control" "$NQN" <<'PY'
 import re, sys
-text, nqn = open(sys.argv[1]).read(), sys.argv[2]
-def value(name, want):
-    for line in text.splitlines():
-        m = re.match(r'(\w+)\{(.*)\} (\S+)$', line)
-        if m and m.group(1) == name:
-            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2)))
-            if all(labels.get(k) == v for k, v in want.items()):
-                return float(m.group(3))
+def parse(path):
+    samples = []
+    for line in open(path).read().splitlines():
+        m = re.match(r'(\w+)(?:\{(.*)\})? (\S+)$', line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            samples.append((m.group(1), labels, float(m.group(3))))
+    return samples
+def value(samples, name, want):
+    for n, labels, v in samples:
+        if n == name and all(labels.get(k) == x for k, x in want.items()):
+            return v
     return None
-ok = True
-state = value("nvmeof_ana_group_state", {"subsystem": nqn, "ana_group": "1", "state": "optimized"})
-if state != 1:
-    print("    gw2 does not report ANA group 1 optimized"); ok = False
-written = value("nvmeof_namespace_bytes_total", {"subsystem": nqn, "nsid": "1", "op": "write"})
+gw2, control, nqn = parse(sys.argv[1]), parse(sys.argv[2]), sys.argv[3]
+problems = []
+if value(gw2, "nvmeof_ana_group_state", {"subsystem": nqn, "ana_group": "1", "state": "optimized"}) != 1:
+    problems.append("gw2 does not report ANA group 1 optimized")
+written = value(gw2, "nvmeof_namespace_bytes_total", {"subsystem": nqn, "nsid": "1", "op": "write"})
 if written is None or written < 4 << 20:
-    print(f"    gw2 counted {written} bytes written to namespace 1, the guest wrote 4 MiB through it"); ok = False
-else:
-    print(f"    gw2: ANA group 1 optimized, {written:.0f} bytes written to namespace 1")
-sys.exit(0 if ok else 1)
+    problems.append(f"gw2 counted {written} bytes written to namespace 1, the guest wrote 4 MiB through it")
+if value(control, "nvmeof_control_leader", {}) != 1:
+    problems.append("the control plane does not say it leads")
+if value(control, "nvmeof_control_gateway_info", {"gateway": "gw1", "availability": "available"}) is not None:
+    problems.append("the control plane still calls gw1 available")
+if value(control, "nvmeof_control_ana_group_info", {"ana_group": "1", "owner": "gw1", "holder": "gw2"}) != 1:
+    problems.append("the control plane does not say gw2 holds gw1's ANA group 1")
+for p in problems:
+    print("    " + p)
+if not problems:
+    print(f"    gw2: ANA group 1 optimized, {written:.0f} bytes written to namespace 1; control plane: leads, gw1 not available, group 1 held by gw2")
+sys.exit(1 if problems else 0)
 PY
 }
 
@@ -318,7 +337,7 @@ if step binaries "private copies of nvmeof-gateway, nvmeof-control, nvmeofctl (D
    step demo.start "scripts/demo.sh exits 0 within ${START_BOUND_S}s, prints the nvme discover/connect lines" demo_start; then
   if step demo.status "scripts/demo.sh status: control, gw1, gw2 and the micro Ceph run" demo_status; then
     if step vm "the guest's steps (tests/vm/e2e-demo-guest.sh)" run_vm; then
-      step metrics "gw2's /metrics: ANA group 1 optimized, the guest's writes after the failover counted" metrics_check
+      step metrics "/metrics of gw2 (group 1 optimized, the guest's writes counted) and of the control plane (group 1 held by gw2)" metrics_check
     else
       skip metrics "the guest's steps failed"
     fi

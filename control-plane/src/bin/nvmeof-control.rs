@@ -14,7 +14,9 @@ use control_plane::ana::Timing;
 use control_plane::server::{ControlPlane, Options};
 use control_plane::store::{Backend, MemoryBackend, RadosBackend, Store};
 use control_plane::tls::{self, TlsFiles};
+use metrics_exposition::MetricsServer;
 use rbd_backend::rbd::CephSettings;
+use tokio::sync::watch;
 
 #[derive(Debug, Parser)]
 #[command(version, about = "NVMe-oF gateway group control plane (gRPC)")]
@@ -64,6 +66,10 @@ struct Args {
     /// chain to (PEM).
     #[arg(long, env = "NVMEOF_CONTROL_TLS_CA")]
     tls_ca: Option<PathBuf>,
+    /// Serve Prometheus metrics (`GET /metrics`) on this address, e.g. 0.0.0.0:10010
+    /// (default: none).
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 fn main() -> ExitCode {
@@ -146,6 +152,11 @@ async fn run(args: Args) -> Result<(), String> {
         mtls = tls.is_some(),
         "nvmeof-control serving"
     );
+    // Served until this function returns (dropping the stop switch ends it).
+    let _metrics_stop = match args.metrics_listen {
+        Some(addr) => Some(serve_metrics(addr, &cp).await?),
+        None => None,
+    };
     tokio::spawn(cp.clone().run());
     tls::serve(cp, listener, tls, shutdown_signal())
         .await
@@ -155,6 +166,26 @@ async fn run(args: Args) -> Result<(), String> {
         })?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Serves `cp`'s metrics on `addr`; returns the server's stop switch.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    cp: &Arc<ControlPlane>,
+) -> Result<watch::Sender<bool>, String> {
+    let cp = Arc::downgrade(cp);
+    let render = Arc::new(move || {
+        cp.upgrade()
+            .map(|cp| control_plane::metrics::render(&cp))
+            .unwrap_or_default()
+    });
+    let server = MetricsServer::bind(addr, render)
+        .await
+        .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+    tracing::info!(%addr, "metrics at http://{addr}/metrics");
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(server.serve(stopped));
+    Ok(stop)
 }
 
 async fn shutdown_signal() {

@@ -1,5 +1,5 @@
 //! The gateway's metrics in Prometheus' text exposition format (version 0.0.4), served over
-//! HTTP by [`http`] when `[gateway] metrics_listen` is set.
+//! HTTP ([`metrics_exposition::http`]) when `[gateway] metrics_listen` is set.
 //!
 //! Everything is read from the live [`Target`] at scrape time: there is no second copy of
 //! the state to keep in step. Per namespace the device's own counters (ops, failures, bytes
@@ -7,64 +7,12 @@
 //! ceph-nvmeof's `bdev_*` metrics report; the rest says what the gateway serves and who is
 //! connected.
 
-pub mod http;
-
 use std::collections::BTreeMap;
-use std::fmt::Write;
+
+use metrics_exposition::Family;
 
 use crate::core::{Target, TransportType};
 use crate::spec::ana;
-
-/// Every metric name starts with this.
-const PREFIX: &str = "nvmeof";
-
-/// Label pairs of one sample; values are escaped when written.
-type Labels<'a> = [(&'a str, &'a str)];
-
-/// Appends one metric family (HELP, TYPE and its samples) to the exposition text.
-struct Family<'a> {
-    out: &'a mut String,
-    name: String,
-}
-
-impl<'a> Family<'a> {
-    fn new(out: &'a mut String, name: &str, kind: &str, help: &str) -> Self {
-        let name = format!("{PREFIX}_{name}");
-        // Writing to a String cannot fail.
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        Family { out, name }
-    }
-
-    fn sample(&mut self, labels: &Labels<'_>, value: impl std::fmt::Display) {
-        self.out.push_str(&self.name);
-        if !labels.is_empty() {
-            self.out.push('{');
-            for (i, (key, value)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                let _ = write!(self.out, "{key}=\"");
-                escape_label_value(self.out, value);
-                self.out.push('"');
-            }
-            self.out.push('}');
-        }
-        let _ = writeln!(self.out, " {value}");
-    }
-}
-
-/// Label values are quoted: backslash, double quote and line feed are escaped (the text
-/// format's only escapes), so an odd NQN or image name cannot break the exposition.
-fn escape_label_value(out: &mut String, value: &str) {
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-}
 
 fn ana_state_name(state: u8) -> &'static str {
     match state {
@@ -89,7 +37,7 @@ pub fn render(target: &Target, gateway: &str) -> String {
     let mut out = String::with_capacity(4096);
     Family::new(
         &mut out,
-        "gateway_info",
+        "nvmeof_gateway_info",
         "gauge",
         "This gateway: its name and version (always 1).",
     )
@@ -107,7 +55,7 @@ pub fn render(target: &Target, gateway: &str) -> String {
 fn render_unavailable(out: &mut String, target: &Target) {
     let mut f = Family::new(
         out,
-        "namespace_unavailable",
+        "nvmeof_namespace_unavailable",
         "gauge",
         "A configured namespace not served because its device could not be opened (the \
          log says why; retried in the background). Always 1.",
@@ -121,7 +69,7 @@ fn render_unavailable(out: &mut String, target: &Target) {
 fn render_listeners(out: &mut String, target: &Target) {
     let mut f = Family::new(
         out,
-        "listener_info",
+        "nvmeof_listener_info",
         "gauge",
         "An address this gateway serves NVMe-oF on (always 1).",
     );
@@ -142,7 +90,7 @@ fn render_subsystems(out: &mut String, target: &Target) {
     let subsystems = target.subsystems();
     let mut f = Family::new(
         out,
-        "subsystem_namespaces",
+        "nvmeof_subsystem_namespaces",
         "gauge",
         "Namespaces of the subsystem on this gateway.",
     );
@@ -151,7 +99,7 @@ fn render_subsystems(out: &mut String, target: &Target) {
     }
     let mut f = Family::new(
         out,
-        "subsystem_controllers",
+        "nvmeof_subsystem_controllers",
         "gauge",
         "Connected controllers (host associations) per subsystem, host and transport; \
          subsystem is the discovery NQN for discovery controllers.",
@@ -178,7 +126,7 @@ fn render_subsystems(out: &mut String, target: &Target) {
     }
     let mut f = Family::new(
         out,
-        "ana_group_state",
+        "nvmeof_ana_group_state",
         "gauge",
         "The ANA state this gateway reports for the group (1 for the current state).",
     );
@@ -224,7 +172,7 @@ fn render_namespaces(out: &mut String, target: &Target) {
         .collect();
     let mut f = Family::new(
         out,
-        "namespace_info",
+        "nvmeof_namespace_info",
         "gauge",
         "A namespace, its device (pool/image for RBD) and ANA group (always 1).",
     );
@@ -241,7 +189,7 @@ fn render_namespaces(out: &mut String, target: &Target) {
     }
     let mut f = Family::new(
         out,
-        "namespace_capacity_bytes",
+        "nvmeof_namespace_capacity_bytes",
         "gauge",
         "Size of the namespace's device.",
     );
@@ -253,7 +201,7 @@ fn render_namespaces(out: &mut String, target: &Target) {
     }
     let mut f = Family::new(
         out,
-        "namespace_ops_in_flight",
+        "nvmeof_namespace_ops_in_flight",
         "gauge",
         "Ops submitted to the device and not completed yet.",
     );
@@ -266,23 +214,23 @@ fn render_namespaces(out: &mut String, target: &Target) {
     type Pick = fn(&rbd_backend::OpTotals) -> String;
     let per_op: [(&str, &str, Pick); 4] = [
         (
-            "namespace_ops_total",
+            "nvmeof_namespace_ops_total",
             "Ops the device completed, successfully or not, per kind of op.",
             |t| t.completed.to_string(),
         ),
         (
-            "namespace_failed_ops_total",
+            "nvmeof_namespace_failed_ops_total",
             "Ops the device completed with an error (a compare-and-write miscompare included).",
             |t| t.failed.to_string(),
         ),
         (
-            "namespace_bytes_total",
+            "nvmeof_namespace_bytes_total",
             "Bytes of the ops that succeeded: read or written, the range for discard and \
              write zeroes.",
             |t| t.bytes.to_string(),
         ),
         (
-            "namespace_op_seconds_total",
+            "nvmeof_namespace_op_seconds_total",
             "Time from submission to the device to completion, summed over completed ops.",
             |t| t.seconds.to_string(),
         ),

@@ -125,17 +125,6 @@ fn a_scrape_shows_namespace_io_and_connected_hosts() {
 }
 
 #[test]
-fn label_values_are_escaped() {
-    let mut out = String::new();
-    Family::new(&mut out, "x", "gauge", "test").sample(&[("device", "a\"b\\c\nd")], 1);
-    assert!(
-        out.ends_with("nvmeof_x{device=\"a\\\"b\\\\c\\nd\"} 1\n"),
-        "{out}"
-    );
-    assert_eq!(samples(&out).len(), 1);
-}
-
-#[test]
 fn namespaces_waiting_for_their_device_are_listed_until_served() {
     let f = fixture();
     f.target.mark_unavailable(SUBNQN, 2, "rbd/late");

@@ -13,8 +13,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::core::Target;
-
 /// The largest request head read (request line and headers).
 const MAX_REQUEST_HEAD: usize = 8192;
 /// A client must have sent its request and taken the answer within this time.
@@ -27,23 +25,23 @@ const LINGER_MAX_BYTES: usize = 1 << 20;
 /// The content type of the text exposition format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// Renders the exposition text; called once per scrape, on a runtime thread (it must not
+/// block for long).
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
 pub struct MetricsServer {
     listener: TcpListener,
-    target: Arc<Target>,
-    gateway: String,
+    render: Render,
 }
 
 impl MetricsServer {
-    /// Listens on `addr` for scrapes of `target`'s metrics; `gateway` names this gateway.
-    pub async fn bind(
-        addr: SocketAddr,
-        target: Arc<Target>,
-        gateway: String,
-    ) -> std::io::Result<Self> {
+    /// Listens on `addr`; each scrape answers what `render` returns then. A render that holds
+    /// a daemon's state should hold it weakly: a slow client keeps its connection's handle
+    /// until the exchange times out.
+    pub async fn bind(addr: SocketAddr, render: Render) -> std::io::Result<Self> {
         Ok(MetricsServer {
             listener: TcpListener::bind(addr).await?,
-            target,
-            gateway,
+            render,
         })
     }
 
@@ -72,16 +70,9 @@ impl MetricsServer {
                 tracing::debug!(%peer, "metrics endpoint: too many connections, closing");
                 continue;
             };
-            // Weak: a slow client must not keep the target (and its open images) alive
-            // through a shutdown.
-            let target = Arc::downgrade(&self.target);
-            let gateway = self.gateway.clone();
+            let render = self.render.clone();
             tokio::spawn(async move {
-                let answer = || match target.upgrade() {
-                    Some(target) => super::render(&target, &gateway),
-                    None => String::new(),
-                };
-                match tokio::time::timeout(EXCHANGE_TIMEOUT, exchange(stream, answer)).await {
+                match tokio::time::timeout(EXCHANGE_TIMEOUT, exchange(stream, || render())).await {
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "metrics request failed"),
                     Err(_) => tracing::debug!(%peer, "metrics request timed out"),
                     Ok(Ok(())) => {}
@@ -155,12 +146,9 @@ where
     };
     let (status, extra, body, head_only) = match request {
         Request::Metrics { head_only } => ("200 OK", "", metrics(), head_only),
-        Request::Index { head_only } => (
-            "200 OK",
-            "",
-            "nvmeof-gateway: metrics at /metrics\n".to_string(),
-            head_only,
-        ),
+        Request::Index { head_only } => {
+            ("200 OK", "", "metrics at /metrics\n".to_string(), head_only)
+        }
         Request::NotFound => (
             "404 Not Found",
             "",

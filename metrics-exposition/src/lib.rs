@@ -1,0 +1,12 @@
+//! Prometheus' text exposition format (version 0.0.4) and a minimal HTTP endpoint serving
+//! it: what `nvmeof-gateway` and `nvmeof-control` use for their `/metrics`.
+//!
+//! - [`text`]: writing metric families (HELP, TYPE, samples with escaped label values).
+//! - [`http`]: `GET /metrics` answered with the text a render function returns at each
+//!   scrape, one request per connection, bounded in size, time and connections.
+
+pub mod http;
+pub mod text;
+
+pub use http::MetricsServer;
+pub use text::Family;
