@@ -2,11 +2,20 @@
 //! controller's KATO, and on each tick the controller is torn down unless a Keep Alive (or
 //! other admin command) was seen since the previous tick.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::core::{Queue, TeardownReason};
+
+/// Controllers torn down because their keep-alive timer expired, process-wide.
+static TIMEOUTS: AtomicU64 = AtomicU64::new(0);
+
+/// Keep-alive timeouts since start (for the metrics).
+pub(crate) fn timeouts() -> u64 {
+    TIMEOUTS.load(Ordering::Relaxed)
+}
 
 /// The KATO timer, once `queue` is a connected admin queue with a non-zero keep-alive timeout;
 /// its first tick is one period from now (the host has a whole KATO for its first command).
@@ -42,6 +51,7 @@ pub(crate) fn still_alive(queue: &Queue) -> bool {
         kato_ms = ctrl.kato_ms(),
         "keep alive timeout"
     );
+    TIMEOUTS.fetch_add(1, Ordering::Relaxed);
     ctrl.teardown(TeardownReason::KeepAliveExpired);
     false
 }

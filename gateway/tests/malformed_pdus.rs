@@ -123,6 +123,7 @@ async fn healthy_connect(addr: SocketAddr) {
 #[tokio::test]
 async fn each_malformed_pdu_gets_a_term_req_and_others_keep_working() {
     let (addr, _shutdown) = start().await;
+    let fatal_before = common::transport_counter("nvmeof_tcp_fatal_pdu_errors_total");
     // A bystander connected before the attacks, used after them.
     let mut bystander = initialized(addr, false).await;
 
@@ -221,6 +222,10 @@ async fn each_malformed_pdu_gets_a_term_req_and_others_keep_working() {
     let (pdus, _) = read_pdus(&mut bystander, false, 1).await;
     assert_eq!(pdus[0].0, 0x05, "bystander's Connect answered");
     healthy_connect(addr).await;
+    // cases 1-7 ended with a C2HTermReq; the metrics count them (other tests of this binary
+    // may add their own meanwhile)
+    let fatal = common::transport_counter("nvmeof_tcp_fatal_pdu_errors_total") - fatal_before;
+    assert!(fatal >= 7.0, "{fatal} fatal PDU errors counted, 7 sent");
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::gateway_process::GatewayProcess;
 use common::host::{connect_within, Attach};
-use common::{free_port, loopback, memory_gateway_toml, pattern, scratch_dir};
+use common::{free_port, loopback, memory_gateway_toml, metric_value, pattern, scratch_dir};
 
 const SUBNQN: &str = "nqn.2016-06.io.ceph-nvmeof-rs:metrics";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-00000000e7e7";
@@ -24,12 +24,6 @@ fn exchange(addr: SocketAddr, request: &[u8]) -> String {
     let mut answer = String::new();
     s.read_to_string(&mut answer).expect("read the answer");
     answer
-}
-
-/// The value of the sample line that starts with `series` (name and labels).
-fn value(body: &str, series: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 #[tokio::test]
@@ -77,6 +71,9 @@ async fn a_scrape_counts_the_hosts_io_and_bad_requests_are_refused() {
         (format!("nvmeof_namespace_ops_total{{{ns},op=\"flush\"}}"), 1.0),
         (format!("nvmeof_namespace_failed_ops_total{{{ns},op=\"write\"}}"), 0.0),
         (format!("nvmeof_namespace_capacity_bytes{{{ns}}}"), 16.0 * 1048576.0),
+        // the host's admin and I/O queues
+        ("nvmeof_tcp_connections".to_string(), 2.0),
+        ("nvmeof_tcp_fatal_pdu_errors_total".to_string(), 0.0),
         (
             format!(
                 "nvmeof_subsystem_controllers{{subsystem=\"{SUBNQN}\",host=\"{HOSTNQN}\",transport=\"tcp\"}}"
@@ -91,7 +88,11 @@ async fn a_scrape_counts_the_hosts_io_and_bad_requests_are_refused() {
         ),
     ];
     for (series, want) in &expect {
-        assert_eq!(value(body, series), Some(*want), "{series} in\n{body}");
+        assert_eq!(
+            metric_value(body, series),
+            Some(*want),
+            "{series} in\n{body}"
+        );
     }
 
     // What a scraper would not send: an answer that says so, then the next scrape works.
@@ -116,7 +117,7 @@ async fn a_scrape_counts_the_hosts_io_and_bad_requests_are_refused() {
     assert!(again.starts_with("HTTP/1.1 200 OK"), "{again}");
     let (_, body) = again.split_once("\r\n\r\n").expect("body");
     assert_eq!(
-        value(
+        metric_value(
             body,
             &format!("nvmeof_namespace_ops_total{{{ns},op=\"write\"}}")
         ),

@@ -47,6 +47,7 @@ async fn io_queue(
 #[tokio::test]
 async fn keep_alive_expiry_ends_that_controller_only() {
     let gw = common::start_gateway(SUBNQN, "8MiB").await;
+    let timeouts_before = common::transport_counter("nvmeof_keep_alive_timeouts_total");
     let silent = opts("silent");
     let chatty = opts("chatty");
     let (silent_admin, silent_id) = admin(gw.addr, &silent, 500).await;
@@ -64,6 +65,8 @@ async fn keep_alive_expiry_ends_that_controller_only() {
         silent_io.wait_closed(Duration::from_secs(5)).await,
         "its I/O queue closed too"
     );
+    let timeouts = common::transport_counter("nvmeof_keep_alive_timeouts_total") - timeouts_before;
+    assert!(timeouts >= 1.0, "the keep-alive timeout is counted");
 
     // The other controller is untouched and still serves I/O.
     let chatty_io = io_queue(gw.addr, &chatty, chatty_id, 1).await;

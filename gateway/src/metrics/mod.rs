@@ -8,6 +8,7 @@
 //! connected.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use metrics_exposition::Family;
 
@@ -49,7 +50,90 @@ pub fn render(target: &Target, gateway: &str) -> String {
     render_subsystems(&mut out, target);
     render_namespaces(&mut out, target);
     render_unavailable(&mut out, target);
+    render_transports(&mut out);
     out
+}
+
+/// Process-wide transport counters: connections, and what went wrong on them.
+fn render_transports(out: &mut String) {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let tcp = crate::tcp::stats();
+    let rdma = crate::rdma::stats();
+    let gauges: [(&str, &str, u64); 2] = [
+        (
+            "nvmeof_tcp_connections",
+            "NVMe/TCP connections (queues) open now.",
+            load(&tcp.live),
+        ),
+        (
+            "nvmeof_rdma_queue_pairs",
+            "NVMe/RDMA queue pairs alive now.",
+            load(&rdma.live_qps),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        Family::new(out, name, "gauge", help).sample(&[], value);
+    }
+    let counters: [(&str, &str, u64); 11] = [
+        (
+            "nvmeof_tcp_connections_accepted_total",
+            "NVMe/TCP connections accepted.",
+            load(&tcp.accepted),
+        ),
+        (
+            "nvmeof_tcp_fatal_pdu_errors_total",
+            "NVMe/TCP connections closed for a malformed PDU (after a C2HTermReq).",
+            load(&tcp.fatal_pdu_errors),
+        ),
+        (
+            "nvmeof_tcp_data_digest_errors_total",
+            "H2CData PDUs whose data digest did not match (the command failed for retry).",
+            load(&tcp.data_digest_errors),
+        ),
+        (
+            "nvmeof_tcp_host_term_reqs_total",
+            "NVMe/TCP connections a host ended with an H2CTermReq.",
+            load(&tcp.host_term_reqs),
+        ),
+        (
+            "nvmeof_keep_alive_timeouts_total",
+            "Controllers torn down because no keep-alive came within KATO.",
+            crate::keep_alive::timeouts(),
+        ),
+        (
+            "nvmeof_rdma_connect_requests_total",
+            "NVMe/RDMA connect requests.",
+            load(&rdma.connect_requests),
+        ),
+        (
+            "nvmeof_rdma_connects_rejected_total",
+            "NVMe/RDMA connect requests rejected (bad private data, no such controller, ...).",
+            load(&rdma.rejected),
+        ),
+        (
+            "nvmeof_rdma_work_completion_errors_total",
+            "RDMA work completions with an error status (flushes excluded).",
+            load(&rdma.wc_errors),
+        ),
+        (
+            "nvmeof_rdma_qp_fatal_events_total",
+            "Queue pair error events (QP fatal, request or access error) from the device.",
+            load(&rdma.qp_fatal_events),
+        ),
+        (
+            "nvmeof_rdma_buffer_waits_total",
+            "Commands that waited for a registered buffer (pool exhausted).",
+            load(&rdma.buffer_waits),
+        ),
+        (
+            "nvmeof_rdma_payload_copied_bytes_total",
+            "Payload bytes copied into a registered buffer (0 when data moves zero-copy).",
+            load(&rdma.payload_copies),
+        ),
+    ];
+    for (name, help, value) in counters {
+        Family::new(out, name, "counter", help).sample(&[], value);
+    }
 }
 
 fn render_unavailable(out: &mut String, target: &Target) {

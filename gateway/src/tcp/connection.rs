@@ -22,6 +22,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -314,6 +315,9 @@ impl Connection {
 
     async fn serve(mut self, mut shutdown: watch::Receiver<bool>) {
         tracing::debug!("connection accepted");
+        let stats = super::stats();
+        stats.accepted.fetch_add(1, Ordering::Relaxed);
+        stats.live.fetch_add(1, Ordering::Relaxed);
         let mut span_recorded = false;
         loop {
             let shared = &*self.shared;
@@ -369,6 +373,7 @@ impl Connection {
         // The writer sends FIN when the last `Shared` goes: now, or, if a completing thread
         // holds it for a moment (it does nothing once `task_only` is set), when it lets go.
         drop(self.shared);
+        stats.live.fetch_sub(1, Ordering::Relaxed);
         tracing::debug!("connection closed");
     }
 
@@ -451,6 +456,9 @@ impl State {
                     cccid, consumed, ..
                 }) => {
                     tracing::warn!(cccid, "data digest mismatch: command failed for retry");
+                    super::stats()
+                        .data_digest_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     self.pending_writes.remove(&cccid);
                     self.respond_error(cccid, Status::retryable(TRANSIENT_TRANSPORT_ERROR));
                     (Flow::Continue, consumed)
@@ -476,6 +484,9 @@ impl State {
     fn fatal(&mut self, e: &PduError) {
         let (fes, fei) = e.term_req_info().unwrap_or((Fes::InvalidHeaderField, 0));
         tracing::warn!(error = %e, ?fes, fei, "fatal PDU error: sending C2HTermReq and closing");
+        super::stats()
+            .fatal_pdu_errors
+            .fetch_add(1, Ordering::Relaxed);
         let bad = &self.rx[self.rx_start..self.rx_end];
         let header = &bad[..bad.len().min(super::pdu::TERM_REQ_MAX_DATA)];
         let header = header.to_vec();
@@ -521,6 +532,9 @@ impl State {
             } => self.on_h2c_data(cccid, datao, last, data_range),
             OwnedPdu::TermReq { fes, fei } => {
                 tracing::warn!(fes, fei, "host sent H2CTermReq: closing");
+                super::stats()
+                    .host_term_reqs
+                    .fetch_add(1, Ordering::Relaxed);
                 Flow::Close
             }
         }

@@ -1,6 +1,35 @@
 //! NVMe/TCP: the PDU codec (pure) and the tokio binding that drives the protocol core.
 
+use std::sync::atomic::AtomicU64;
+
 pub mod connection;
 pub mod digest;
 pub mod pdu;
 pub mod server;
+
+/// Transport counters, process-wide (exported as metrics).
+#[derive(Debug, Default)]
+pub struct TcpStats {
+    /// Connections accepted since start.
+    pub accepted: AtomicU64,
+    /// Connections open now.
+    pub live: AtomicU64,
+    /// Connections closed for a malformed PDU (after a C2HTermReq).
+    pub fatal_pdu_errors: AtomicU64,
+    /// H2CData whose data digest did not match (the command failed for retry).
+    pub data_digest_errors: AtomicU64,
+    /// Connections the host ended with an H2CTermReq.
+    pub host_term_reqs: AtomicU64,
+}
+
+static STATS: TcpStats = TcpStats {
+    accepted: AtomicU64::new(0),
+    live: AtomicU64::new(0),
+    fatal_pdu_errors: AtomicU64::new(0),
+    data_digest_errors: AtomicU64::new(0),
+    host_term_reqs: AtomicU64::new(0),
+};
+
+pub fn stats() -> &'static TcpStats {
+    &STATS
+}

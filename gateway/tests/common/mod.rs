@@ -77,6 +77,19 @@ pub async fn serve_target(target: Arc<Target>) -> TestGateway {
     }
 }
 
+/// The value of the sample `series` (metric name and labels, as printed) in exposition text.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The process-wide transport counter `name` (no labels), as the metrics report it.
+pub fn transport_counter(name: &str) -> f64 {
+    let empty = Target::new(nvmeof_gateway::core::TargetIdentity::default());
+    let text = nvmeof_gateway::metrics::render(&empty, "");
+    metric_value(&text, name).unwrap_or_else(|| panic!("{name} not in the metrics:\n{text}"))
+}
+
 /// A loopback TCP port free at the time of the call (for a gateway process's listener).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
