@@ -13,7 +13,8 @@ pub struct Family<'a> {
 }
 
 impl<'a> Family<'a> {
-    /// Starts family `name` of `kind` ("gauge" or "counter") described by `help` (one line).
+    /// Starts family `name` of `kind` ("gauge", "counter" or "histogram") described by
+    /// `help` (one line).
     pub fn new(out: &'a mut String, name: &str, kind: &str, help: &str) -> Self {
         // Writing to a String cannot fail.
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -25,7 +26,14 @@ impl<'a> Family<'a> {
 
     /// One sample of the family.
     pub fn sample(&mut self, labels: &Labels<'_>, value: impl std::fmt::Display) {
+        self.sample_of("", labels, value);
+    }
+
+    /// One sample of a histogram's series `<name><suffix>` (`_bucket` with an `le` label,
+    /// `_sum`, `_count`).
+    pub fn sample_of(&mut self, suffix: &str, labels: &Labels<'_>, value: impl std::fmt::Display) {
         self.out.push_str(&self.name);
+        self.out.push_str(suffix);
         if !labels.is_empty() {
             self.out.push('{');
             for (i, (key, value)) in labels.iter().enumerate() {
@@ -64,10 +72,15 @@ mod tests {
         let mut out = String::new();
         Family::new(&mut out, "x_total", "counter", "test").sample(&[("device", "a\"b\\c\nd")], 1);
         Family::new(&mut out, "up", "gauge", "plain").sample(&[], 0.5);
+        let mut h = Family::new(&mut out, "lat_seconds", "histogram", "h");
+        h.sample_of("_bucket", &[("le", "+Inf")], 2);
+        h.sample_of("_count", &[], 2);
         assert_eq!(
             out,
             "# HELP x_total test\n# TYPE x_total counter\nx_total{device=\"a\\\"b\\\\c\\nd\"} 1\n\
-             # HELP up plain\n# TYPE up gauge\nup 0.5\n"
+             # HELP up plain\n# TYPE up gauge\nup 0.5\n\
+             # HELP lat_seconds h\n# TYPE lat_seconds histogram\n\
+             lat_seconds_bucket{le=\"+Inf\"} 2\nlat_seconds_count 2\n"
         );
     }
 }

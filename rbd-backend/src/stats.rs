@@ -64,6 +64,28 @@ impl OpKind {
     }
 }
 
+/// Upper bounds (seconds) of the latency buckets kept for reads and writes: 100 us to 5 s,
+/// what separates a healthy all-flash pool (sub-millisecond), a busy or HDD one (tens of
+/// milliseconds) and an OSD failing over (seconds). Ops slower than the last go to +Inf.
+pub const LATENCY_BUCKETS: [f64; 13] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
+];
+const LATENCY_BUCKETS_NS: [u64; 13] = [
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    1_000_000_000,
+    5_000_000_000,
+];
+
 /// Totals of one kind of op.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct OpTotals {
@@ -75,6 +97,9 @@ pub struct OpTotals {
     pub bytes: u64,
     /// Time from submission to completion, summed over all completed ops.
     pub seconds: f64,
+    /// Reads and writes only: completed ops per [`LATENCY_BUCKETS`] bucket (not cumulative;
+    /// ops slower than the last bound are `completed` minus their sum).
+    pub latency_buckets: Option<[u64; 13]>,
 }
 
 /// A device's totals per kind of op, indexed like [`OpKind::ALL`].
@@ -100,6 +125,12 @@ struct Counters {
     failed: AtomicU64,
     bytes: AtomicU64,
     nanos: AtomicU64,
+    /// Used for reads and writes only (the ops whose latency hosts feel).
+    buckets: [AtomicU64; 13],
+}
+
+fn has_latency_buckets(kind: OpKind) -> bool {
+    matches!(kind, OpKind::Read | OpKind::Write)
 }
 
 /// The live counters of one device.
@@ -116,6 +147,11 @@ impl IoStats {
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         c.completed.fetch_add(1, Ordering::Relaxed);
         c.nanos.fetch_add(nanos, Ordering::Relaxed);
+        if has_latency_buckets(kind) {
+            if let Some(i) = LATENCY_BUCKETS_NS.iter().position(|&bound| nanos <= bound) {
+                c.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
         match result {
             Ok(()) => c.bytes.fetch_add(bytes, Ordering::Relaxed),
             Err(_) => c.failed.fetch_add(1, Ordering::Relaxed),
@@ -124,12 +160,19 @@ impl IoStats {
 
     pub fn snapshot(&self) -> IoStatsSnapshot {
         let mut snapshot = IoStatsSnapshot::default();
-        for (totals, c) in snapshot.totals.iter_mut().zip(&self.per_kind) {
+        for ((totals, c), kind) in snapshot
+            .totals
+            .iter_mut()
+            .zip(&self.per_kind)
+            .zip(OpKind::ALL)
+        {
             *totals = OpTotals {
                 completed: c.completed.load(Ordering::Relaxed),
                 failed: c.failed.load(Ordering::Relaxed),
                 bytes: c.bytes.load(Ordering::Relaxed),
                 seconds: c.nanos.load(Ordering::Relaxed) as f64 / 1e9,
+                latency_buckets: has_latency_buckets(kind)
+                    .then(|| std::array::from_fn(|i| c.buckets[i].load(Ordering::Relaxed))),
             };
         }
         snapshot
@@ -140,6 +183,38 @@ impl IoStats {
 mod tests {
     use super::*;
     use crate::device::IoBuf;
+
+    #[test]
+    fn latencies_land_in_the_first_bucket_that_holds_them() {
+        let stats = IoStats::default();
+        let write = IoOp::Write {
+            offset: 0,
+            buf: IoBuf::zeroed(512),
+            fua: false,
+        };
+        let now = Instant::now();
+        // submitted 3 ms, 30 ms and 7 s ago
+        for ago_ms in [3u64, 30, 7000] {
+            let started = now
+                .checked_sub(std::time::Duration::from_millis(ago_ms))
+                .expect("the clock has run that long");
+            stats.record(&write, started, &Ok(()));
+        }
+        let w = stats.snapshot().get(OpKind::Write);
+        let buckets = w.latency_buckets.expect("writes have buckets");
+        // 3 ms -> le 0.005 (index 5); 30 ms -> le 0.05 (index 8); 7 s -> beyond the last
+        let mut want = [0u64; 13];
+        want[5] = 1;
+        want[8] = 1;
+        assert_eq!(buckets, want);
+        assert_eq!(
+            w.completed - buckets.iter().sum::<u64>(),
+            1,
+            "one beyond 5 s"
+        );
+        assert_eq!(LATENCY_BUCKETS[5], 0.005);
+        assert_eq!(LATENCY_BUCKETS[8], 0.05);
+    }
 
     #[test]
     fn counts_per_kind_bytes_of_successes_and_failures() {
@@ -162,7 +237,22 @@ mod tests {
         assert!(r.seconds >= 0.0);
         let d = s.get(OpKind::Discard);
         assert_eq!((d.completed, d.failed, d.bytes), (1, 0, 1 << 20));
-        assert_eq!(s.get(OpKind::Write), OpTotals::default());
+        assert_eq!(
+            d.latency_buckets, None,
+            "only reads and writes have buckets"
+        );
+        assert_eq!(
+            s.get(OpKind::Write),
+            OpTotals {
+                latency_buckets: Some([0; 13]),
+                ..OpTotals::default()
+            }
+        );
+        assert_eq!(
+            r.latency_buckets.map(|b| b.iter().sum::<u64>()),
+            Some(2),
+            "two fast reads land in a bucket: {r:?}"
+        );
         let names: Vec<&str> = s.iter().map(|(k, _)| k.name()).collect();
         assert_eq!(
             names,

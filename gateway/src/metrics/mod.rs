@@ -15,6 +15,12 @@ use metrics_exposition::Family;
 use crate::core::{Target, TransportType};
 use crate::spec::ana;
 
+/// `le` label values of [`rbd_backend::stats::LATENCY_BUCKETS`], as Prometheus prints them.
+const LATENCY_BUCKET_LABELS: [&str; 13] = [
+    "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1",
+    "0.25", "1", "5",
+];
+
 fn ana_state_name(state: u8) -> &'static str {
     match state {
         ana::OPTIMIZED => "optimized",
@@ -334,6 +340,37 @@ fn render_namespaces(out: &mut String, target: &Target) {
                     pick(&totals),
                 );
             }
+        }
+    }
+    let mut f = Family::new(
+        out,
+        "nvmeof_namespace_op_duration_seconds",
+        "histogram",
+        "Reads and writes by time from submission to the device to completion.",
+    );
+    for r in &rows {
+        let Some(stats) = &r.stats else { continue };
+        for (kind, totals) in stats.iter() {
+            let Some(buckets) = totals.latency_buckets else {
+                continue;
+            };
+            let labels = |le: &'static str| {
+                [
+                    ("subsystem", r.subsystem.as_str()),
+                    ("nsid", r.nsid.as_str()),
+                    ("device", r.device.as_str()),
+                    ("op", kind.name()),
+                    ("le", le),
+                ]
+            };
+            let mut cumulative = 0;
+            for (bound, count) in LATENCY_BUCKET_LABELS.iter().zip(buckets) {
+                cumulative += count;
+                f.sample_of("_bucket", &labels(bound), cumulative);
+            }
+            f.sample_of("_bucket", &labels("+Inf"), totals.completed);
+            f.sample_of("_sum", &labels("")[..4], totals.seconds);
+            f.sample_of("_count", &labels("")[..4], totals.completed);
         }
     }
 }

@@ -22,15 +22,20 @@ fn samples(text: &str) -> Vec<String> {
             let mut parts = rest.split(' ');
             let name = parts.next().unwrap_or("");
             assert!(
-                matches!(parts.next(), Some("gauge" | "counter")),
+                matches!(parts.next(), Some("gauge" | "counter" | "histogram")),
                 "type: {line}"
             );
             assert!(helped.contains(name), "TYPE before HELP: {line}");
             assert!(typed.insert(name.to_string()), "TYPE twice: {line}");
         } else {
             let name_end = line.find(['{', ' ']).expect("a sample has a name");
+            let name = &line[..name_end];
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix).filter(|f| typed.contains(*f)))
+                .unwrap_or(name);
             assert!(
-                typed.contains(&line[..name_end]),
+                typed.contains(family),
                 "sample of an undeclared family: {line}"
             );
             let value = line.rsplit(' ').next().unwrap_or("");
@@ -90,6 +95,40 @@ fn a_scrape_shows_namespace_io_and_connected_hosts() {
     ] {
         assert!(has(&lines, &want), "missing {want:?} in\n{text}");
     }
+    // the read latency histogram: cumulative buckets ending in +Inf = count = 2
+    let read_buckets: Vec<f64> = lines
+        .iter()
+        .filter(|l| {
+            l.starts_with(&format!(
+                "nvmeof_namespace_op_duration_seconds_bucket{{{ns},op=\"read\",le="
+            ))
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(
+        read_buckets.len(),
+        14,
+        "13 bounds and +Inf: {read_buckets:?}"
+    );
+    assert!(
+        read_buckets.windows(2).all(|w| w[0] <= w[1]),
+        "{read_buckets:?}"
+    );
+    assert_eq!(read_buckets.last(), Some(&2.0));
+    assert!(has(
+        &lines,
+        &format!("nvmeof_namespace_op_duration_seconds_bucket{{{ns},op=\"read\",le=\"+Inf\"}} 2")
+    ));
+    assert!(has(
+        &lines,
+        &format!("nvmeof_namespace_op_duration_seconds_count{{{ns},op=\"read\"}} 2")
+    ));
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("op_duration") && l.contains("op=\"flush\"")),
+        "only reads and writes have a histogram"
+    );
     let read_seconds = lines
         .iter()
         .find(|l| {
@@ -143,4 +182,13 @@ fn namespaces_waiting_for_their_device_are_listed_until_served() {
     assert!(!lines
         .iter()
         .any(|l| l.starts_with("nvmeof_namespace_unavailable{")));
+}
+
+#[test]
+fn bucket_labels_are_the_backend_bounds() {
+    let parsed: Vec<f64> = LATENCY_BUCKET_LABELS
+        .iter()
+        .map(|l| l.parse().expect("a number"))
+        .collect();
+    assert_eq!(parsed, rbd_backend::stats::LATENCY_BUCKETS.to_vec());
 }
