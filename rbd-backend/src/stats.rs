@@ -64,13 +64,10 @@ impl OpKind {
     }
 }
 
-/// Upper bounds (seconds) of the latency buckets kept for reads and writes: 100 us to 5 s,
-/// what separates a healthy all-flash pool (sub-millisecond), a busy or HDD one (tens of
+/// Upper bounds (nanoseconds) of the latency buckets kept for reads and writes: 100 us to
+/// 5 s, what separates a healthy all-flash pool (sub-millisecond), a busy or HDD one (tens of
 /// milliseconds) and an OSD failing over (seconds). Ops slower than the last go to +Inf.
-pub const LATENCY_BUCKETS: [f64; 13] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
-];
-const LATENCY_BUCKETS_NS: [u64; 13] = [
+pub const LATENCY_BUCKETS_NS: [u64; 13] = [
     100_000,
     250_000,
     500_000,
@@ -97,7 +94,7 @@ pub struct OpTotals {
     pub bytes: u64,
     /// Time from submission to completion, summed over all completed ops.
     pub seconds: f64,
-    /// Reads and writes only: completed ops per [`LATENCY_BUCKETS`] bucket (not cumulative;
+    /// Reads and writes only: completed ops per [`LATENCY_BUCKETS_NS`] bucket (not cumulative;
     /// ops slower than the last bound are `completed` minus their sum).
     pub latency_buckets: Option<[u64; 13]>,
 }
@@ -212,8 +209,8 @@ mod tests {
             1,
             "one beyond 5 s"
         );
-        assert_eq!(LATENCY_BUCKETS[5], 0.005);
-        assert_eq!(LATENCY_BUCKETS[8], 0.05);
+        assert_eq!(LATENCY_BUCKETS_NS[5], 5_000_000);
+        assert_eq!(LATENCY_BUCKETS_NS[8], 50_000_000);
     }
 
     #[test]

@@ -15,11 +15,10 @@ use metrics_exposition::Family;
 use crate::core::{Target, TransportType};
 use crate::spec::ana;
 
-/// `le` label values of [`rbd_backend::stats::LATENCY_BUCKETS`], as Prometheus prints them.
-const LATENCY_BUCKET_LABELS: [&str; 13] = [
-    "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1",
-    "0.25", "1", "5",
-];
+/// `le` label values (seconds) of the backend's latency buckets.
+fn latency_bucket_labels() -> [String; 13] {
+    rbd_backend::stats::LATENCY_BUCKETS_NS.map(|ns| (ns as f64 / 1e9).to_string())
+}
 
 fn ana_state_name(state: u8) -> &'static str {
     match state {
@@ -342,6 +341,7 @@ fn render_namespaces(out: &mut String, target: &Target) {
             }
         }
     }
+    let bounds = latency_bucket_labels();
     let mut f = Family::new(
         out,
         "nvmeof_namespace_op_duration_seconds",
@@ -354,23 +354,24 @@ fn render_namespaces(out: &mut String, target: &Target) {
             let Some(buckets) = totals.latency_buckets else {
                 continue;
             };
-            let labels = |le: &'static str| {
-                [
-                    ("subsystem", r.subsystem.as_str()),
-                    ("nsid", r.nsid.as_str()),
-                    ("device", r.device.as_str()),
-                    ("op", kind.name()),
-                    ("le", le),
-                ]
+            let series = [
+                ("subsystem", r.subsystem.as_str()),
+                ("nsid", r.nsid.as_str()),
+                ("device", r.device.as_str()),
+                ("op", kind.name()),
+            ];
+            let bucket = |le| {
+                let [a, b, c, d] = series;
+                [a, b, c, d, ("le", le)]
             };
             let mut cumulative = 0;
-            for (bound, count) in LATENCY_BUCKET_LABELS.iter().zip(buckets) {
+            for (bound, count) in bounds.iter().zip(buckets) {
                 cumulative += count;
-                f.sample_of("_bucket", &labels(bound), cumulative);
+                f.sample_of("_bucket", &bucket(bound.as_str()), cumulative);
             }
-            f.sample_of("_bucket", &labels("+Inf"), totals.completed);
-            f.sample_of("_sum", &labels("")[..4], totals.seconds);
-            f.sample_of("_count", &labels("")[..4], totals.completed);
+            f.sample_of("_bucket", &bucket("+Inf"), totals.completed);
+            f.sample_of("_sum", &series, totals.seconds);
+            f.sample_of("_count", &series, totals.completed);
         }
     }
 }
