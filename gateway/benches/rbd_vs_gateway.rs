@@ -29,7 +29,7 @@
 //!
 //! Other options: `--gateway-threads N` (default: one runtime worker per CPU),
 //! `--gateway [LABEL=]PATH[@THREADS]` (repeatable: compare gateway binaries or thread counts
-//! in one run; each round runs direct, then every gateway, the gateways' order rotating per
+//! in one run; each round runs direct and every gateway, in an order that rotates by one per
 //! round; `built` as PATH is the binary cargo built),
 //! `--ramp SECONDS` (default 1, not measured), `--only TEXT` (the workloads whose name
 //! contains TEXT ending at a word's end, e.g. `--only QD1` is not QD16). In `cargo test --benches` (no `--bench`
@@ -784,6 +784,43 @@ fn direct(
     }
 }
 
+/// One gateway run: a fresh I/O queue, the ramp, then the measured run, with the gateway's,
+/// the cluster's and the host thread's CPU over the measured part.
+fn gateway_run(
+    gateway: &Gateway,
+    cntlid: u16,
+    queue_id: u16,
+    w: &Workload,
+    region: &Region,
+    (ramp, duration): (Duration, Duration),
+    daemons: &[u32],
+) -> Side {
+    let mut q = LeanQueue::connect(gateway.addr, SUBNQN, HOSTNQN, cntlid, queue_id)
+        .expect("connect an I/O queue");
+    if !ramp.is_zero() {
+        q.run(w, region, ramp).expect("gateway ramp");
+    }
+    let cpu0 = cpu_seconds(gateway.child.id());
+    let switches0 = context_switches(gateway.child.id());
+    let (cluster0, host0) = (cluster_cpu_seconds(daemons), this_thread_cpu_seconds());
+    let mut f = q.run(w, region, duration).expect("gateway run");
+    let cpu = cpu_seconds(gateway.child.id()) - cpu0;
+    let cluster_cpu = cluster_cpu_seconds(daemons) - cluster0;
+    let host_cpu = this_thread_cpu_seconds() - host0;
+    let switches = context_switches(gateway.child.id()).saturating_sub(switches0);
+    drop(q);
+    Side {
+        iops: f.iops(),
+        mean_us: f.mean_us(),
+        p50_us: f.percentile_us(0.50),
+        p99_us: f.percentile_us(0.99),
+        cpu_us_per_io: cpu / f.ios.max(1) as f64 * 1e6,
+        switches_per_io: switches as f64 / f.ios.max(1) as f64,
+        cluster_us_per_io: cluster_cpu / f.ios.max(1) as f64 * 1e6,
+        host_us_per_io: host_cpu / f.ios.max(1) as f64 * 1e6,
+    }
+}
+
 /// Resident memory (KiB) and thread count of a process, from /proc/PID/status.
 fn memory_and_threads(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -1085,50 +1122,60 @@ fn main() {
         let mut gs: Vec<Vec<Side>> = vec![Vec::new(); gateways.len()];
         let mut null_means = Vec::new();
         for r in 0..args.repeat {
+            // The order of the sides (direct, then every gateway) rotates by one per round, so
+            // that over a whole number of rotations every side runs in every position equally
+            // often. A run inherits what the run before it left behind (after a write run
+            // BlueStore still flushes deferred writes and compacts; the null-responder run and
+            // fio's own start leave the cluster idle), so a fixed order would hand one side the
+            // drained cluster every time. (Rotating the gateways alone while alternating direct
+            // would, with two gateways, keep one of them always right next to direct.)
+            let sides = gateways.len() + 1; // 0 = direct, 1.. = the gateways
+            let order: Vec<usize> = (0..sides).map(|k| (k + r) % sides).collect();
+            let names: Vec<&str> = order
+                .iter()
+                .map(|&s| match s {
+                    0 => "direct librbd (fio --ioengine=rbd)",
+                    s => variants[s - 1].label.as_str(),
+                })
+                .collect();
             eprintln!(
-                "{} run {}/{}: direct librbd (fio --ioengine=rbd), then the gateway(s)",
+                "{} run {}/{}: {}",
                 w.name,
                 r + 1,
-                args.repeat
+                args.repeat,
+                names.join(", then ")
             );
-            let d = direct(
-                &conf,
-                image.name(),
-                w,
-                (args.ramp, args.seconds),
-                &work,
-                &daemons,
-            );
-            ds.push(d);
-            for k in 0..gateways.len() {
-                let g = (k + r) % gateways.len();
-                let (gateway, _, cntlid) = &gateways[g];
-                let mut q =
-                    LeanQueue::connect(gateway.addr, SUBNQN, HOSTNQN, *cntlid, i as u16 + 1)
-                        .expect("connect an I/O queue");
-                if !ramp.is_zero() {
-                    q.run(w, &region, ramp).expect("gateway ramp");
+            let mut direct_run = None;
+            let mut round: Vec<(usize, Side)> = Vec::new();
+            for s in order {
+                if s == 0 {
+                    direct_run = Some(direct(
+                        &conf,
+                        image.name(),
+                        w,
+                        (args.ramp, args.seconds),
+                        &work,
+                        &daemons,
+                    ));
+                    continue;
                 }
-                let cpu0 = cpu_seconds(gateway.child.id());
-                let switches0 = context_switches(gateway.child.id());
-                let (cluster0, host0) = (cluster_cpu_seconds(&daemons), this_thread_cpu_seconds());
-                let mut f = q.run(w, &region, duration).expect("gateway run");
-                let cpu = cpu_seconds(gateway.child.id()) - cpu0;
-                let cluster_cpu = cluster_cpu_seconds(&daemons) - cluster0;
-                let host_cpu = this_thread_cpu_seconds() - host0;
-                let switches = context_switches(gateway.child.id()).saturating_sub(switches0);
-                drop(q);
-                let side = Side {
-                    iops: f.iops(),
-                    mean_us: f.mean_us(),
-                    p50_us: f.percentile_us(0.50),
-                    p99_us: f.percentile_us(0.99),
-                    cpu_us_per_io: cpu / f.ios.max(1) as f64 * 1e6,
-                    switches_per_io: switches as f64 / f.ios.max(1) as f64,
-                    cluster_us_per_io: cluster_cpu / f.ios.max(1) as f64 * 1e6,
-                    host_us_per_io: host_cpu / f.ios.max(1) as f64 * 1e6,
-                };
-                gs[g].push(side);
+                let g = s - 1;
+                let (gateway, _, cntlid) = &gateways[g];
+                let queue_id = i as u16 + 1;
+                let side = gateway_run(
+                    gateway,
+                    *cntlid,
+                    queue_id,
+                    w,
+                    &region,
+                    (ramp, duration),
+                    &daemons,
+                );
+                round.push((g, side));
+            }
+            let d = direct_run.expect("every round runs direct");
+            ds.push(d);
+            for (g, side) in round {
                 eprintln!(
                     "    direct {:.0} IOPS p50 {:.1} us, {} {:.0} IOPS p50 {:.1} us: ratio {:.2}",
                     d.iops,
@@ -1138,6 +1185,7 @@ fn main() {
                     side.p50_us,
                     side.iops / d.iops.max(1.0)
                 );
+                gs[g].push(side);
             }
             let mut q = LeanQueue::connect(null_addr, SUBNQN, HOSTNQN, 1, 1)
                 .expect("connect to the null responder");
@@ -1211,7 +1259,7 @@ fn main() {
         );
     }
     println!(
-        "medians of {} rounds of {:.0} s runs (after {:.0} s ramp), each round direct then every gateway; ratio and added latency: medians of the per-round pairs (gateway vs that round's direct run), the ratio with the quartiles of the per-round ratios; latency = submission to completion; us/IO = CPU (user + system) of the process running librbd (fio incl. its start and ramp, or the gateway) per I/O; cs/IO = context switches of that process's threads per I/O (its wake-ups; fio incl. start and ramp)",
+        "medians of {} rounds of {:.0} s runs (after {:.0} s ramp), the order of direct and the gateways rotating by one per round; ratio and added latency: medians of the per-round pairs (gateway vs that round's direct run), the ratio with the quartiles of the per-round ratios; latency = submission to completion; us/IO = CPU (user + system) of the process running librbd (fio incl. its start and ramp, or the gateway) per I/O; cs/IO = context switches of that process's threads per I/O (its wake-ups; fio incl. start and ramp)",
         args.repeat, args.seconds, args.ramp
     );
     println!(
