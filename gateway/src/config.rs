@@ -56,7 +56,15 @@ pub struct GatewaySection {
     /// metrics endpoint.
     #[serde(default)]
     pub metrics_listen: Option<String>,
+    /// Microseconds an NVMe/TCP queue keeps polling its socket after it received a command,
+    /// before it sleeps (0 or unset: never polls). Trades CPU for QD1 latency where waking
+    /// a sleeping thread is slow (a VM whose idle vCPUs halt): see `tcp::connection`.
+    #[serde(default)]
+    pub tcp_busy_poll_us: Option<u32>,
 }
+
+/// Upper bound of `[gateway] tcp_busy_poll_us`: longer than any op worth polling for.
+pub const MAX_TCP_BUSY_POLL_US: u32 = 10_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -688,6 +696,14 @@ impl Config {
         if let Some(0) = self.gateway.worker_threads {
             return Err(invalid("gateway.worker_threads", "must be at least 1"));
         }
+        if let Some(us) = self.gateway.tcp_busy_poll_us {
+            if us > MAX_TCP_BUSY_POLL_US {
+                return Err(invalid(
+                    "gateway.tcp_busy_poll_us",
+                    format!("{us} is more than {MAX_TCP_BUSY_POLL_US}"),
+                ));
+            }
+        }
         if let Some(text) = &self.gateway.metrics_listen {
             let field = "gateway.metrics_listen";
             let metrics = metrics_socket_addr(text).map_err(|problem| invalid(field, problem))?;
@@ -850,6 +866,14 @@ impl Config {
     /// NVMe/RDMA listener addresses (the RDMA device's IP address and an rdma_cm port).
     pub fn rdma_listen_addrs(&self) -> Vec<SocketAddr> {
         self.transport_addrs("rdma")
+    }
+
+    /// How long an NVMe/TCP queue polls its socket before it sleeps; `None`: it never polls.
+    pub fn tcp_busy_poll(&self) -> Option<std::time::Duration> {
+        match self.gateway.tcp_busy_poll_us {
+            None | Some(0) => None,
+            Some(us) => Some(std::time::Duration::from_micros(u64::from(us))),
+        }
     }
 
     /// Where the metrics endpoint listens, when configured (and valid).
@@ -1406,6 +1430,21 @@ mod tests {
             );
             assert!(err.contains(words), "{lines}: {err:?} should say {words:?}");
         }
+    }
+
+    #[test]
+    fn busy_polling_is_off_unless_set_and_bounded() {
+        let with_poll = |us: &str| format!("[gateway]\ntcp_busy_poll_us = {us}\n{GOOD}");
+        assert_eq!(parse(GOOD).expect("valid").tcp_busy_poll(), None);
+        assert_eq!(parse(&with_poll("0")).expect("valid").tcp_busy_poll(), None);
+        assert_eq!(
+            parse(&with_poll("250")).expect("valid").tcp_busy_poll(),
+            Some(std::time::Duration::from_micros(250))
+        );
+        let err = parse(&with_poll("10001")).unwrap_err().to_string();
+        assert!(err.starts_with("gateway.tcp_busy_poll_us"), "{err}");
+        assert!(err.contains("more than 10000"), "{err}");
+        assert!(parse(&with_poll("-1")).is_err());
     }
 
     #[test]

@@ -116,7 +116,7 @@ async fn serve(config: Config) -> Result<(), String> {
             },
         )
     });
-    let mut listeners = Listeners::new(target.clone());
+    let mut listeners = Listeners::new(target.clone(), config.tcp_busy_poll());
     for addr in config.listen_addrs() {
         listeners.start(false, addr).await?;
     }
@@ -233,13 +233,16 @@ async fn wait_for_signal() {
 /// plane stops alone).
 struct Listeners {
     target: Arc<Target>,
+    /// `[gateway] tcp_busy_poll_us`, for every NVMe/TCP listener.
+    tcp_busy_poll: Option<Duration>,
     running: BTreeMap<PushedListener, (watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
 }
 
 impl Listeners {
-    fn new(target: Arc<Target>) -> Self {
+    fn new(target: Arc<Target>, tcp_busy_poll: Option<Duration>) -> Self {
         Self {
             target,
+            tcp_busy_poll,
             running: BTreeMap::new(),
         }
     }
@@ -258,7 +261,8 @@ impl Listeners {
         } else {
             let server = TcpServer::bind(addr, self.target.clone())
                 .await
-                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+                .map_err(|e| format!("cannot listen on {addr}: {e}"))?
+                .with_busy_poll(self.tcp_busy_poll);
             tokio::spawn(server.serve(stopped))
         };
         self.running.insert(key, (stop, task));

@@ -4,27 +4,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use common::gateway_process::GatewayProcess;
 use common::host::{connect_within, Attach};
-use common::{free_port, loopback, memory_gateway_toml, metric_value, pattern, scratch_dir};
+use common::{
+    free_port, http_exchange, loopback, memory_gateway_toml, metric_value, pattern, scratch_dir,
+};
 
 const SUBNQN: &str = "nqn.2016-06.io.ceph-nvmeof-rs:metrics";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-00000000e7e7";
-
-/// Sends `request` as is and returns the whole answer (the server closes after one).
-fn exchange(addr: SocketAddr, request: &[u8]) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect to the metrics endpoint");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    s.write_all(request).expect("send the request");
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).expect("read the answer");
-    answer
-}
 
 #[tokio::test]
 async fn a_scrape_counts_the_hosts_io_and_bad_requests_are_refused() {
@@ -36,13 +26,7 @@ async fn a_scrape_counts_the_hosts_io_and_bad_requests_are_refused() {
         memory_gateway_toml(port, SUBNQN, "16MiB")
     );
     let gateway = GatewayProcess::spawn(&dir, "gateway", port, &config);
-    gateway
-        .wait_for_log(
-            &format!("metrics at http://127.0.0.1:{metrics_port}/metrics"),
-            Duration::from_secs(20),
-            "the metrics endpoint never came up",
-        )
-        .await;
+    gateway.wait_for_metrics(metrics_port).await;
     let host = connect_within(port, &Attach::new(HOSTNQN, SUBNQN), Duration::from_secs(20)).await;
     let data = pattern(8192, 7);
     for slba in [0u64, 64, 128] {
@@ -55,7 +39,7 @@ async fn a_scrape_counts_the_hosts_io_and_bad_requests_are_refused() {
     host.io.flush(1).await.expect("flush");
 
     let metrics = loopback(metrics_port);
-    let answer = exchange(metrics, b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n");
+    let answer = http_exchange(metrics, b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n");
     let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
     assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
     assert!(
@@ -105,7 +89,7 @@ async fn a_scrape_counts_the_hosts_io_and_bad_requests_are_refused() {
         ),
         (&[b'A'; 20000][..], "400"),
     ] {
-        let answer = exchange(metrics, request);
+        let answer = http_exchange(metrics, request);
         assert!(
             answer.starts_with(&format!("HTTP/1.1 {status} ")),
             "{status} expected, got {answer:?}"
@@ -113,7 +97,7 @@ async fn a_scrape_counts_the_hosts_io_and_bad_requests_are_refused() {
     }
     // A client that connects and says nothing does not block others.
     let _silent = TcpStream::connect(metrics).expect("connect");
-    let again = exchange(metrics, b"GET /metrics HTTP/1.0\r\n\r\n");
+    let again = http_exchange(metrics, b"GET /metrics HTTP/1.0\r\n\r\n");
     assert!(again.starts_with("HTTP/1.1 200 OK"), "{again}");
     let (_, body) = again.split_once("\r\n\r\n").expect("body");
     assert_eq!(

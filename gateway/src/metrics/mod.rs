@@ -79,7 +79,7 @@ fn render_transports(out: &mut String) {
     for (name, help, value) in gauges {
         Family::new(out, name, "gauge", help).sample(&[], value);
     }
-    let counters: [(&str, &str, u64); 11] = [
+    let counters: [(&str, &str, u64); 13] = [
         (
             "nvmeof_tcp_connections_accepted_total",
             "NVMe/TCP connections accepted.",
@@ -99,6 +99,16 @@ fn render_transports(out: &mut String) {
             "nvmeof_tcp_host_term_reqs_total",
             "NVMe/TCP connections a host ended with an H2CTermReq.",
             load(&tcp.host_term_reqs),
+        ),
+        (
+            "nvmeof_tcp_busy_poll_reads_total",
+            "NVMe/TCP reads that busy polling found the bytes for (no wake-up needed).",
+            load(&tcp.busy_poll_reads),
+        ),
+        (
+            "nvmeof_tcp_busy_poll_expired_total",
+            "NVMe/TCP busy-polling windows that closed with nothing to read.",
+            load(&tcp.busy_poll_expired),
         ),
         (
             "nvmeof_keep_alive_timeouts_total",

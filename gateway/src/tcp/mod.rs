@@ -20,6 +20,10 @@ pub struct TcpStats {
     pub data_digest_errors: AtomicU64,
     /// Connections the host ended with an H2CTermReq.
     pub host_term_reqs: AtomicU64,
+    /// Reads busy polling found bytes for (`[gateway] tcp_busy_poll_us`): wake-ups saved.
+    pub busy_poll_reads: AtomicU64,
+    /// Busy-polling windows that closed with nothing to read (the task went to sleep).
+    pub busy_poll_expired: AtomicU64,
 }
 
 static STATS: TcpStats = TcpStats {
@@ -28,6 +32,8 @@ static STATS: TcpStats = TcpStats {
     fatal_pdu_errors: AtomicU64::new(0),
     data_digest_errors: AtomicU64::new(0),
     host_term_reqs: AtomicU64::new(0),
+    busy_poll_reads: AtomicU64::new(0),
+    busy_poll_expired: AtomicU64::new(0),
 };
 
 pub fn stats() -> &'static TcpStats {

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -14,18 +15,34 @@ use crate::core::Target;
 pub struct TcpServer {
     listener: TcpListener,
     target: Arc<Target>,
+    busy_poll: Option<Duration>,
 }
 
 impl TcpServer {
     pub async fn bind(addr: SocketAddr, target: Arc<Target>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
-        Ok(Self { listener, target })
+        Ok(Self {
+            listener,
+            target,
+            busy_poll: None,
+        })
     }
 
     /// Serves on a socket the caller bound (a test that needs the port before it builds the
     /// target's configuration).
     pub fn from_listener(listener: TcpListener, target: Arc<Target>) -> Self {
-        Self { listener, target }
+        Self {
+            listener,
+            target,
+            busy_poll: None,
+        }
+    }
+
+    /// Connections poll their socket this long after a command before they sleep
+    /// (`[gateway] tcp_busy_poll_us`; `None`, the default: never).
+    pub fn with_busy_poll(mut self, busy_poll: Option<Duration>) -> Self {
+        self.busy_poll = busy_poll;
+        self
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -42,7 +59,8 @@ impl TcpServer {
                 _ = shutdown.changed() => break,
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, _)) => {
-                        let conn = Connection::new(stream, self.target.clone());
+                        let conn = Connection::new(stream, self.target.clone())
+                            .with_busy_poll(self.busy_poll);
                         connections.spawn(conn.run(shutdown.clone()));
                     }
                     Err(e) => {

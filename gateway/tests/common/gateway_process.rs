@@ -81,6 +81,16 @@ impl GatewayProcess {
     }
 
     /// Waits until it has exited and returns how; panics with `failure` after `within`.
+    /// Waits until the process says its metrics endpoint on 127.0.0.1:`port` is up.
+    pub async fn wait_for_metrics(&self, port: u16) {
+        self.wait_for_log(
+            &format!("metrics at http://127.0.0.1:{port}/metrics"),
+            Duration::from_secs(20),
+            "the metrics endpoint never came up",
+        )
+        .await;
+    }
+
     pub async fn exit_within(&mut self, within: Duration, failure: &str) -> ExitStatus {
         poll_until(within, Duration::from_millis(50), async || {
             match self.child.try_wait().expect("wait") {

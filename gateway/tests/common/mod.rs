@@ -64,9 +64,15 @@ pub async fn start_gateway(subnqn: &str, size: &str) -> TestGateway {
 /// Serves `target` over NVMe/TCP on an ephemeral loopback port (the configured listeners are
 /// not used: tests run concurrently).
 pub async fn serve_target(target: Arc<Target>) -> TestGateway {
+    serve_target_polling(target, None).await
+}
+
+/// [`serve_target`], with its connections busy polling for `busy_poll` after each command.
+pub async fn serve_target_polling(target: Arc<Target>, busy_poll: Option<Duration>) -> TestGateway {
     let server = TcpServer::bind("127.0.0.1:0".parse().expect("address"), target)
         .await
-        .expect("bind an ephemeral port");
+        .expect("bind an ephemeral port")
+        .with_busy_poll(busy_poll);
     let addr = server.local_addr().expect("local address");
     let (shutdown, rx) = watch::channel(false);
     let server = tokio::spawn(server.serve(rx));
@@ -75,6 +81,19 @@ pub async fn serve_target(target: Arc<Target>) -> TestGateway {
         shutdown,
         server,
     }
+}
+
+/// Sends `request` as is to an HTTP endpoint (the metrics one) and returns the whole answer
+/// (the server closes after one).
+pub fn http_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s.write_all(request).expect("send the request");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read the answer");
+    answer
 }
 
 /// The value of the sample `series` (metric name and labels, as printed) in exposition text.

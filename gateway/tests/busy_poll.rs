@@ -1,0 +1,122 @@
+//! Busy polling (`[gateway] tcp_busy_poll_us`): a queue that polls its socket between
+//! commands serves them as a sleeping one does, and what it must notice meanwhile (the host
+//! leaving, a shutdown, the other connections of its worker) it still notices.
+
+mod common;
+
+use std::time::Duration;
+
+use common::gateway_process::GatewayProcess;
+use common::host::{connect_within, Attach};
+use common::{
+    free_port, http_exchange, loopback, memory_gateway_toml, metric_value, pattern, scratch_dir,
+};
+use nvmeof_gateway::config::Config;
+use nvmeof_gateway::tcp::pdu::{encode_icreq, IcReq};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SUBNQN: &str = "nqn.2016-06.io.ceph-nvmeof-rs:busy-poll";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-00000000b0b0";
+
+/// Longer than any of these tests: a window that closing early cannot explain away.
+const LONG_WINDOW: Duration = Duration::from_secs(120);
+
+async fn polling_gateway(window: Duration) -> common::TestGateway {
+    let config = Config::from_toml_str(&memory_gateway_toml(4420, SUBNQN, "16MiB"))
+        .expect("valid test configuration");
+    let target = config.build_target().expect("target");
+    common::serve_target_polling(target, Some(window)).await
+}
+
+#[tokio::test]
+async fn the_configured_window_catches_the_next_command_and_data_reads_back() {
+    let dir = scratch_dir(&format!("nvmeof-busy-poll-{}", std::process::id()));
+    let port = free_port();
+    let metrics_port = free_port();
+    let config = format!(
+        "[gateway]\ntcp_busy_poll_us = 10000\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n{}",
+        memory_gateway_toml(port, SUBNQN, "16MiB")
+    );
+    let gateway = GatewayProcess::spawn(&dir, "gateway", port, &config);
+    gateway.wait_for_metrics(metrics_port).await;
+    let host = connect_within(port, &Attach::new(HOSTNQN, SUBNQN), Duration::from_secs(20)).await;
+    // QD1: each command goes out as soon as the previous one completed, well within 10 ms.
+    const PAIRS: u64 = 32;
+    for i in 0..PAIRS {
+        let data = pattern(4096, i as u8);
+        host.io
+            .write(1, i * 8, data.clone(), 512)
+            .await
+            .expect("write");
+        assert_eq!(host.io.read(1, i * 8, 8, 512).await.expect("read"), data);
+    }
+    let answer = http_exchange(loopback(metrics_port), b"GET /metrics HTTP/1.0\r\n\r\n");
+    let caught = metric_value(&answer, "nvmeof_tcp_busy_poll_reads_total")
+        .unwrap_or_else(|| panic!("no busy-poll counter in\n{answer}"));
+    // Every command after the first is polled for; a stall of the machine may let a window
+    // close now and then, so half is the bar.
+    assert!(
+        caught >= PAIRS as f64,
+        "busy polling caught {caught} of {} commands",
+        2 * PAIRS
+    );
+    drop(host);
+    drop(gateway);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_polling_queue_leaves_the_worker_to_other_queues_and_sees_shutdown() {
+    // One runtime thread (tokio::test): the host, both queues and the server share it, so a
+    // queue that spun without yielding would hang this test.
+    let gw = polling_gateway(LONG_WINDOW).await;
+    let port = gw.addr.port();
+    let attach = Attach::new(HOSTNQN, SUBNQN);
+    let first = connect_within(port, &attach, Duration::from_secs(20)).await;
+    let second = connect_within(port, &attach, Duration::from_secs(20)).await;
+    for i in 0..8u64 {
+        let data = pattern(4096, 40 + i as u8);
+        let (queue, other) = if i % 2 == 0 {
+            (&first, &second)
+        } else {
+            (&second, &first)
+        };
+        queue
+            .io
+            .write(1, i * 8, data.clone(), 512)
+            .await
+            .expect("write");
+        // A pause longer than a polling slice, so the queues poll across yields.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(other.io.read(1, i * 8, 8, 512).await.expect("read"), data);
+    }
+    // Both queues are polling now (the window is two minutes): a shutdown still stops them.
+    gw.shutdown
+        .send(true)
+        .expect("the server listens for shutdown");
+    tokio::time::timeout(Duration::from_secs(10), gw.server)
+        .await
+        .expect("the server stopped within 10 s although its queues were polling")
+        .expect("the server task did not panic");
+}
+
+#[tokio::test]
+async fn a_host_leaving_while_its_queue_polls_gets_the_connection_closed() {
+    let gw = polling_gateway(LONG_WINDOW).await;
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut icreq = Vec::new();
+    encode_icreq(&mut icreq, &IcReq::default());
+    s.write_all(&icreq).await.expect("send ICReq");
+    let mut icresp = [0u8; 128];
+    s.read_exact(&mut icresp).await.expect("ICResp");
+    assert_eq!(icresp[0], 0x01, "ICResp");
+    // The ICReq opened the window; the host's FIN must end the connection, not wait for it.
+    s.shutdown().await.expect("half-close");
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(read, Ok(Ok(0))),
+        "the gateway did not close a polling connection whose host left: {read:?}"
+    );
+}
