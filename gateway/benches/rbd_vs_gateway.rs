@@ -28,10 +28,12 @@
 //! image) and through the gateway (N namespaces, N host threads with one queue each).
 //!
 //! Other options: `--gateway-threads N` (default: one runtime worker per CPU),
-//! `--gateway [LABEL=]PATH[@THREADS]` (repeatable: compare gateway binaries or thread counts
+//! `--gateway [LABEL=]PATH[@THREADS][,poll=US]` (repeatable: compare gateway binaries, thread
+//! counts or busy polling, `[gateway] tcp_busy_poll_us`)
 //! in one run; each round runs direct and every gateway, in an order that rotates by one per
 //! round; `built` as PATH is the binary cargo built),
-//! `--ramp SECONDS` (default 1, not measured), `--only TEXT` (the workloads whose name
+//! `--fio-busy-poll` (fio's rbd engine polls for completions, `busy_poll=1`: the direct side
+//! for a gateway with `,poll=US`), `--ramp SECONDS` (default 1, not measured), `--only TEXT` (the workloads whose name
 //! contains TEXT ending at a word's end, e.g. `--only QD1` is not QD16). In `cargo test --benches` (no `--bench`
 //! argument) it only says it was skipped: it needs Ceph and fio.
 
@@ -95,6 +97,9 @@ struct Args {
     repeat: usize,
     /// fio on librbd's stock settings (cache still off) instead of the gateway's defaults.
     fio_librbd_defaults: bool,
+    /// fio's rbd engine polls for completions (`busy_poll=1`) instead of waiting: the direct
+    /// side of a comparison with a busy-polling gateway.
+    fio_busy_poll: bool,
 }
 
 fn parse_args() -> Option<Args> {
@@ -147,6 +152,7 @@ fn parse_args() -> Option<Args> {
             .unwrap_or(3)
             .max(1),
         fio_librbd_defaults: args.iter().any(|a| a == "--fio-librbd-defaults"),
+        fio_busy_poll: args.iter().any(|a| a == "--fio-busy-poll"),
     })
 }
 
@@ -300,6 +306,8 @@ struct Variant {
     label: String,
     binary: PathBuf,
     threads: Option<usize>,
+    /// `[gateway] tcp_busy_poll_us`.
+    busy_poll_us: Option<u32>,
 }
 
 impl Variant {
@@ -308,14 +316,26 @@ impl Variant {
             label: "gateway".into(),
             binary: env!("CARGO_BIN_EXE_nvmeof-gateway").into(),
             threads,
+            busy_poll_us: None,
         }
     }
 
-    /// `[LABEL=]PATH[@THREADS]`; PATH `built` is the binary cargo built.
+    /// `[LABEL=]PATH[@THREADS][,poll=US]`; PATH `built` is the binary cargo built; US sets
+    /// `[gateway] tcp_busy_poll_us`.
     fn parse(spec: &str, index: usize) -> Variant {
         let (label, rest) = match spec.split_once('=') {
-            Some((l, r)) => (l.to_string(), r),
-            None => (format!("gw{}", index + 1), spec),
+            Some((l, r)) if !l.contains(',') => (l.to_string(), r),
+            _ => (format!("gw{}", index + 1), spec),
+        };
+        let (rest, busy_poll_us) = match rest.rsplit_once(",poll=") {
+            Some((r, us)) => (
+                r,
+                Some(
+                    us.parse()
+                        .unwrap_or_else(|_| panic!("--gateway {spec}: bad poll microseconds")),
+                ),
+            ),
+            None => (rest, None),
         };
         let (path, threads) = match rest.rsplit_once('@') {
             Some((p, t)) => (
@@ -336,6 +356,7 @@ impl Variant {
             label,
             binary,
             threads,
+            busy_poll_us,
         }
     }
 }
@@ -364,9 +385,14 @@ impl Gateway {
             .expect("a free port");
         let config = work.join(format!("gateway-{}-{port}.toml", variant.label));
         let mut text = String::new();
+        text.push_str("[gateway]\n");
         if let Some(n) = variant.threads {
-            text.push_str(&format!("[gateway]\nworker_threads = {n}\n\n"));
+            text.push_str(&format!("worker_threads = {n}\n"));
         }
+        if let Some(us) = variant.busy_poll_us {
+            text.push_str(&format!("tcp_busy_poll_us = {us}\n"));
+        }
+        text.push('\n');
         text.push_str(&format!(
             r#"[[listener]]
 transport = "tcp"
@@ -689,7 +715,8 @@ mod json {
     }
 }
 
-/// Direct librbd: fio's rbd engine on the same image, one job at `w.queue_depth`.
+/// Direct librbd: fio's rbd engine on the same image, one job at `w.queue_depth`, polling
+/// for completions when `busy_poll`.
 fn direct(
     conf: &Path,
     image: &str,
@@ -697,6 +724,7 @@ fn direct(
     (ramp, seconds): (f64, f64),
     out_dir: &Path,
     cluster: &[u32],
+    busy_poll: bool,
 ) -> Side {
     let out = out_dir.join(format!("fio-{}.json", w.name.replace(' ', "-")));
     let cluster_cpu0 = cluster_cpu_seconds(cluster);
@@ -704,6 +732,8 @@ fn direct(
         .env("CEPH_CONF", conf)
         .arg("--name=direct")
         .arg("--ioengine=rbd")
+        // An engine option: only after the engine.
+        .arg(format!("--busy_poll={}", u8::from(busy_poll)))
         .arg("--clientname=admin")
         .arg(format!("--pool={POOL}"))
         .arg(format!("--rbdname={image}"))
@@ -1156,6 +1186,7 @@ fn main() {
                         (args.ramp, args.seconds),
                         &work,
                         &daemons,
+                        args.fio_busy_poll,
                     ));
                     continue;
                 }
@@ -1247,6 +1278,9 @@ fn main() {
             "fio with the gateway's librbd options"
         }
     );
+    if args.fio_busy_poll {
+        println!("fio polls for completions (--fio-busy-poll: its rbd engine's busy_poll=1)");
+    }
     println!("direct = fio --ioengine=rbd (1 job); gateway = nvmeof-gateway over NVMe/TCP on 127.0.0.1, pipelined Rust host, 1 queue");
     println!("{}", cpu_idle_description());
     for v in &variants {
