@@ -27,6 +27,8 @@
 //! it yields to the runtime: other tasks of the worker run and the reactor is polled. Where
 //! an idle vCPU halts and every wake-up is a VM exit, that is most of what NVMe/TCP adds at
 //! QD1; the price is a CPU spinning while a queue is busy, as SPDK's reactors do always.
+//! Where wake-ups are cheap (the guest halt-polls) it loses: the spinning CPU is one the
+//! librbd and OSD threads lack (README, Performance).
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
