@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use common::gateway_process::GatewayProcess;
 use common::host::{connect_within, Attach};
-use common::{
-    free_port, http_exchange, loopback, memory_gateway_toml, metric_value, pattern, scratch_dir,
-};
+use common::{http_exchange, loopback, memory_gateway_toml, metric_value, pattern, scratch_dir};
 use nvmeof_gateway::config::Config;
 use nvmeof_gateway::tcp::pdu::{encode_icreq, IcReq};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,14 +30,8 @@ async fn polling_gateway(window: Duration) -> common::TestGateway {
 #[tokio::test]
 async fn the_configured_window_catches_the_next_command_and_data_reads_back() {
     let dir = scratch_dir(&format!("nvmeof-busy-poll-{}", std::process::id()));
-    let port = free_port();
-    let metrics_port = free_port();
-    let config = format!(
-        "[gateway]\ntcp_busy_poll_us = 10000\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n{}",
-        memory_gateway_toml(port, SUBNQN, "16MiB")
-    );
-    let gateway = GatewayProcess::spawn(&dir, "gateway", port, &config);
-    gateway.wait_for_metrics(metrics_port).await;
+    let (gateway, port, metrics_port) =
+        GatewayProcess::spawn_memory_with_metrics(&dir, SUBNQN, "tcp_busy_poll_us = 10000\n").await;
     let host = connect_within(port, &Attach::new(HOSTNQN, SUBNQN), Duration::from_secs(20)).await;
     // QD1: each command goes out as soon as the previous one completed, well within 10 ms.
     const PAIRS: u64 = 32;

@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use common::gateway_process::GatewayProcess;
 use common::host::{connect_within, Attach};
-use common::{
-    free_port, http_exchange, loopback, memory_gateway_toml, metric_value, pattern, scratch_dir,
-};
+use common::{http_exchange, loopback, metric_value, pattern, scratch_dir};
 
 const SUBNQN: &str = "nqn.2016-06.io.ceph-nvmeof-rs:metrics";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-00000000e7e7";
@@ -19,14 +17,8 @@ const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0
 #[tokio::test]
 async fn a_scrape_counts_the_hosts_io_and_bad_requests_are_refused() {
     let dir = scratch_dir(&format!("nvmeof-metrics-{}", std::process::id()));
-    let port = free_port();
-    let metrics_port = free_port();
-    let config = format!(
-        "[gateway]\nname = \"gw-metrics\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n{}",
-        memory_gateway_toml(port, SUBNQN, "16MiB")
-    );
-    let gateway = GatewayProcess::spawn(&dir, "gateway", port, &config);
-    gateway.wait_for_metrics(metrics_port).await;
+    let (gateway, port, metrics_port) =
+        GatewayProcess::spawn_memory_with_metrics(&dir, SUBNQN, "name = \"gw-metrics\"\n").await;
     let host = connect_within(port, &Attach::new(HOSTNQN, SUBNQN), Duration::from_secs(20)).await;
     let data = pattern(8192, 7);
     for slba in [0u64, 64, 128] {

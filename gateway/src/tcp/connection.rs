@@ -237,12 +237,7 @@ impl Shared {
         cx: &mut Context<'_>,
     ) -> Poll<std::io::Result<usize>> {
         let mut state = self.lock();
-        // Room to read into: a read into no room would return 0 bytes, which looks like the
-        // host closing.
-        if state.rx.len() - state.rx_end < READ_CHUNK / 4 {
-            state.compact_rx();
-        }
-        let end = state.rx_end;
+        let end = state.make_read_room();
         let mut buf = ReadBuf::new(&mut state.rx[end..]);
         match Pin::new(reader).poll_read(cx, &mut buf) {
             Poll::Ready(Ok(())) => {
@@ -260,10 +255,7 @@ impl Shared {
     /// closed.
     fn read_now(&self, probe: &OwnedFd) -> std::io::Result<usize> {
         let mut state = self.lock();
-        if state.rx.len() - state.rx_end < READ_CHUNK / 4 {
-            state.compact_rx();
-        }
-        let end = state.rx_end;
+        let end = state.make_read_room();
         loop {
             match rustix::net::recv(
                 probe,
@@ -588,6 +580,15 @@ impl State {
         let flow = self.run_actions(&mut actions);
         self.actions = actions;
         flow
+    }
+
+    /// Makes sure there is room to read into, and returns where it starts. A read into no
+    /// room would return 0 bytes, which looks like the host closing.
+    fn make_read_room(&mut self) -> usize {
+        if self.rx.len() - self.rx_end < READ_CHUNK / 4 {
+            self.compact_rx();
+        }
+        self.rx_end
     }
 
     /// Moves the undecoded bytes to the front and makes room for `READ_CHUNK` more.

@@ -91,6 +91,25 @@ impl GatewayProcess {
         .await;
     }
 
+    /// A gateway serving `subnqn` with one 16 MiB in-memory namespace and a metrics
+    /// endpoint, with `gateway_lines` added to its `[gateway]` section; returns once the
+    /// endpoint is up, with the NVMe/TCP and the metrics ports.
+    pub async fn spawn_memory_with_metrics(
+        dir: &Path,
+        subnqn: &str,
+        gateway_lines: &str,
+    ) -> (GatewayProcess, u16, u16) {
+        let port = super::free_port();
+        let metrics_port = super::free_port();
+        let config = format!(
+            "[gateway]\n{gateway_lines}metrics_listen = \"127.0.0.1:{metrics_port}\"\n{}",
+            super::memory_gateway_toml(port, subnqn, "16MiB")
+        );
+        let gateway = GatewayProcess::spawn(dir, "gateway", port, &config);
+        gateway.wait_for_metrics(metrics_port).await;
+        (gateway, port, metrics_port)
+    }
+
     pub async fn exit_within(&mut self, within: Duration, failure: &str) -> ExitStatus {
         poll_until(within, Duration::from_millis(50), async || {
             match self.child.try_wait().expect("wait") {
