@@ -28,8 +28,9 @@
 //! image) and through the gateway (N namespaces, N host threads with one queue each).
 //!
 //! Other options: `--gateway-threads N` (default: one runtime worker per CPU),
-//! `--gateway [LABEL=]PATH[@THREADS][,poll=US]` (repeatable: compare gateway binaries, thread
-//! counts or busy polling, `[gateway] tcp_busy_poll_us`)
+//! `--gateway [LABEL=]PATH[@THREADS][,poll=US|,alwayspoll=US]` (repeatable: compare gateway
+//! binaries, thread counts or busy polling, `[gateway] tcp_busy_poll_us`, adaptive or with
+//! `tcp_busy_poll_adaptive = false`)
 //! in one run; each round runs direct and every gateway, in an order that rotates by one per
 //! round; `built` as PATH is the binary cargo built),
 //! `--fio-busy-poll` (fio's rbd engine polls for completions, `busy_poll=1`: the direct side
@@ -308,6 +309,8 @@ struct Variant {
     threads: Option<usize>,
     /// `[gateway] tcp_busy_poll_us`.
     busy_poll_us: Option<u32>,
+    /// `[gateway] tcp_busy_poll_adaptive = false` (unset: the gateway's default, adaptive).
+    always_poll: bool,
 }
 
 impl Variant {
@@ -317,17 +320,23 @@ impl Variant {
             binary: env!("CARGO_BIN_EXE_nvmeof-gateway").into(),
             threads,
             busy_poll_us: None,
+            always_poll: false,
         }
     }
 
-    /// `[LABEL=]PATH[@THREADS][,poll=US]`; PATH `built` is the binary cargo built; US sets
-    /// `[gateway] tcp_busy_poll_us`.
+    /// `[LABEL=]PATH[@THREADS][,poll=US|,alwayspoll=US]`; PATH `built` is the binary cargo
+    /// built; US sets `[gateway] tcp_busy_poll_us`, `alwayspoll` also
+    /// `tcp_busy_poll_adaptive = false`.
     fn parse(spec: &str, index: usize) -> Variant {
         let (label, rest) = match spec.split_once('=') {
             Some((l, r)) if !l.contains(',') => (l.to_string(), r),
             _ => (format!("gw{}", index + 1), spec),
         };
-        let (rest, busy_poll_us) = match rest.rsplit_once(",poll=") {
+        let always_poll = rest.contains(",alwayspoll=");
+        let (rest, busy_poll_us) = match rest
+            .rsplit_once(",poll=")
+            .or_else(|| rest.rsplit_once(",alwayspoll="))
+        {
             Some((r, us)) => (
                 r,
                 Some(
@@ -357,6 +366,7 @@ impl Variant {
             binary,
             threads,
             busy_poll_us,
+            always_poll,
         }
     }
 }
@@ -391,6 +401,9 @@ impl Gateway {
         }
         if let Some(us) = variant.busy_poll_us {
             text.push_str(&format!("tcp_busy_poll_us = {us}\n"));
+        }
+        if variant.always_poll {
+            text.push_str("tcp_busy_poll_adaptive = false\n");
         }
         text.push('\n');
         text.push_str(&format!(

@@ -61,6 +61,10 @@ pub struct GatewaySection {
     /// a sleeping thread is slow (a VM whose idle vCPUs halt): see `tcp::connection`.
     #[serde(default)]
     pub tcp_busy_poll_us: Option<u32>,
+    /// With `tcp_busy_poll_us`: each queue measures whether polling makes its host's
+    /// commands come faster and polls only then (default); `false`: it always polls.
+    #[serde(default)]
+    pub tcp_busy_poll_adaptive: Option<bool>,
 }
 
 /// Upper bound of `[gateway] tcp_busy_poll_us`: longer than any op worth polling for.
@@ -868,11 +872,14 @@ impl Config {
         self.transport_addrs("rdma")
     }
 
-    /// How long an NVMe/TCP queue polls its socket before it sleeps; `None`: it never polls.
-    pub fn tcp_busy_poll(&self) -> Option<std::time::Duration> {
+    /// How an NVMe/TCP queue polls its socket before it sleeps; `None`: it never polls.
+    pub fn tcp_busy_poll(&self) -> Option<crate::tcp::busy_poll::BusyPollConfig> {
         match self.gateway.tcp_busy_poll_us {
             None | Some(0) => None,
-            Some(us) => Some(std::time::Duration::from_micros(u64::from(us))),
+            Some(us) => Some(crate::tcp::busy_poll::BusyPollConfig {
+                window: std::time::Duration::from_micros(u64::from(us)),
+                adaptive: self.gateway.tcp_busy_poll_adaptive.unwrap_or(true),
+            }),
         }
     }
 
@@ -1220,6 +1227,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tcp::busy_poll::BusyPollConfig;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         let c: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
@@ -1437,10 +1445,27 @@ mod tests {
         let with_poll = |us: &str| format!("[gateway]\ntcp_busy_poll_us = {us}\n{GOOD}");
         assert_eq!(parse(GOOD).expect("valid").tcp_busy_poll(), None);
         assert_eq!(parse(&with_poll("0")).expect("valid").tcp_busy_poll(), None);
+        let window = std::time::Duration::from_micros(250);
         assert_eq!(
             parse(&with_poll("250")).expect("valid").tcp_busy_poll(),
-            Some(std::time::Duration::from_micros(250))
+            Some(BusyPollConfig {
+                window,
+                adaptive: true
+            }),
+            "adaptive unless told otherwise"
         );
+        let always =
+            format!("[gateway]\ntcp_busy_poll_us = 250\ntcp_busy_poll_adaptive = false\n{GOOD}");
+        assert_eq!(
+            parse(&always).expect("valid").tcp_busy_poll(),
+            Some(BusyPollConfig {
+                window,
+                adaptive: false
+            })
+        );
+        let not_bool =
+            format!("[gateway]\ntcp_busy_poll_us = 250\ntcp_busy_poll_adaptive = 1\n{GOOD}");
+        assert!(parse(&not_bool).is_err());
         let err = parse(&with_poll("10001")).unwrap_err().to_string();
         assert!(err.starts_with("gateway.tcp_busy_poll_us"), "{err}");
         assert!(err.contains("more than 10000"), "{err}");

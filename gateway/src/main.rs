@@ -233,13 +233,16 @@ async fn wait_for_signal() {
 /// plane stops alone).
 struct Listeners {
     target: Arc<Target>,
-    /// `[gateway] tcp_busy_poll_us`, for every NVMe/TCP listener.
-    tcp_busy_poll: Option<Duration>,
+    /// `[gateway] tcp_busy_poll_us` and `tcp_busy_poll_adaptive`, for every NVMe/TCP listener.
+    tcp_busy_poll: Option<nvmeof_gateway::tcp::busy_poll::BusyPollConfig>,
     running: BTreeMap<PushedListener, (watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
 }
 
 impl Listeners {
-    fn new(target: Arc<Target>, tcp_busy_poll: Option<Duration>) -> Self {
+    fn new(
+        target: Arc<Target>,
+        tcp_busy_poll: Option<nvmeof_gateway::tcp::busy_poll::BusyPollConfig>,
+    ) -> Self {
         Self {
             target,
             tcp_busy_poll,

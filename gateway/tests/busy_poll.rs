@@ -1,6 +1,7 @@
 //! Busy polling (`[gateway] tcp_busy_poll_us`): a queue that polls its socket between
 //! commands serves them as a sleeping one does, and what it must notice meanwhile (the host
-//! leaving, a shutdown, the other connections of its worker) it still notices.
+//! leaving, a shutdown, the other connections of its worker) it still notices. Adaptive
+//! polling (the default) measures both modes and settles on one.
 
 mod common;
 
@@ -10,6 +11,7 @@ use common::gateway_process::GatewayProcess;
 use common::host::{connect_within, Attach};
 use common::{http_exchange, loopback, memory_gateway_toml, metric_value, pattern, scratch_dir};
 use nvmeof_gateway::config::Config;
+use nvmeof_gateway::tcp::busy_poll::BusyPollConfig;
 use nvmeof_gateway::tcp::pdu::{encode_icreq, IcReq};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -24,14 +26,22 @@ async fn polling_gateway(window: Duration) -> common::TestGateway {
     let config = Config::from_toml_str(&memory_gateway_toml(4420, SUBNQN, "16MiB"))
         .expect("valid test configuration");
     let target = config.build_target().expect("target");
-    common::serve_target_polling(target, Some(window)).await
+    let always = BusyPollConfig {
+        window,
+        adaptive: false,
+    };
+    common::serve_target_polling(target, Some(always)).await
 }
 
 #[tokio::test]
 async fn the_configured_window_catches_the_next_command_and_data_reads_back() {
     let dir = scratch_dir(&format!("nvmeof-busy-poll-{}", std::process::id()));
-    let (gateway, port, metrics_port) =
-        GatewayProcess::spawn_memory_with_metrics(&dir, SUBNQN, "tcp_busy_poll_us = 10000\n").await;
+    let (gateway, port, metrics_port) = GatewayProcess::spawn_memory_with_metrics(
+        &dir,
+        SUBNQN,
+        "tcp_busy_poll_us = 10000\ntcp_busy_poll_adaptive = false\n",
+    )
+    .await;
     let host = connect_within(port, &Attach::new(HOSTNQN, SUBNQN), Duration::from_secs(20)).await;
     // QD1: each command goes out as soon as the previous one completed, well within 10 ms.
     const PAIRS: u64 = 32;
@@ -52,6 +62,44 @@ async fn the_configured_window_catches_the_next_command_and_data_reads_back() {
         caught >= PAIRS as f64,
         "busy polling caught {caught} of {} commands",
         2 * PAIRS
+    );
+    drop(host);
+    drop(gateway);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn an_adaptive_queue_measures_both_modes_and_settles_on_one() {
+    let dir = scratch_dir(&format!("nvmeof-busy-poll-adaptive-{}", std::process::id()));
+    let (gateway, port, metrics_port) =
+        GatewayProcess::spawn_memory_with_metrics(&dir, SUBNQN, "tcp_busy_poll_us = 1000\n").await;
+    let host = connect_within(port, &Attach::new(HOSTNQN, SUBNQN), Duration::from_secs(20)).await;
+    // QD1 pairs: 800 commands, more than the two first epochs (one polling, one sleeping)
+    // need even if a stalled machine makes some gaps too long to count.
+    const PAIRS: u64 = 400;
+    for i in 0..PAIRS {
+        let data = pattern(4096, i as u8);
+        let lba = (i % 64) * 8;
+        host.io
+            .write(1, lba, data.clone(), 512)
+            .await
+            .expect("write");
+        assert_eq!(host.io.read(1, lba, 8, 512).await.expect("read"), data);
+    }
+    let answer = http_exchange(loopback(metrics_port), b"GET /metrics HTTP/1.0\r\n\r\n");
+    let counter = |name: &str| {
+        metric_value(&answer, name).unwrap_or_else(|| panic!("no {name} in\n{answer}"))
+    };
+    let decisions = counter("nvmeof_tcp_busy_poll_chose_poll_total")
+        + counter("nvmeof_tcp_busy_poll_chose_sleep_total");
+    assert!(
+        decisions >= 1.0,
+        "no queue decided whether to poll after {} QD1 commands\n{answer}",
+        2 * PAIRS
+    );
+    assert!(
+        counter("nvmeof_tcp_busy_poll_reads_total") >= 1.0,
+        "the first epoch polls"
     );
     drop(host);
     drop(gateway);

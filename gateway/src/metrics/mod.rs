@@ -79,7 +79,7 @@ fn render_transports(out: &mut String) {
     for (name, help, value) in gauges {
         Family::new(out, name, "gauge", help).sample(&[], value);
     }
-    let counters: [(&str, &str, u64); 13] = [
+    let counters: [(&str, &str, u64); 15] = [
         (
             "nvmeof_tcp_connections_accepted_total",
             "NVMe/TCP connections accepted.",
@@ -109,6 +109,16 @@ fn render_transports(out: &mut String) {
             "nvmeof_tcp_busy_poll_expired_total",
             "NVMe/TCP busy-polling windows that closed with nothing to read.",
             load(&tcp.busy_poll_expired),
+        ),
+        (
+            "nvmeof_tcp_busy_poll_chose_poll_total",
+            "Adaptive busy polling: a queue compared both modes and polls (it was faster).",
+            load(&tcp.busy_poll_chose_poll),
+        ),
+        (
+            "nvmeof_tcp_busy_poll_chose_sleep_total",
+            "Adaptive busy polling: a queue compared both modes and sleeps (polling did not pay).",
+            load(&tcp.busy_poll_chose_sleep),
         ),
         (
             "nvmeof_keep_alive_timeouts_total",

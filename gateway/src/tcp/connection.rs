@@ -21,14 +21,9 @@
 //!
 //! Busy polling (`[gateway] tcp_busy_poll_us`, off by default) takes away the other wake-up
 //! on the path: the task's own, when the host's next command arrives. For that long after a
-//! command came in, the task does not sleep in epoll but keeps asking the socket
-//! (`recv(MSG_PEEK | MSG_DONTWAIT)` on a duplicate of its descriptor, without the state lock,
-//! so completing threads never wait for it), in slices of [`BUSY_POLL_SLICE`] between which
-//! it yields to the runtime: other tasks of the worker run and the reactor is polled. Where
-//! an idle vCPU halts and every wake-up is a VM exit, that is most of what NVMe/TCP adds at
-//! QD1; the price is a CPU spinning while a queue is busy, as SPDK's reactors do always.
-//! Where wake-ups are cheap (the guest halt-polls) it loses: the spinning CPU is one the
-//! librbd and OSD threads lack (README, Performance).
+//! command came in, the task does not sleep in epoll but keeps asking the socket, on a
+//! duplicate of its descriptor and without the state lock, so completing threads never wait
+//! for it; adaptive polling measures whether that pays on this machine (see [`super::busy_poll`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
@@ -46,6 +41,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tracing::Instrument;
 
+use super::busy_poll::{self, poll_socket, BusyPollConfig, Chooser, Decision, Mode, Polled};
 use super::pdu::{
     encode_c2h_term_req, encode_icresp, DecoderConfig, Fes, IcResp, Pdu, PduDecoder, PduEncoder,
     PduError, Role, PFV_1_0,
@@ -63,13 +59,23 @@ pub const MAX_H2C_DATA: u32 = crate::core::queue::MAX_DATA_LEN;
 /// Transient Transport Error: the host retries the command (NVMe Base, generic status 22h).
 const TRANSIENT_TRANSPORT_ERROR: u16 = 0x22;
 const READ_CHUNK: usize = 256 * 1024;
-/// Longest a busy-polling task spins before it lets the worker's other tasks run.
-const BUSY_POLL_SLICE: Duration = Duration::from_micros(20);
-/// Busy polling only while at most this many commands of the queue are at the device. Deeper
-/// queues are woken for batches (a wake-up is shared by many commands), and on a saturated
-/// machine the CPU a poll spins is what librbd and the OSDs need: polling at QD16 cost 0.2x
-/// of the IOPS on a 2-core machine.
-const BUSY_POLL_MAX_IN_FLIGHT: usize = 2;
+/// Counts and logs what adaptive busy polling decided at the end of an epoch.
+fn count_decision(decision: &Decision) {
+    let stats = super::stats();
+    let counter = match decision.chosen {
+        Mode::Poll => &stats.busy_poll_chose_poll,
+        Mode::Sleep => &stats.busy_poll_chose_sleep,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    if decision.switched {
+        tracing::debug!(
+            chosen = ?decision.chosen,
+            poll_median_us = decision.poll_median.as_micros() as u64,
+            sleep_median_us = decision.sleep_median.as_micros() as u64,
+            "busy polling: mode changed"
+        );
+    }
+}
 
 /// Transport capabilities reported to controllers created over TCP.
 pub fn tcp_caps() -> TransportCaps {
@@ -159,6 +165,8 @@ struct State {
     close_requested: bool,
     /// Completions go through the task only: it drains for shutdown or has closed the queue.
     task_only: bool,
+    /// Command capsules received (adaptive busy polling measures the time between them).
+    commands_received: u64,
 }
 
 /// The completion sink devices call. Weak: a device holding it after the connection ended
@@ -297,7 +305,7 @@ pub struct Connection {
     busy_poll: Option<BusyPoll>,
 }
 
-/// Busy polling's settings and state (see the module docs).
+/// Busy polling's settings and state (see [`super::busy_poll`]).
 struct BusyPoll {
     /// How long after a command the task polls.
     window: Duration,
@@ -306,43 +314,8 @@ struct BusyPoll {
     probe: OwnedFd,
     /// Polling until then; `None`: sleeping in epoll.
     until: Option<Instant>,
-}
-
-/// How busy polling ended.
-enum Polled {
-    /// The socket was readable: what reading it gave (0: the host closed).
-    Read(std::io::Result<usize>),
-    /// The window closed: back to sleeping in epoll.
-    Expired,
-}
-
-/// Polls the socket until it is readable or `until` passes (see the module docs), and reads
-/// it. It yields between slices, and the select polls its other branches first each time:
-/// that is how completions waiting for the task and controller notices reach it meanwhile.
-async fn busy_poll(probe: &OwnedFd, until: Instant, shared: &Shared) -> Polled {
-    let mut peek = [0u8; 1];
-    loop {
-        let slice_end = Instant::now() + BUSY_POLL_SLICE;
-        loop {
-            let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
-            match rustix::net::recv(probe, &mut peek[..], flags) {
-                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
-                // Bytes, end of stream or an error: the read says which.
-                _ => return Polled::Read(shared.read_now(probe)),
-            }
-            let now = Instant::now();
-            if now >= until {
-                return Polled::Expired;
-            }
-            if now >= slice_end || shared.has_completed() {
-                break;
-            }
-            // Not a pause but sched_yield: a thread that shares this CPU (a librbd or OSD
-            // thread, the host on the same machine) runs now instead of at the next tick.
-            std::thread::yield_now();
-        }
-        tokio::task::yield_now().await;
-    }
+    /// Whether to poll at all (always, unless adaptive).
+    chooser: Chooser,
 }
 
 impl Connection {
@@ -385,6 +358,7 @@ impl Connection {
                     next_ttag: 0,
                     close_requested: false,
                     task_only: false,
+                    commands_received: 0,
                 }),
                 completed: Mutex::new(Vec::new()),
                 notify: Notify::new(),
@@ -400,14 +374,15 @@ impl Connection {
     }
 
     /// Polls the socket for `window` after each command before sleeping (`None`: never).
-    pub fn with_busy_poll(mut self, window: Option<Duration>) -> Self {
-        self.busy_poll = window.and_then(|window| {
+    pub fn with_busy_poll(mut self, config: Option<BusyPollConfig>) -> Self {
+        self.busy_poll = config.and_then(|config| {
             let stream: &TcpStream = self.reader.as_ref();
             match stream.as_fd().try_clone_to_owned() {
                 Ok(probe) => Some(BusyPoll {
-                    window,
+                    window: config.window,
                     probe,
                     until: None,
+                    chooser: Chooser::new(config),
                 }),
                 Err(e) => {
                     tracing::warn!(error = %e, "no busy polling on this connection: cannot duplicate the socket");
@@ -451,15 +426,19 @@ impl Connection {
                 }
                 polled = async {
                     match polling {
-                        Some((probe, until)) => busy_poll(probe, until, shared).await,
+                        // Readable: read it (past tokio's readiness, which did not see it).
+                        Some((probe, until)) => match poll_socket(probe, until, || shared.has_completed()).await {
+                            Polled::Readable => Some(shared.read_now(probe)),
+                            Polled::Expired => None,
+                        },
                         None => std::future::pending().await,
                     }
                 }, if polling.is_some() => match polled {
-                    Polled::Read(read) => {
+                    Some(read) => {
                         stats.busy_poll_reads.fetch_add(1, Ordering::Relaxed);
                         Self::on_read(shared, &mut self.busy_poll, read)
                     }
-                    Polled::Expired => {
+                    None => {
                         stats.busy_poll_expired.fetch_add(1, Ordering::Relaxed);
                         if let Some(p) = self.busy_poll.as_mut() {
                             p.until = None;
@@ -518,10 +497,17 @@ impl Connection {
             }
             Ok(_) => {
                 let mut state = shared.lock();
+                let commands_before = state.commands_received;
                 let flow = state.on_bytes(shared);
                 if let Some(p) = busy_poll.as_mut() {
-                    let low_depth = state.queue.in_flight() <= BUSY_POLL_MAX_IN_FLIGHT;
-                    p.until = low_depth.then(|| Instant::now() + p.window);
+                    let low_depth = state.queue.in_flight() <= busy_poll::MAX_IN_FLIGHT;
+                    let now = Instant::now();
+                    if state.commands_received != commands_before {
+                        if let Some(decision) = p.chooser.on_commands(now, low_depth) {
+                            count_decision(&decision);
+                        }
+                    }
+                    p.until = (low_depth && p.chooser.polls()).then(|| now + p.window);
                 }
                 flow
             }
@@ -705,6 +691,7 @@ impl State {
     }
 
     fn on_capsule(&mut self, cmd: Command, in_capsule: Option<IoBuf>) -> Flow {
+        self.commands_received += 1;
         if let Err(completion) = self.queue.check_data_len(&cmd) {
             if let Some(buf) = in_capsule {
                 self.queue.recycle(buf);

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::AtomicU64;
 
+pub mod busy_poll;
 pub mod connection;
 pub mod digest;
 pub mod pdu;
@@ -24,6 +25,11 @@ pub struct TcpStats {
     pub busy_poll_reads: AtomicU64,
     /// Busy-polling windows that closed with nothing to read (the task went to sleep).
     pub busy_poll_expired: AtomicU64,
+    /// Adaptive busy polling (`tcp_busy_poll_adaptive`): a queue chose polling after
+    /// measuring both modes.
+    pub busy_poll_chose_poll: AtomicU64,
+    /// ... and sleeping.
+    pub busy_poll_chose_sleep: AtomicU64,
 }
 
 static STATS: TcpStats = TcpStats {
@@ -34,6 +40,8 @@ static STATS: TcpStats = TcpStats {
     host_term_reqs: AtomicU64::new(0),
     busy_poll_reads: AtomicU64::new(0),
     busy_poll_expired: AtomicU64::new(0),
+    busy_poll_chose_poll: AtomicU64::new(0),
+    busy_poll_chose_sleep: AtomicU64::new(0),
 };
 
 pub fn stats() -> &'static TcpStats {

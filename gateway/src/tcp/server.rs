@@ -1,8 +1,8 @@
 //! NVMe/TCP listeners: accept connections and run each on its own task.
 
+use super::busy_poll::BusyPollConfig;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -15,7 +15,7 @@ use crate::core::Target;
 pub struct TcpServer {
     listener: TcpListener,
     target: Arc<Target>,
-    busy_poll: Option<Duration>,
+    busy_poll: Option<BusyPollConfig>,
 }
 
 impl TcpServer {
@@ -39,8 +39,8 @@ impl TcpServer {
     }
 
     /// Connections poll their socket this long after a command before they sleep
-    /// (`[gateway] tcp_busy_poll_us`; `None`, the default: never).
-    pub fn with_busy_poll(mut self, busy_poll: Option<Duration>) -> Self {
+    /// (`[gateway] tcp_busy_poll_us` and `tcp_busy_poll_adaptive`; `None`, the default: never).
+    pub fn with_busy_poll(mut self, busy_poll: Option<BusyPollConfig>) -> Self {
         self.busy_poll = busy_poll;
         self
     }

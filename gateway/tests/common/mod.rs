@@ -67,8 +67,11 @@ pub async fn serve_target(target: Arc<Target>) -> TestGateway {
     serve_target_polling(target, None).await
 }
 
-/// [`serve_target`], with its connections busy polling for `busy_poll` after each command.
-pub async fn serve_target_polling(target: Arc<Target>, busy_poll: Option<Duration>) -> TestGateway {
+/// [`serve_target`], with its connections busy polling as `busy_poll` says.
+pub async fn serve_target_polling(
+    target: Arc<Target>,
+    busy_poll: Option<nvmeof_gateway::tcp::busy_poll::BusyPollConfig>,
+) -> TestGateway {
     let server = TcpServer::bind("127.0.0.1:0".parse().expect("address"), target)
         .await
         .expect("bind an ephemeral port")

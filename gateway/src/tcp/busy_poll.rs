@@ -1,0 +1,371 @@
+//! Busy polling of an NVMe/TCP queue's socket (`[gateway] tcp_busy_poll_us`), and the
+//! adaptive choice of whether to poll at all (`[gateway] tcp_busy_poll_adaptive`).
+//!
+//! Polling takes away a wake-up per command: after a command came in, the task does not
+//! sleep in epoll but keeps asking the socket for the next one (see [`poll_socket`]). Where
+//! an idle vCPU halts and every wake-up is a VM exit, that is most of what NVMe/TCP adds at
+//! QD1. Where a wake-up is cheap (the guest halt-polls, bare metal), it loses: the CPU it
+//! spins is one the librbd and OSD threads lack (README, Performance: memstore QD1 reads
+//! 1.42x direct librbd with polling against 0.90x without on one machine, 0.69x against
+//! 0.95x on the same machine with guest halt polling on). Which case a gateway is in is a
+//! property of the machine, the cluster and the load, so [`Chooser`] measures it: it runs
+//! the queue in epochs, one mode each, compares the median time between the host's
+//! commands, and keeps the faster mode, trying the other one epoch in
+//! [`EPOCHS_BETWEEN_PROBES`]. Polling has to win by [`POLL_MARGIN`] to be chosen, because it
+//! costs a CPU.
+
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+/// Longest a busy-polling task spins before it lets the worker's other tasks run.
+const SLICE: Duration = Duration::from_micros(20);
+/// Busy polling only while at most this many commands of the queue are at the device. Deeper
+/// queues are woken for batches (a wake-up is shared by many commands), and on a saturated
+/// machine the CPU a poll spins is what librbd and the OSDs need: polling at QD16 cost 0.2x
+/// of the IOPS on a 2-core machine.
+pub const MAX_IN_FLIGHT: usize = 2;
+/// Commands a measuring epoch takes: enough for a median that the odd slow op does not move,
+/// few enough that a wrong mode costs little (128 QD1 reads: 10-40 ms here).
+const EPOCH_SAMPLES: usize = 128;
+/// Epochs in the chosen mode before the other one is measured again: the price of checking
+/// is one epoch in this many + 1 spent in the (so far) slower mode.
+pub const EPOCHS_BETWEEN_PROBES: u32 = 15;
+/// How much faster polling must be to be chosen (its median at most 1/(1 + this) of
+/// sleeping's): it costs a CPU, so a draw goes to sleeping.
+pub const POLL_MARGIN: f64 = 0.05;
+
+/// `[gateway] tcp_busy_poll_us` and `tcp_busy_poll_adaptive`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusyPollConfig {
+    /// How long after a command the task polls.
+    pub window: Duration,
+    /// Poll only while it is measured to be faster (see the module docs); `false`: always.
+    pub adaptive: bool,
+}
+
+/// How a queue waits for its host's next command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Poll,
+    Sleep,
+}
+
+impl Mode {
+    fn other(self) -> Mode {
+        match self {
+            Mode::Poll => Mode::Sleep,
+            Mode::Sleep => Mode::Poll,
+        }
+    }
+}
+
+/// Decides, per queue, whether to poll: measures both modes in turn and keeps the faster.
+///
+/// A sample is the time between two commands that came in while the queue had at most
+/// [`MAX_IN_FLIGHT`] at the device (the only time polling happens): at low depth that is
+/// the cycle the host sees, device, gateway and both wake-ups. Gaps longer than
+/// `idle_gap` are the host pausing, not a cycle, and are not counted. Pure: time is given,
+/// so it is tested without a socket.
+#[derive(Debug)]
+pub struct Chooser {
+    adaptive: bool,
+    idle_gap: Duration,
+    /// The mode a settled queue runs in; the first epochs try both.
+    chosen: Mode,
+    /// The mode of the epoch being measured.
+    measuring: Mode,
+    /// Epochs in `chosen` since the other mode was last measured; `None`: still trying both.
+    epochs_since_probe: Option<u32>,
+    samples: Vec<Duration>,
+    last_arrival: Option<Instant>,
+    /// The latest epoch median of each mode.
+    poll_median: Option<Duration>,
+    sleep_median: Option<Duration>,
+}
+
+/// What an epoch's end decided (for counters and logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub chosen: Mode,
+    pub switched: bool,
+    pub poll_median: Duration,
+    pub sleep_median: Duration,
+}
+
+impl Chooser {
+    pub fn new(config: BusyPollConfig) -> Self {
+        Self {
+            adaptive: config.adaptive,
+            idle_gap: (config.window * 10).max(Duration::from_millis(1)),
+            chosen: Mode::Poll,
+            measuring: Mode::Poll,
+            epochs_since_probe: None,
+            samples: Vec::with_capacity(EPOCH_SAMPLES),
+            last_arrival: None,
+            poll_median: None,
+            sleep_median: None,
+        }
+    }
+
+    /// Whether the queue polls after the command that just came in.
+    pub fn polls(&self) -> bool {
+        !self.adaptive || self.measuring == Mode::Poll
+    }
+
+    /// Commands came in at `now`; `low_depth`: the queue has at most [`MAX_IN_FLIGHT`] at
+    /// the device with them. Returns the decision when this ended an epoch.
+    pub fn on_commands(&mut self, now: Instant, low_depth: bool) -> Option<Decision> {
+        if !self.adaptive {
+            return None;
+        }
+        let previous = self.last_arrival.replace(now);
+        if !low_depth {
+            // A deep queue never polls, so its cycles say nothing about polling; the next
+            // low-depth gap starts from here.
+            self.last_arrival = None;
+            return None;
+        }
+        let gap = now.saturating_duration_since(previous?);
+        if gap > self.idle_gap {
+            return None;
+        }
+        self.samples.push(gap);
+        if self.samples.len() < EPOCH_SAMPLES {
+            return None;
+        }
+        Some(self.end_epoch())
+    }
+
+    fn end_epoch(&mut self) -> Decision {
+        let median = median(&mut self.samples);
+        self.samples.clear();
+        // The first gap of an epoch spans the switch of mode: not one of its cycles.
+        self.last_arrival = None;
+        match self.measuring {
+            Mode::Poll => self.poll_median = Some(median),
+            Mode::Sleep => self.sleep_median = Some(median),
+        }
+        let before = self.chosen;
+        let (poll, sleep) = (self.poll_median, self.sleep_median);
+        if let (Some(poll), Some(sleep)) = (poll, sleep) {
+            let measured_other = self.measuring != self.chosen || self.epochs_since_probe.is_none();
+            if measured_other {
+                self.chosen = if poll.as_secs_f64() * (1.0 + POLL_MARGIN) < sleep.as_secs_f64() {
+                    Mode::Poll
+                } else {
+                    Mode::Sleep
+                };
+                self.epochs_since_probe = Some(0);
+            } else if let Some(n) = self.epochs_since_probe.as_mut() {
+                *n += 1;
+            }
+        }
+        self.measuring = match self.epochs_since_probe {
+            // Trying both: poll first, then sleep.
+            None => self.measuring.other(),
+            Some(n) if n >= EPOCHS_BETWEEN_PROBES => self.chosen.other(),
+            Some(_) => self.chosen,
+        };
+        Decision {
+            chosen: self.chosen,
+            switched: self.chosen != before,
+            poll_median: poll.unwrap_or_default(),
+            sleep_median: sleep.unwrap_or_default(),
+        }
+    }
+}
+
+fn median(samples: &mut [Duration]) -> Duration {
+    let mid = samples.len() / 2;
+    *samples.select_nth_unstable(mid).1
+}
+
+/// How busy polling ended.
+pub enum Polled {
+    /// The socket was readable: what reading it gave (0: the host closed).
+    Readable,
+    /// The window closed: back to sleeping in epoll.
+    Expired,
+}
+
+/// Polls the socket until it is readable or `until` passes. It calls `sched_yield` between
+/// probes and yields to the runtime every [`SLICE`]; `stop_early` is asked each probe, so
+/// work that arrived for the task (completions that missed the lock) is not kept waiting
+/// for the slice's end. The caller's select polls its other branches first each time.
+pub async fn poll_socket(probe: &OwnedFd, until: Instant, stop_early: impl Fn() -> bool) -> Polled {
+    let mut peek = [0u8; 1];
+    loop {
+        let slice_end = Instant::now() + SLICE;
+        loop {
+            let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+            match rustix::net::recv(probe, &mut peek[..], flags) {
+                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
+                // Bytes, end of stream or an error: the read says which.
+                _ => return Polled::Readable,
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Polled::Expired;
+            }
+            if now >= slice_end || stop_early() {
+                break;
+            }
+            // Not a pause but sched_yield: a thread that shares this CPU (a librbd or OSD
+            // thread, the host on the same machine) runs now instead of at the next tick.
+            std::thread::yield_now();
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: Duration = Duration::from_micros(1000);
+
+    fn adaptive() -> Chooser {
+        Chooser::new(BusyPollConfig {
+            window: WINDOW,
+            adaptive: true,
+        })
+    }
+
+    /// Feeds one epoch of commands `cycle` apart (plus the one that starts the epoch's
+    /// first gap), as a QD1 host would send them; returns the decision that ended it.
+    fn run_epoch(chooser: &mut Chooser, clock: &mut Instant, cycle: Duration) -> Decision {
+        assert_eq!(chooser.on_commands(*clock, true), None, "an epoch starts");
+        for _ in 0..EPOCH_SAMPLES {
+            *clock += cycle;
+            if let Some(decision) = chooser.on_commands(*clock, true) {
+                return decision;
+            }
+        }
+        panic!("an epoch of {EPOCH_SAMPLES} gaps did not end");
+    }
+
+    /// Runs epochs whose cycle depends on the mode measured, until `epochs` have ended.
+    fn run(
+        chooser: &mut Chooser,
+        epochs: usize,
+        poll: Duration,
+        sleep: Duration,
+    ) -> Vec<(Mode, Decision)> {
+        let mut clock = Instant::now();
+        (0..epochs)
+            .map(|_| {
+                let mode = if chooser.polls() {
+                    Mode::Poll
+                } else {
+                    Mode::Sleep
+                };
+                let cycle = if mode == Mode::Poll { poll } else { sleep };
+                (mode, run_epoch(chooser, &mut clock, cycle))
+            })
+            .collect()
+    }
+
+    const FAST: Duration = Duration::from_micros(70);
+    const SLOW: Duration = Duration::from_micros(100);
+
+    #[test]
+    fn polling_is_kept_where_it_is_faster_and_the_other_mode_rechecked_once_in_16() {
+        let mut chooser = adaptive();
+        let epochs = run(&mut chooser, 2 + 16 * 2, FAST, SLOW);
+        assert_eq!(epochs[0].0, Mode::Poll, "tries polling first");
+        assert_eq!(epochs[1].0, Mode::Sleep, "then sleeping");
+        for (_, decision) in &epochs[1..] {
+            assert_eq!(decision.chosen, Mode::Poll);
+        }
+        let slept: Vec<usize> = (0..epochs.len())
+            .filter(|&i| epochs[i].0 == Mode::Sleep)
+            .collect();
+        assert_eq!(slept, [1, 2 + 15, 2 + 15 + 16], "probes every 16th epoch");
+        assert_eq!(epochs[1].1.poll_median, FAST);
+        assert_eq!(epochs[1].1.sleep_median, SLOW);
+    }
+
+    #[test]
+    fn polling_stops_where_it_loses_and_comes_back_when_it_wins_again() {
+        let mut chooser = adaptive();
+        let epochs = run(&mut chooser, 2, SLOW, FAST);
+        assert_eq!(epochs[1].1.chosen, Mode::Sleep);
+        assert!(epochs[1].1.switched, "from polling, the first try");
+        assert!(!chooser.polls());
+        // Conditions change (wake-ups got expensive): the next probe sees it.
+        let epochs = run(&mut chooser, 16, FAST, SLOW);
+        assert!(epochs[..15].iter().all(|(mode, _)| *mode == Mode::Sleep));
+        assert_eq!(epochs[15].0, Mode::Poll, "the probe");
+        assert_eq!(epochs[15].1.chosen, Mode::Poll);
+        assert!(epochs[15].1.switched);
+        assert!(chooser.polls());
+    }
+
+    #[test]
+    fn a_draw_goes_to_sleeping_because_polling_costs_a_cpu() {
+        let mut chooser = adaptive();
+        let nearly = SLOW.mul_f64(1.0 / (1.0 + POLL_MARGIN / 2.0));
+        let epochs = run(&mut chooser, 2, nearly, SLOW);
+        assert_eq!(epochs[1].1.chosen, Mode::Sleep);
+        let mut chooser = adaptive();
+        let clearly = SLOW.mul_f64(1.0 / (1.0 + POLL_MARGIN * 2.0));
+        let epochs = run(&mut chooser, 2, clearly, SLOW);
+        assert_eq!(epochs[1].1.chosen, Mode::Poll);
+    }
+
+    #[test]
+    fn the_median_ignores_the_odd_slow_op_and_idle_gaps_are_not_cycles() {
+        let mut chooser = adaptive();
+        let mut clock = Instant::now();
+        assert_eq!(chooser.on_commands(clock, true), None);
+        let mut decision = None;
+        for i in 0..EPOCH_SAMPLES + 10 {
+            // A few slow ops (a tenth of them), and the host pausing for a second twice.
+            let gap = match i {
+                7 | 40 => Duration::from_secs(1),
+                _ if i % 10 == 0 => Duration::from_micros(900),
+                _ => FAST,
+            };
+            clock += gap;
+            if let Some(d) = chooser.on_commands(clock, true) {
+                decision = Some((i, d));
+                break;
+            }
+        }
+        let (i, decision) = decision.expect("the epoch ends");
+        assert_eq!(i, EPOCH_SAMPLES + 1, "the two idle gaps were not samples");
+        assert_eq!(decision.poll_median, FAST);
+    }
+
+    #[test]
+    fn deep_queues_are_not_measured() {
+        let mut chooser = adaptive();
+        let mut clock = Instant::now();
+        for _ in 0..EPOCH_SAMPLES * 4 {
+            clock += FAST;
+            assert_eq!(chooser.on_commands(clock, false), None);
+        }
+        assert!(chooser.polls(), "still the first try");
+        // Only a gap between two low-depth commands counts.
+        clock += FAST;
+        assert_eq!(chooser.on_commands(clock, true), None);
+        assert_eq!(chooser.samples.len(), 0);
+        clock += FAST;
+        assert_eq!(chooser.on_commands(clock, true), None);
+        assert_eq!(chooser.samples, [FAST]);
+    }
+
+    #[test]
+    fn fixed_polling_always_polls_and_measures_nothing() {
+        let mut chooser = Chooser::new(BusyPollConfig {
+            window: WINDOW,
+            adaptive: false,
+        });
+        let mut clock = Instant::now();
+        for _ in 0..EPOCH_SAMPLES * 40 {
+            clock += SLOW;
+            assert_eq!(chooser.on_commands(clock, true), None);
+            assert!(chooser.polls());
+        }
+    }
+}
