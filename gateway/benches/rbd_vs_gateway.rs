@@ -375,6 +375,8 @@ impl Variant {
 struct Gateway {
     child: Child,
     addr: SocketAddr,
+    /// `/metrics` of a busy-polling variant, for what its queues chose.
+    metrics: Option<SocketAddr>,
 }
 
 impl Gateway {
@@ -389,10 +391,16 @@ impl Gateway {
         connections: Option<usize>,
         variant: &Variant,
     ) -> Gateway {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
+        let free_port = || {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free port")
+        };
+        let port = free_port();
+        let metrics: Option<SocketAddr> = variant
+            .busy_poll_us
+            .map(|_| ([127, 0, 0, 1], free_port()).into());
         let config = work.join(format!("gateway-{}-{port}.toml", variant.label));
         let mut text = String::new();
         text.push_str("[gateway]\n");
@@ -404,6 +412,9 @@ impl Gateway {
         }
         if variant.always_poll {
             text.push_str("tcp_busy_poll_adaptive = false\n");
+        }
+        if let Some(addr) = metrics {
+            text.push_str(&format!("metrics_listen = \"{addr}\"\n"));
         }
         text.push('\n');
         text.push_str(&format!(
@@ -448,6 +459,7 @@ allow_any_host = true
                 return Gateway {
                     child,
                     addr: ([127, 0, 0, 1], port).into(),
+                    metrics,
                 };
             }
             if let Ok(Some(status)) = child.try_wait() {
@@ -540,6 +552,54 @@ struct Side {
     cluster_us_per_io: f64,
     /// CPU of the benchmark's host thread per I/O (gateway runs; 0 for fio).
     host_us_per_io: f64,
+    /// What a busy-polling gateway's queue did (from its counters; `None`: not polling).
+    polling: Option<Polling>,
+}
+
+/// A busy-polling gateway's counters over one run: how often it polled and what it chose.
+#[derive(Clone, Copy)]
+struct Polling {
+    /// Commands that busy polling caught, per I/O: ~1 at QD1 when the queue always polls.
+    caught_per_io: f64,
+    /// Share of the epochs that ended with the queue choosing to poll (adaptive only; NaN:
+    /// no epoch ended).
+    chose_poll: f64,
+}
+
+impl Polling {
+    const CAUGHT: &'static str = "nvmeof_tcp_busy_poll_reads_total";
+    const CHOSE_POLL: &'static str = "nvmeof_tcp_busy_poll_chose_poll_total";
+    const CHOSE_SLEEP: &'static str = "nvmeof_tcp_busy_poll_chose_sleep_total";
+
+    /// The counters' values at `addr`; `None` when the endpoint did not answer.
+    fn counters(addr: SocketAddr) -> Option<[f64; 3]> {
+        use std::io::{Read, Write};
+        let mut stream = TcpStream::connect(addr).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        };
+        Some([
+            value(Self::CAUGHT)?,
+            value(Self::CHOSE_POLL)?,
+            value(Self::CHOSE_SLEEP)?,
+        ])
+    }
+
+    /// From the counters before and after a run of `ios` I/Os.
+    fn between(before: [f64; 3], after: [f64; 3], ios: u64) -> Polling {
+        let [caught, poll, sleep] = [0, 1, 2].map(|i| after[i] - before[i]);
+        Polling {
+            caught_per_io: caught / ios.max(1) as f64,
+            chose_poll: poll / (poll + sleep),
+        }
+    }
 }
 
 /// Median of `v` (0 when empty).
@@ -576,6 +636,22 @@ impl Side {
             switches_per_io: med(|s| s.switches_per_io),
             cluster_us_per_io: med(|s| s.cluster_us_per_io),
             host_us_per_io: med(|s| s.host_us_per_io),
+            polling: {
+                let polled: Vec<Polling> = runs.iter().filter_map(|s| s.polling).collect();
+                // NaN (no epoch ended) stays NaN rather than becoming median's 0 of none.
+                let med = |f: fn(&Polling) -> f64| {
+                    let known: Vec<f64> = polled.iter().map(f).filter(|v| !v.is_nan()).collect();
+                    if known.is_empty() {
+                        f64::NAN
+                    } else {
+                        median(known)
+                    }
+                };
+                (!polled.is_empty()).then(|| Polling {
+                    caught_per_io: med(|p| p.caught_per_io),
+                    chose_poll: med(|p| p.chose_poll),
+                })
+            },
         }
     }
 }
@@ -824,6 +900,7 @@ fn direct(
         switches_per_io: switches as f64 / ios.max(1.0),
         cluster_us_per_io: cluster_cpu / ios.max(1.0) * 1e6,
         host_us_per_io: 0.0,
+        polling: None,
     }
 }
 
@@ -843,6 +920,7 @@ fn gateway_run(
     if !ramp.is_zero() {
         q.run(w, region, ramp).expect("gateway ramp");
     }
+    let counters0 = gateway.metrics.and_then(Polling::counters);
     let cpu0 = cpu_seconds(gateway.child.id());
     let switches0 = context_switches(gateway.child.id());
     let (cluster0, host0) = (cluster_cpu_seconds(daemons), this_thread_cpu_seconds());
@@ -851,6 +929,7 @@ fn gateway_run(
     let cluster_cpu = cluster_cpu_seconds(daemons) - cluster0;
     let host_cpu = this_thread_cpu_seconds() - host0;
     let switches = context_switches(gateway.child.id()).saturating_sub(switches0);
+    let counters = gateway.metrics.and_then(Polling::counters);
     drop(q);
     Side {
         iops: f.iops(),
@@ -861,6 +940,9 @@ fn gateway_run(
         switches_per_io: switches as f64 / f.ios.max(1) as f64,
         cluster_us_per_io: cluster_cpu / f.ios.max(1) as f64 * 1e6,
         host_us_per_io: host_cpu / f.ios.max(1) as f64 * 1e6,
+        polling: counters0
+            .zip(counters)
+            .map(|(before, after)| Polling::between(before, after, f.ios)),
     }
 }
 
@@ -1405,6 +1487,29 @@ fn main() {
             "{:<18} {:<8} | {:>16.1} {:>16.1} {:>9.1} ({:>+6.1}%)",
             w.name, label, exchange, figures[3], beyond, beyond_pct,
         );
+    }
+    if rows.iter().any(|(_, _, _, g, _, _)| g.polling.is_some()) {
+        println!();
+        println!("Busy polling, from the gateway's counters over each run (medians): commands the queue caught by polling per I/O (~1 at QD1 when it always polls; 0 at QD16, where it never polls), and the share of adaptive epochs that ended choosing to poll");
+        println!(
+            "{:<18} {:<8} | {:>14} {:>11}",
+            "workload", "gateway", "caught per IO", "chose poll"
+        );
+        for (w, label, _, g, _, _) in &rows {
+            if let Some(p) = g.polling {
+                println!(
+                    "{:<18} {:<8} | {:>14.2} {:>11}",
+                    w.name,
+                    label,
+                    p.caught_per_io,
+                    if p.chose_poll.is_nan() {
+                        "-".to_string()
+                    } else {
+                        format!("{:.0}%", p.chose_poll * 100.0)
+                    }
+                );
+            }
+        }
     }
     drop(gateways);
     scaling(
