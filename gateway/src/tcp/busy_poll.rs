@@ -11,8 +11,8 @@
 //! property of the machine, the cluster and the load, so [`Chooser`] measures it: it runs
 //! the queue in epochs, one mode each, compares the median time between the host's
 //! commands, and keeps the faster mode, trying the other one epoch in
-//! [`EPOCHS_BETWEEN_PROBES`]. Polling has to win by [`POLL_MARGIN`] to be chosen, because it
-//! costs a CPU.
+//! [`EPOCHS_BETWEEN_PROBES`] + 1 and switching when it wins [`WINS_TO_SWITCH`] probes in a
+//! row. Polling has to win by [`POLL_MARGIN`] to be chosen, because it costs a CPU.
 
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -33,6 +33,14 @@ pub const EPOCHS_BETWEEN_PROBES: u32 = 15;
 /// How much faster polling must be to be chosen (its median at most 1/(1 + this) of
 /// sleeping's): it costs a CPU, so a draw goes to sleeping.
 pub const POLL_MARGIN: f64 = 0.05;
+/// Probes in a row the other mode must win before a settled queue switches to it. Epoch
+/// medians of one mode vary by several % on a shared machine, so one lucky probe would
+/// switch a queue to the slower mode for [`EPOCHS_BETWEEN_PROBES`] epochs: with a single
+/// win, a queue where polling was slower (no cpuidle driver, QD1 reads: 0.84x direct librbd
+/// always polling, 0.90x never) still chose polling after 14% of its epochs. The
+/// confirming probe comes after one more epoch of the chosen mode, so each win is against
+/// a fresh median of it.
+pub const WINS_TO_SWITCH: u32 = 2;
 
 /// `[gateway] tcp_busy_poll_us` and `tcp_busy_poll_adaptive`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +84,8 @@ pub struct Chooser {
     measuring: Mode,
     /// Epochs in `chosen` since the other mode was last measured; `None`: still trying both.
     epochs_since_probe: Option<u32>,
+    /// Probes in a row the other mode has won (see [`WINS_TO_SWITCH`]).
+    other_wins: u32,
     samples: Vec<Duration>,
     last_arrival: Option<Instant>,
     /// The latest epoch median of each mode.
@@ -100,6 +110,7 @@ impl Chooser {
             chosen: Mode::Poll,
             measuring: Mode::Poll,
             epochs_since_probe: None,
+            other_wins: 0,
             samples: Vec::with_capacity(EPOCH_SAMPLES),
             last_arrival: None,
             poll_median: None,
@@ -148,21 +159,38 @@ impl Chooser {
         let before = self.chosen;
         let (poll, sleep) = (self.poll_median, self.sleep_median);
         if let (Some(poll), Some(sleep)) = (poll, sleep) {
-            let measured_other = self.measuring != self.chosen || self.epochs_since_probe.is_none();
-            if measured_other {
-                self.chosen = if poll.as_secs_f64() * (1.0 + POLL_MARGIN) < sleep.as_secs_f64() {
-                    Mode::Poll
-                } else {
-                    Mode::Sleep
-                };
-                self.epochs_since_probe = Some(0);
-            } else if let Some(n) = self.epochs_since_probe.as_mut() {
-                *n += 1;
+            let faster = if poll.as_secs_f64() * (1.0 + POLL_MARGIN) < sleep.as_secs_f64() {
+                Mode::Poll
+            } else {
+                Mode::Sleep
+            };
+            match self.epochs_since_probe.as_mut() {
+                // The first try of both modes: take the faster at once.
+                None => {
+                    self.chosen = faster;
+                    self.epochs_since_probe = Some(0);
+                }
+                // A probe of the other mode ended.
+                Some(n) if self.measuring != self.chosen => {
+                    *n = 0;
+                    if faster == self.measuring {
+                        self.other_wins += 1;
+                        if self.other_wins >= WINS_TO_SWITCH {
+                            self.chosen = self.measuring;
+                            self.other_wins = 0;
+                        }
+                    } else {
+                        self.other_wins = 0;
+                    }
+                }
+                Some(n) => *n += 1,
             }
         }
         self.measuring = match self.epochs_since_probe {
             // Trying both: poll first, then sleep.
             None => self.measuring.other(),
+            // Confirming a win: after one fresh epoch of the chosen mode.
+            Some(n) if self.other_wins > 0 && n >= 1 => self.chosen.other(),
             Some(n) if n >= EPOCHS_BETWEEN_PROBES => self.chosen.other(),
             Some(_) => self.chosen,
         };
@@ -292,12 +320,51 @@ mod tests {
         assert_eq!(epochs[1].1.chosen, Mode::Sleep);
         assert!(epochs[1].1.switched, "from polling, the first try");
         assert!(!chooser.polls());
-        // Conditions change (wake-ups got expensive): the next probe sees it.
-        let epochs = run(&mut chooser, 16, FAST, SLOW);
+        // Conditions change (wake-ups got expensive): the next probe sees it, and after
+        // one more epoch of sleeping, a second probe confirms it.
+        let epochs = run(&mut chooser, 18, FAST, SLOW);
         assert!(epochs[..15].iter().all(|(mode, _)| *mode == Mode::Sleep));
         assert_eq!(epochs[15].0, Mode::Poll, "the probe");
-        assert_eq!(epochs[15].1.chosen, Mode::Poll);
-        assert!(epochs[15].1.switched);
+        assert_eq!(epochs[15].1.chosen, Mode::Sleep, "one win does not switch");
+        assert_eq!(
+            epochs[16].0,
+            Mode::Sleep,
+            "a fresh epoch of the chosen mode"
+        );
+        assert_eq!(epochs[17].0, Mode::Poll, "the confirming probe");
+        assert_eq!(epochs[17].1.chosen, Mode::Poll);
+        assert!(epochs[17].1.switched);
+        assert!(chooser.polls());
+    }
+
+    #[test]
+    fn one_lucky_probe_does_not_switch_a_settled_queue() {
+        let mut chooser = adaptive();
+        let mut clock = Instant::now();
+        // Polling is slower: the queue settles on sleeping.
+        run_epoch(&mut chooser, &mut clock, SLOW);
+        let decision = run_epoch(&mut chooser, &mut clock, FAST);
+        assert_eq!(decision.chosen, Mode::Sleep);
+        for _ in 0..EPOCHS_BETWEEN_PROBES {
+            assert!(!chooser.polls());
+            run_epoch(&mut chooser, &mut clock, FAST);
+        }
+        // The probe happens to run while the machine is quiet: polling wins it.
+        assert!(chooser.polls(), "the probe");
+        let decision = run_epoch(&mut chooser, &mut clock, FAST.mul_f64(0.5));
+        assert_eq!(decision.chosen, Mode::Sleep);
+        assert!(!decision.switched);
+        assert!(!chooser.polls(), "a fresh epoch of sleeping first");
+        run_epoch(&mut chooser, &mut clock, FAST);
+        // The confirming probe sees polling as it is: the queue stays asleep and waits a
+        // whole period for the next probe.
+        assert!(chooser.polls(), "the confirming probe");
+        let decision = run_epoch(&mut chooser, &mut clock, SLOW);
+        assert_eq!(decision.chosen, Mode::Sleep);
+        for _ in 0..EPOCHS_BETWEEN_PROBES {
+            assert!(!chooser.polls());
+            run_epoch(&mut chooser, &mut clock, FAST);
+        }
         assert!(chooser.polls());
     }
 
