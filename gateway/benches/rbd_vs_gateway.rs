@@ -1040,9 +1040,10 @@ fn scaling(
     work: &Path,
     conf: &Path,
     keyring: Option<&str>,
-    variant: &Variant,
+    variants: &[Variant],
     rt: &tokio::runtime::Runtime,
 ) {
+    let variant = &variants[0];
     let Some(&max) = args.scaling.iter().max() else {
         return;
     };
@@ -1080,46 +1081,27 @@ fn scaling(
         io_bytes: 4096,
         queue_depth: args.scaling_qd,
     };
-    let region = |nsid: u32| Region {
-        nsid,
-        block_size: 512,
-        bytes: args.scaling_size_mib << 20,
-    };
     let ramp = Duration::from_secs_f64(args.ramp);
     let duration = Duration::from_secs_f64(args.seconds);
     let mut rows = Vec::new();
     for &n in &args.scaling {
-        eprintln!("scaling: {n} images, direct then the gateway");
+        eprintln!("scaling: {n} images, direct then every gateway");
         let direct = direct_multi(conf, &names[..n], &w, args.ramp, args.seconds, work);
-        let gateway = Gateway::start(work, conf, keyring, &names[..n], None, variant);
-        let (_admin, cntlid) = admin_connect(rt, &gateway);
-        let queues: Vec<LeanQueue> = (1..=n as u16)
-            .map(|qid| {
-                LeanQueue::connect(gateway.addr, SUBNQN, HOSTNQN, cntlid, qid)
-                    .expect("connect an I/O queue")
-            })
-            .collect();
-        let iops: f64 = std::thread::scope(|scope| {
-            let runs: Vec<_> = queues
-                .into_iter()
-                .enumerate()
-                .map(|(k, mut q)| {
-                    let region = region(k as u32 + 1);
-                    scope.spawn(move || {
-                        if !ramp.is_zero() {
-                            q.run(&w, &region, ramp).expect("gateway ramp");
-                        }
-                        q.run(&w, &region, duration).expect("gateway run").iops()
-                    })
-                })
-                .collect();
-            runs.into_iter()
-                .map(|r| r.join().expect("host thread"))
-                .sum()
-        });
-        let (rss, threads) = memory_and_threads(gateway.child.id());
-        eprintln!("    direct {direct:.0} IOPS, gateway {iops:.0} IOPS");
-        rows.push((n, direct, iops, rss, threads));
+        eprintln!("    direct {direct:.0} IOPS");
+        for variant in variants {
+            let (iops, rss, threads) = scaling_gateway_run(
+                work,
+                conf,
+                keyring,
+                (&names[..n], args.scaling_size_mib << 20),
+                variant,
+                rt,
+                &w,
+                (ramp, duration),
+            );
+            eprintln!("    {} {iops:.0} IOPS", variant.label);
+            rows.push((n, &variant.label, direct, iops, rss, threads));
+        }
     }
 
     println!();
@@ -1141,20 +1123,68 @@ fn scaling(
         per_image.0, per_image.1, per_connection.0, per_connection.1
     );
     println!(
-        "IOPS over 1 to {max} images: 4K random read, QD{} per image, {:.0} s after {:.0} s ramp, one run each; direct = fio, one job (process, cluster connection) per image; gateway = one namespace and one host queue (thread) per image, default cluster connections",
+        "IOPS over 1 to {max} images: 4K random read, QD{} per image, {:.0} s after {:.0} s ramp, one run each; direct = fio, one job (process, cluster connection) per image; gateway = one namespace and one host queue (thread) per image, default cluster connections; every gateway variant against the same direct run",
         args.scaling_qd, args.seconds, args.ramp
     );
     println!(
-        "{:>7} | {:>10} | {:>10} {:>6} | {:>17} {:>8}",
-        "images", "direct", "gateway", "ratio", "gateway RSS MiB", "threads"
+        "{:>7} {:<8} | {:>10} | {:>10} {:>6} | {:>17} {:>8}",
+        "images", "gateway", "direct", "IOPS", "ratio", "gateway RSS MiB", "threads"
     );
-    for (n, direct, iops, rss, threads) in rows {
+    for (n, label, direct, iops, rss, threads) in rows {
         println!(
-            "{n:>7} | {direct:>10.0} | {iops:>10.0} {:>6.2} | {:>17.1} {threads:>8.0}",
+            "{n:>7} {label:<8} | {direct:>10.0} | {iops:>10.0} {:>6.2} | {:>17.1} {threads:>8.0}",
             iops / direct.max(1.0),
             rss / 1024.0
         );
     }
+}
+
+/// One gateway `variant` serving `images` (each `image_bytes`) as namespaces 1..=N, driven
+/// by N host threads with one queue each at `w`; its total IOPS, then its RSS (KiB) and
+/// threads.
+#[allow(clippy::too_many_arguments)]
+fn scaling_gateway_run(
+    work: &Path,
+    conf: &Path,
+    keyring: Option<&str>,
+    (images, image_bytes): (&[&str], u64),
+    variant: &Variant,
+    rt: &tokio::runtime::Runtime,
+    w: &Workload,
+    (ramp, duration): (Duration, Duration),
+) -> (f64, f64, f64) {
+    let gateway = Gateway::start(work, conf, keyring, images, None, variant);
+    let (_admin, cntlid) = admin_connect(rt, &gateway);
+    let queues: Vec<LeanQueue> = (1..=images.len() as u16)
+        .map(|qid| {
+            LeanQueue::connect(gateway.addr, SUBNQN, HOSTNQN, cntlid, qid)
+                .expect("connect an I/O queue")
+        })
+        .collect();
+    let iops: f64 = std::thread::scope(|scope| {
+        let runs: Vec<_> = queues
+            .into_iter()
+            .enumerate()
+            .map(|(k, mut q)| {
+                let region = Region {
+                    nsid: k as u32 + 1,
+                    block_size: 512,
+                    bytes: image_bytes,
+                };
+                scope.spawn(move || {
+                    if !ramp.is_zero() {
+                        q.run(w, &region, ramp).expect("gateway ramp");
+                    }
+                    q.run(w, &region, duration).expect("gateway run").iops()
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().expect("host thread"))
+            .sum()
+    });
+    let (rss, threads) = memory_and_threads(gateway.child.id());
+    (iops, rss, threads)
 }
 
 fn main() {
@@ -1517,7 +1547,7 @@ fn main() {
         &work,
         &conf,
         cluster.keyring.as_deref(),
-        &variants[0],
+        &variants,
         &rt,
     );
     drop(image);
