@@ -22,6 +22,10 @@ const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0
 /// Longer than any of these tests: a window that closing early cannot explain away.
 const LONG_WINDOW: Duration = Duration::from_secs(120);
 
+/// Held by every test here for its whole run: each one spins a CPU (the polling queues of
+/// a gateway), and side by side on a 2-core machine they would be measuring each other.
+static ONE_POLLING_TEST_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn polling_gateway(window: Duration) -> common::TestGateway {
     let config = Config::from_toml_str(&memory_gateway_toml(4420, SUBNQN, "16MiB"))
         .expect("valid test configuration");
@@ -35,6 +39,7 @@ async fn polling_gateway(window: Duration) -> common::TestGateway {
 
 #[tokio::test]
 async fn the_configured_window_catches_the_next_command_and_data_reads_back() {
+    let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
     let dir = scratch_dir(&format!("nvmeof-busy-poll-{}", std::process::id()));
     let (gateway, port, metrics_port) = GatewayProcess::spawn_memory_with_metrics(
         &dir,
@@ -70,6 +75,7 @@ async fn the_configured_window_catches_the_next_command_and_data_reads_back() {
 
 #[tokio::test]
 async fn an_adaptive_queue_measures_both_modes_and_settles_on_one() {
+    let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
     let dir = scratch_dir(&format!("nvmeof-busy-poll-adaptive-{}", std::process::id()));
     let (gateway, port, metrics_port) =
         GatewayProcess::spawn_memory_with_metrics(&dir, SUBNQN, "tcp_busy_poll_us = 1000\n").await;
@@ -108,6 +114,7 @@ async fn an_adaptive_queue_measures_both_modes_and_settles_on_one() {
 
 #[tokio::test]
 async fn a_polling_queue_leaves_the_worker_to_other_queues_and_sees_shutdown() {
+    let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
     // One runtime thread (tokio::test): the host, both queues and the server share it, so a
     // queue that spun without yielding would hang this test.
     let gw = polling_gateway(LONG_WINDOW).await;
@@ -143,6 +150,7 @@ async fn a_polling_queue_leaves_the_worker_to_other_queues_and_sees_shutdown() {
 
 #[tokio::test]
 async fn a_host_leaving_while_its_queue_polls_gets_the_connection_closed() {
+    let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
     let gw = polling_gateway(LONG_WINDOW).await;
     let mut s = TcpStream::connect(gw.addr).await.expect("connect");
     let mut icreq = Vec::new();

@@ -102,7 +102,7 @@ fn render_transports(out: &mut String) {
         ),
         (
             "nvmeof_tcp_busy_poll_reads_total",
-            "NVMe/TCP reads that busy polling found the bytes for (no wake-up needed).",
+            "NVMe/TCP reads while a busy-polling window was open (no wake-up needed).",
             load(&tcp.busy_poll_reads),
         ),
         (

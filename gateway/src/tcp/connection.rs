@@ -413,6 +413,10 @@ impl Connection {
                 .busy_poll
                 .as_ref()
                 .and_then(|p| Some((&p.probe, p.until?)));
+            // While a window is open the worker never sleeps in epoll (a polling task always
+            // has a deferred wake-up), so a read that comes through the runtime's readiness
+            // then (the command arrived while the task had yielded) is caught as well.
+            let window_open = polling.is_some();
             let flow = tokio::select! {
                 biased;
                 _ = shutdown.changed() => {
@@ -422,6 +426,9 @@ impl Connection {
                 _ = shared.notify.notified() => shared.lock().on_signals(shared),
                 _ = crate::keep_alive::tick(&mut self.keep_alive) => shared.lock().on_keep_alive_tick(),
                 read = std::future::poll_fn(|cx| shared.poll_read(&mut self.reader, cx)) => {
+                    if window_open {
+                        stats.busy_poll_reads.fetch_add(1, Ordering::Relaxed);
+                    }
                     Self::on_read(shared, &mut self.busy_poll, read)
                 }
                 polled = async {

@@ -21,7 +21,8 @@ pub struct TcpStats {
     pub data_digest_errors: AtomicU64,
     /// Connections the host ended with an H2CTermReq.
     pub host_term_reqs: AtomicU64,
-    /// Reads busy polling found bytes for (`[gateway] tcp_busy_poll_us`): wake-ups saved.
+    /// Reads while a busy-polling window was open (`[gateway] tcp_busy_poll_us`), found by
+    /// the probe or by the runtime's readiness between slices: wake-ups saved.
     pub busy_poll_reads: AtomicU64,
     /// Busy-polling windows that closed with nothing to read (the task went to sleep).
     pub busy_poll_expired: AtomicU64,
