@@ -708,6 +708,15 @@ impl Config {
                 ));
             }
         }
+        // Set alone it would be silently ignored. (Beside `tcp_busy_poll_us = 0`, polling
+        // explicitly off, it is a setting kept for when the window is set.)
+        if self.gateway.tcp_busy_poll_adaptive.is_some() && self.gateway.tcp_busy_poll_us.is_none()
+        {
+            return Err(invalid(
+                "gateway.tcp_busy_poll_adaptive",
+                "has no effect without tcp_busy_poll_us (the polling window, in µs)",
+            ));
+        }
         if let Some(text) = &self.gateway.metrics_listen {
             let field = "gateway.metrics_listen";
             let metrics = metrics_socket_addr(text).map_err(|problem| invalid(field, problem))?;
@@ -1466,6 +1475,12 @@ mod tests {
         let not_bool =
             format!("[gateway]\ntcp_busy_poll_us = 250\ntcp_busy_poll_adaptive = 1\n{GOOD}");
         assert!(parse(&not_bool).is_err());
+        let alone = format!("[gateway]\ntcp_busy_poll_adaptive = true\n{GOOD}");
+        let err = parse(&alone).unwrap_err().to_string();
+        assert!(err.starts_with("gateway.tcp_busy_poll_adaptive"), "{err}");
+        assert!(err.contains("without tcp_busy_poll_us"), "{err}");
+        let off = format!("[gateway]\ntcp_busy_poll_us = 0\ntcp_busy_poll_adaptive = true\n{GOOD}");
+        assert_eq!(parse(&off).expect("valid: off").tcp_busy_poll(), None);
         let err = parse(&with_poll("10001")).unwrap_err().to_string();
         assert!(err.starts_with("gateway.tcp_busy_poll_us"), "{err}");
         assert!(err.contains("more than 10000"), "{err}");
