@@ -559,7 +559,8 @@ struct Side {
 /// A busy-polling gateway's counters over one run: how often it polled and what it chose.
 #[derive(Clone, Copy)]
 struct Polling {
-    /// Commands that busy polling caught, per I/O: ~1 at QD1 when the queue always polls.
+    /// Reads made while a polling window was open (no wake-up needed), per I/O: ~1 or more
+    /// at QD1 when the queue always polls (a write's data can be a read of its own).
     caught_per_io: f64,
     /// Share of the epochs that ended with the queue choosing to poll (adaptive only; NaN:
     /// no epoch ended).
@@ -1520,10 +1521,10 @@ fn main() {
     }
     if rows.iter().any(|(_, _, _, g, _, _)| g.polling.is_some()) {
         println!();
-        println!("Busy polling, from the gateway's counters over each run (medians): commands the queue caught by polling per I/O (~1 at QD1 when it always polls; 0 at QD16, where it never polls), and the share of adaptive epochs that ended choosing to poll");
+        println!("Busy polling, from the gateway's counters over each run (medians): reads per I/O the queue made while a polling window was open, i.e. without a wake-up (~1 at QD1 when it always polls; 0 at QD16, where it never polls), and the share of adaptive epochs that ended choosing to poll");
         println!(
             "{:<18} {:<8} | {:>14} {:>11}",
-            "workload", "gateway", "caught per IO", "chose poll"
+            "workload", "gateway", "polled per IO", "chose poll"
         );
         for (w, label, _, g, _, _) in &rows {
             if let Some(p) = g.polling {
