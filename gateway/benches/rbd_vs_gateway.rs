@@ -561,14 +561,14 @@ struct Side {
 struct Polling {
     /// Reads made while a polling window was open (no wake-up needed), per I/O: ~1 or more
     /// at QD1 when the queue always polls (a write's data can be a read of its own).
-    caught_per_io: f64,
+    polled_per_io: f64,
     /// Share of the epochs that ended with the queue choosing to poll (adaptive only; NaN:
     /// no epoch ended).
     chose_poll: f64,
 }
 
 impl Polling {
-    const CAUGHT: &'static str = "nvmeof_tcp_busy_poll_reads_total";
+    const POLLED: &'static str = "nvmeof_tcp_busy_poll_reads_total";
     const CHOSE_POLL: &'static str = "nvmeof_tcp_busy_poll_chose_poll_total";
     const CHOSE_SLEEP: &'static str = "nvmeof_tcp_busy_poll_chose_sleep_total";
 
@@ -587,7 +587,7 @@ impl Polling {
                 .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         };
         Some([
-            value(Self::CAUGHT)?,
+            value(Self::POLLED)?,
             value(Self::CHOSE_POLL)?,
             value(Self::CHOSE_SLEEP)?,
         ])
@@ -595,9 +595,9 @@ impl Polling {
 
     /// From the counters before and after a run of `ios` I/Os.
     fn between(before: [f64; 3], after: [f64; 3], ios: u64) -> Polling {
-        let [caught, poll, sleep] = [0, 1, 2].map(|i| after[i] - before[i]);
+        let [polled, poll, sleep] = [0, 1, 2].map(|i| after[i] - before[i]);
         Polling {
-            caught_per_io: caught / ios.max(1) as f64,
+            polled_per_io: polled / ios.max(1) as f64,
             chose_poll: poll / (poll + sleep),
         }
     }
@@ -649,7 +649,7 @@ impl Side {
                     }
                 };
                 (!polled.is_empty()).then(|| Polling {
-                    caught_per_io: med(|p| p.caught_per_io),
+                    polled_per_io: med(|p| p.polled_per_io),
                     chose_poll: med(|p| p.chose_poll),
                 })
             },
@@ -1532,7 +1532,7 @@ fn main() {
                     "{:<18} {:<8} | {:>14.2} {:>11}",
                     w.name,
                     label,
-                    p.caught_per_io,
+                    p.polled_per_io,
                     if p.chose_poll.is_nan() {
                         "-".to_string()
                     } else {

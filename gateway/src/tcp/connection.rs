@@ -413,10 +413,6 @@ impl Connection {
                 .busy_poll
                 .as_ref()
                 .and_then(|p| Some((&p.probe, p.until?)));
-            // While a window is open the worker never sleeps in epoll (a polling task always
-            // has a deferred wake-up), so a read that comes through the runtime's readiness
-            // then (the command arrived while the task had yielded) is caught as well.
-            let window_open = polling.is_some();
             let flow = tokio::select! {
                 biased;
                 _ = shutdown.changed() => {
@@ -426,9 +422,6 @@ impl Connection {
                 _ = shared.notify.notified() => shared.lock().on_signals(shared),
                 _ = crate::keep_alive::tick(&mut self.keep_alive) => shared.lock().on_keep_alive_tick(),
                 read = std::future::poll_fn(|cx| shared.poll_read(&mut self.reader, cx)) => {
-                    if window_open {
-                        stats.busy_poll_reads.fetch_add(1, Ordering::Relaxed);
-                    }
                     Self::on_read(shared, &mut self.busy_poll, read)
                 }
                 polled = async {
@@ -441,10 +434,7 @@ impl Connection {
                         None => std::future::pending().await,
                     }
                 }, if polling.is_some() => match polled {
-                    Some(read) => {
-                        stats.busy_poll_reads.fetch_add(1, Ordering::Relaxed);
-                        Self::on_read(shared, &mut self.busy_poll, read)
-                    }
+                    Some(read) => Self::on_read(shared, &mut self.busy_poll, read),
                     None => {
                         stats.busy_poll_expired.fetch_add(1, Ordering::Relaxed);
                         if let Some(p) = self.busy_poll.as_mut() {
@@ -497,6 +487,14 @@ impl Connection {
         busy_poll: &mut Option<BusyPoll>,
         read: std::io::Result<usize>,
     ) -> Flow {
+        // While a window is open the worker never sleeps in epoll (a polling task always has
+        // a deferred wake-up), so a read then needed no wake-up, whether the probe found the
+        // bytes or the runtime's readiness did while the task had yielded.
+        if busy_poll.as_ref().is_some_and(|p| p.until.is_some()) {
+            super::stats()
+                .busy_poll_reads
+                .fetch_add(1, Ordering::Relaxed);
+        }
         match read {
             Ok(0) => {
                 tracing::debug!("host closed the connection");
