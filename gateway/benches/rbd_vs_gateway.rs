@@ -34,7 +34,9 @@
 //! in one run; each round runs direct and every gateway, in an order that rotates by one per
 //! round; `built` as PATH is the binary cargo built),
 //! `--fio-busy-poll` (fio's rbd engine polls for completions, `busy_poll=1`: the direct side
-//! for a gateway with `,poll=US`), `--ramp SECONDS` (default 1, not measured), `--only TEXT` (the workloads whose name
+//! for a gateway with `,poll=US`), `--client-option KEY=VALUE` (repeatable: a librados/librbd
+//! option both sides get in their `[client]` section, e.g. `librados_thread_count=1`),
+//! `--ramp SECONDS` (default 1, not measured), `--only TEXT` (the workloads whose name
 //! contains TEXT ending at a word's end, e.g. `--only QD1` is not QD16). In `cargo test --benches` (no `--bench`
 //! argument) it only says it was skipped: it needs Ceph and fio.
 
@@ -101,6 +103,9 @@ struct Args {
     /// fio's rbd engine polls for completions (`busy_poll=1`) instead of waiting: the direct
     /// side of a comparison with a busy-polling gateway.
     fio_busy_poll: bool,
+    /// `--client-option KEY=VALUE`: librbd/librados options added to the `[client]` section
+    /// both sides read, e.g. `librados_thread_count=1`.
+    client_options: Vec<(String, String)>,
 }
 
 fn parse_args() -> Option<Args> {
@@ -154,6 +159,14 @@ fn parse_args() -> Option<Args> {
             .max(1),
         fio_librbd_defaults: args.iter().any(|a| a == "--fio-librbd-defaults"),
         fio_busy_poll: args.iter().any(|a| a == "--fio-busy-poll"),
+        client_options: args
+            .windows(2)
+            .filter(|pair| pair[0] == "--client-option")
+            .map(|pair| match pair[1].split_once('=') {
+                Some((key, value)) => (key.trim().to_string(), value.trim().to_string()),
+                None => panic!("--client-option {}: expected KEY=VALUE", pair[1]),
+            })
+            .collect(),
     })
 }
 
@@ -493,6 +506,11 @@ impl Drop for Gateway {
 /// How this machine's CPUs idle, which decides what a thread wake-up costs: in a VM whose
 /// idle vCPUs halt at once (the `haltpoll` cpuidle driver with `guest_halt_poll_ns` 0) every
 /// wake-up of an idle vCPU is a VM exit, and the QD1 figures of both sides are mostly that.
+/// CPUs this process may run on (the cores the cluster, fio, the gateway and the host share).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 fn cpu_idle_description() -> String {
     let read = |path: &str| {
         std::fs::read_to_string(path)
@@ -1220,6 +1238,9 @@ fn main() {
             }
         }
     }
+    for (key, value) in &args.client_options {
+        text.push_str(&format!("{key} = {value}\n"));
+    }
     std::fs::write(&conf, text).expect("write the bench ceph.conf");
     if let Some(k) = &cluster.keyring {
         std::env::set_var("CEPH_KEYRING", k);
@@ -1407,6 +1428,9 @@ fn main() {
     if args.fio_busy_poll {
         println!("fio polls for completions (--fio-busy-poll: its rbd engine's busy_poll=1)");
     }
+    for (key, value) in &args.client_options {
+        println!("both sides: {key} = {value} (--client-option)");
+    }
     println!("direct = fio --ioengine=rbd (1 job); gateway = nvmeof-gateway over NVMe/TCP on 127.0.0.1, pipelined Rust host, 1 queue");
     println!("{}", cpu_idle_description());
     for v in &variants {
@@ -1466,9 +1490,9 @@ fn main() {
         );
     }
     println!();
-    println!("CPU per I/O in us (user + system), medians: direct = fio process + cluster daemons; gateway = gateway process + benchmark host thread + cluster daemons (cluster: micro Ceph's mon and OSD, '-' for an external cluster); 'w/o host': the same ratio without the host thread, which in a deployment runs on another machine (fio's own engine cost stays in)");
+    println!("CPU per I/O in us (user + system), medians: direct = fio process + cluster daemons; gateway = gateway process + benchmark host thread + cluster daemons (cluster: micro Ceph's mon and OSD, '-' for an external cluster); 'w/o host': the same ratio without the host thread, which in a deployment runs on another machine (fio's own engine cost stays in); 'cores busy': CPU-seconds per second of the measured processes, direct / gateway (of {} cores here; '-' for an external cluster); 'ceiling': direct total / (direct total + host), the best IOPS ratio a gateway spending no more CPU per I/O than fio could reach while the cores are saturated, since the host thread's CPU comes out of the same cores (fio's start and ramp make it a little generous)", cores());
     println!(
-        "{:<18} {:<8} | {:>7} {:>8} {:>7} | {:>8} {:>7} {:>8} {:>7} | {:>11} {:>8}",
+        "{:<18} {:<8} | {:>7} {:>8} {:>7} | {:>8} {:>7} {:>8} {:>7} | {:>11} {:>8} | {:>11} {:>7}",
         "workload",
         "gateway",
         "fio",
@@ -1479,7 +1503,9 @@ fn main() {
         "cluster",
         "total",
         "total ratio",
-        "w/o host"
+        "w/o host",
+        "cores busy",
+        "ceiling"
     );
     let known = !daemons.is_empty();
     let cluster_col = |v: f64| {
@@ -1493,7 +1519,7 @@ fn main() {
         let direct_total = d.cpu_us_per_io + d.cluster_us_per_io;
         let gateway_total = g.cpu_us_per_io + g.host_us_per_io + g.cluster_us_per_io;
         println!(
-            "{:<18} {:<8} | {:>7.1} {:>8} {:>7.1} | {:>8.1} {:>7.1} {:>8} {:>7.1} | {:>11.2} {:>8.2}",
+            "{:<18} {:<8} | {:>7.1} {:>8} {:>7.1} | {:>8.1} {:>7.1} {:>8} {:>7.1} | {:>11.2} {:>8.2} | {:>11} {:>7}",
             w.name,
             label,
             d.cpu_us_per_io,
@@ -1505,6 +1531,23 @@ fn main() {
             gateway_total,
             gateway_total / direct_total.max(1e-9),
             (gateway_total - g.host_us_per_io) / direct_total.max(1e-9),
+            if known {
+                format!(
+                    "{:.2}/{:.2}",
+                    direct_total * d.iops / 1e6,
+                    gateway_total * g.iops / 1e6
+                )
+            } else {
+                "-".to_string()
+            },
+            if known {
+                format!(
+                    "{:.2}",
+                    direct_total / (direct_total + g.host_us_per_io).max(1e-9)
+                )
+            } else {
+                "-".to_string()
+            },
         );
     }
     println!();
