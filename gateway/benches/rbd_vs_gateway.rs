@@ -1243,14 +1243,15 @@ fn main() {
     let conf = work.join("ceph.conf");
     let mut text = std::fs::read_to_string(&cluster.conf).expect("read ceph.conf");
     text.push_str("\n[client]\nrbd_cache = false\n");
-    if !args.fio_librbd_defaults {
-        for arg in rbd_backend::rbd::GATEWAY_DEFAULT_ARGS {
-            if let Some((key, value)) = arg.trim_start_matches("--").split_once('=') {
-                text.push_str(&format!("{key} = {value}\n"));
-            }
-        }
-    }
-    for (key, value) in &args.client_options {
+    let gateway_defaults = rbd_backend::rbd::GATEWAY_DEFAULT_ARGS
+        .iter()
+        .filter(|_| !args.fio_librbd_defaults)
+        .filter_map(|arg| arg.trim_start_matches("--").split_once('='));
+    let given = args
+        .client_options
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()));
+    for (key, value) in gateway_defaults.chain(given) {
         text.push_str(&format!("{key} = {value}\n"));
     }
     std::fs::write(&conf, text).expect("write the bench ceph.conf");
@@ -1520,13 +1521,8 @@ fn main() {
         "ceiling"
     );
     let known = !daemons.is_empty();
-    let cluster_col = |v: f64| {
-        if known {
-            format!("{v:.1}")
-        } else {
-            "-".to_string()
-        }
-    };
+    // Columns that need the cluster's CPU: '-' for an external cluster.
+    let if_known = |text: String| if known { text } else { "-".to_string() };
     for (w, label, d, g, _, _) in &rows {
         let direct_total = d.cpu_us_per_io + d.cluster_us_per_io;
         let gateway_total = g.cpu_us_per_io + g.host_us_per_io + g.cluster_us_per_io;
@@ -1535,31 +1531,23 @@ fn main() {
             w.name,
             label,
             d.cpu_us_per_io,
-            cluster_col(d.cluster_us_per_io),
+            if_known(format!("{:.1}", d.cluster_us_per_io)),
             direct_total,
             g.cpu_us_per_io,
             g.host_us_per_io,
-            cluster_col(g.cluster_us_per_io),
+            if_known(format!("{:.1}", g.cluster_us_per_io)),
             gateway_total,
             gateway_total / direct_total.max(1e-9),
             (gateway_total - g.host_us_per_io) / direct_total.max(1e-9),
-            if known {
-                format!(
-                    "{:.2}/{:.2}",
-                    direct_total * d.iops / 1e6,
-                    gateway_total * g.iops / 1e6
-                )
-            } else {
-                "-".to_string()
-            },
-            if known {
-                format!(
-                    "{:.2}",
-                    direct_total / (direct_total + g.host_us_per_io).max(1e-9)
-                )
-            } else {
-                "-".to_string()
-            },
+            if_known(format!(
+                "{:.2}/{:.2}",
+                direct_total * d.iops / 1e6,
+                gateway_total * g.iops / 1e6
+            )),
+            if_known(format!(
+                "{:.2}",
+                direct_total / (direct_total + g.host_us_per_io).max(1e-9)
+            )),
         );
     }
     println!();
