@@ -28,7 +28,8 @@
 #   MICRO_CEPH_KEEP=1 (on a failed start, leave the daemons and DIR for debugging).
 #
 # Every daemon binds 127.0.0.1 only. The mon listens on a non-default port
-# (msgr2 on PORT, msgr1 on PORT+1). Daemons run in the foreground (-f) under
+# (msgr2 on PORT, msgr1 on PORT+1; picked in 10000-19999 unless --port is given, and
+# picked again if the mon finds it taken). Daemons run in the foreground (-f) under
 # setsid so that $! is the daemon's own PID; those PIDs go into DIR/pids.
 # Start takes ~1 s (memstore) / ~2 s (bluestore) on 2 vCPUs.
 set -euo pipefail
@@ -42,16 +43,32 @@ step() {
     printf 'micro-ceph: %d.%02ds %s\n' $((d / 1000000)) $((d % 1000000 / 10000)) "$*" >&2
 }
 
-port_free() { ! ss -Hltn "sport = :$1" | grep -q .; }
+# No socket of any state uses the port: an outgoing connection's local port blocks the
+# mon's bind (EADDRINUSE) as surely as a listener does.
+port_unused() { ! ss -Htan "sport = :$1" | grep -q .; }
 
+# An even port P with P and P+1 unused, in 10000-19999: below Linux's ephemeral range
+# (net.ipv4.ip_local_port_range, 32768-60999 by default), where any outgoing connection on
+# a busy machine may take a port after we checked it; below the 20000-31999 that the
+# project's tests pick for gateways and control planes.
 pick_port() {
     local p i
     for i in $(seq 1 50); do
-        p=$(( 40000 + (RANDOM % 10000) * 2 ))
-        if port_free "$p" && port_free "$((p + 1))"; then echo "$p"; return 0; fi
+        p=$(( 10000 + (RANDOM % 5000) * 2 ))
+        if port_unused "$p" && port_unused "$((p + 1))"; then echo "$p"; return 0; fi
     done
     die "no free port pair found"
 }
+
+# Exit status of a start whose mon could not bind its port: the port was taken between
+# pick_port and the bind. 'start' then tries again on a fresh port.
+BIND_FAILED=75
+
+# The mon's log says it could not bind its port (it would retry for 10 s, then die).
+mon_bind_failed() { grep -q 'unable to bind' "$DIR/log/mon.a.log" 2>/dev/null; }
+# mon_bound_or_failed PID PORT: the mon PID listens on PORT (not some other process), or
+# it could not bind.
+mon_bound_or_failed() { mon_bind_failed || ss -Hltnp "sport = :$2" | grep -q "pid=$1,"; }
 
 default_dir() { echo "${MICRO_CEPH_DIR:-${TMPDIR:-/tmp}/nvmeof-micro-ceph}"; }
 
@@ -318,6 +335,12 @@ EOF
     ceph-mon --mkfs -i a --monmap "$DIR/monmap" --keyring "$mk"
     step "mon mkfs"
     start_daemon mon.a ceph-mon -f -i a
+    # $!: start_daemon's setsid, which is the mon itself
+    wait_for 60 "mon.a to listen on 127.0.0.1:$port" mon_bound_or_failed "$!" "$port"
+    if mon_bind_failed; then
+        echo "micro-ceph: mon.a could not bind 127.0.0.1:$port (taken after it was picked)" >&2
+        exit "$BIND_FAILED"
+    fi
     # 'ceph osd new' is the first mon round trip; it also proves the mon is up
     local osd_id
     osd_id=$(timeout 60 ceph --connect-timeout 30 osd new "$osd_uuid" 0)
@@ -381,7 +404,18 @@ do_restart_osd() {
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
-    start) do_start "$@" ;;
+    start)
+        # A port we picked can still be taken before the mon binds it; then start again on
+        # a fresh one. Not 'do_start || rc=$?': bash runs a tested subshell without set -e.
+        for attempt in 1 2 3; do
+            set +e
+            (set -e; do_start "$@")
+            rc=$?
+            set -e
+            [ "$rc" = "$BIND_FAILED" ] && [[ " $* " != *" --port "* ]] || exit "$rc"
+            echo "micro-ceph: mon.a could not bind its port; starting again on another (attempt $((attempt + 1)) of 3)" >&2
+        done
+        exit "$rc" ;;
     stop) do_stop "$@" ;;
     env)
         d=${1:-$(default_dir)}

@@ -130,22 +130,18 @@ trap 'exit 143' TERM
 # ---------------------------------------------------------------- setup --
 fresh_shared_dir e2e-demo
 
-# a free port pair P, P+1 for the gateways and a free port for the control plane, below the
-# micro Ceph's range (40000+)
+# an unused port pair P, P+1 for the gateways, a port for the control plane and three for
+# the metrics, in free_port's range (requests.sh says why)
 PORT="" CPORT=""
 for _ in $(seq 50); do
-  p=$((20000 + RANDOM % 19000))
-  port_free "$p" && port_free $((p + 1)) && { PORT=$p; break; }
+  p=$(free_port) && port_unused $((p + 1)) && { PORT=$p; break; }
 done
-for _ in $(seq 50); do
-  p=$((20000 + RANDOM % 19000))
-  [ "$p" -ne "$PORT" ] && [ "$p" -ne $((PORT + 1)) ] && port_free "$p" && { CPORT=$p; break; }
-done
+CPORT=$(free_port "$PORT" $((PORT + 1)))
 MPORT=""
 for _ in $(seq 50); do
-  p=$((20000 + RANDOM % 19000))
-  case " $PORT $((PORT + 1)) $CPORT " in *" $p "* | *" $((p + 1)) "* | *" $((p + 2)) "*) continue ;; esac
-  port_free "$p" && port_free $((p + 1)) && port_free $((p + 2)) && { MPORT=$p; break; }
+  p=$(free_port "$PORT" $((PORT + 1)) "$CPORT") || continue
+  case " $PORT $((PORT + 1)) $CPORT " in *" $((p + 1)) "* | *" $((p + 2)) "*) continue ;; esac
+  port_unused $((p + 1)) && port_unused $((p + 2)) && { MPORT=$p; break; }
 done
 [ -n "$PORT" ] && [ -n "$CPORT" ] && [ -n "$MPORT" ] || { echo "no free ports"; echo "0 passed, 1 failed"; exit 2; }
 DEMO_CMD=(env DEMO_DIR="$DEMO" DEMO_PORT="$PORT" DEMO_CONTROL_PORT="$CPORT" DEMO_METRICS_PORT="$MPORT" DEMO_BIN="$WORK/bin"

@@ -20,8 +20,12 @@
 #         stop_process PID TENTHS MESSAGE   cleanup: when PID runs, MESSAGE, SIGTERM, SIGKILL
 #                                after TENTHS tenths of a second
 #         stop_vm NAME           stop_process of run-in-vm.sh (its own trap kills qemu), 15 s
-#         port_free PORT / free_port [USED...]   nothing listens on PORT / a free port in
-#                                20000-39999 (not one of USED)
+#         port_free PORT         nothing listens on PORT
+#         port_unused PORT       no socket of any state has PORT as its local port
+#         free_port [USED...]    an unused port in 20000-31999 (not one of USED): below
+#                                Linux's ephemeral range (32768-60999), where an outgoing
+#                                connection may take it before our bind; above micro Ceph's
+#                                mon ports (10000-19999)
 #         copy_binaries DIR      private copies of nvmeof-gateway, nvmeof-control, nvmeofctl
 #                                from $BIN_SRC (a concurrent cargo build must not replace them)
 #         start_cluster ARGS...  a micro Ceph in $WORK/ceph (ARGS: micro-ceph.sh start options);
@@ -117,11 +121,12 @@ stop_process() {
 stop_vm() { stop_process "$VMPID" 150 "$1: stopping the VM (run-in-vm.sh pid $VMPID)"; }
 
 port_free() { ! ss -Hltn "sport = :$1" | grep -q .; }
+port_unused() { ! ss -Htan "sport = :$1" | grep -q .; }
 free_port() {
   local p
   for _ in $(seq 50); do
-    p=$((20000 + RANDOM % 20000))
-    port_free "$p" || continue
+    p=$((20000 + RANDOM % 12000))
+    port_unused "$p" || continue
     [[ " $* " == *" $p "* ]] && continue
     echo "$p"; return 0
   done
