@@ -25,7 +25,9 @@
 #   MICRO_CEPH_BLUESTORE_SIZE (default 10G, sparse file),
 #   MICRO_CEPH_MEMSTORE_SIZE (bytes of RAM the memstore OSD may use, default 4 GiB),
 #   MICRO_CEPH_EXTRA_CONF (raw text appended to ceph.conf, with its own [section]),
-#   MICRO_CEPH_KEEP=1 (on a failed start, leave the daemons and DIR for debugging).
+#   MICRO_CEPH_KEEP=1 (on a failed start, leave the daemons and DIR for debugging),
+#   MICRO_CEPH_FIRST_PORT (the port the first attempt tries instead of a picked one, as if
+#   it had been taken after the pick; tests/micro-ceph-ports.sh checks the retry with it).
 #
 # Every daemon binds 127.0.0.1 only. The mon listens on a non-default port
 # (msgr2 on PORT, msgr1 on PORT+1; picked in 10000-19999 unless --port is given, and
@@ -228,6 +230,7 @@ do_start() {
     # if anything below fails, tear down what was started
     trap 'rc=$?; if [ $rc -ne 0 ] && [ "${MICRO_CEPH_KEEP:-0}" != 1 ]; then echo "micro-ceph: start failed, stopping (logs were in $DIR/log)" >&2; tail -n 20 "$DIR"/log/*.log >&2 2>/dev/null || true; do_stop "$DIR" || true; fi' EXIT
 
+    if [ -z "$port" ] && [ "${MICRO_CEPH_ATTEMPT:-1}" = 1 ]; then port=${MICRO_CEPH_FIRST_PORT:-}; fi
     [ -n "$port" ] || port=$(pick_port)
     local fsid; fsid=$(uuidgen)
     local osd_uuid; osd_uuid=$(uuidgen)
@@ -409,7 +412,7 @@ case "$cmd" in
         # a fresh one. Not 'do_start || rc=$?': bash runs a tested subshell without set -e.
         for attempt in 1 2 3; do
             set +e
-            (set -e; do_start "$@")
+            (set -e; MICRO_CEPH_ATTEMPT=$attempt do_start "$@")
             rc=$?
             set -e
             [ "$rc" = "$BIND_FAILED" ] && [[ " $* " != *" --port "* ]] || exit "$rc"

@@ -12,6 +12,7 @@
 #   - gateway/tests/osd_down_start.rs (gateway start with the OSD stopped: serves, RBD later)
 #   - gateway/tests/fenced_group.rs (one ANA group's client blocklisted: only it stops)
 #   - gateway/tests/group_removals.rs (namespace/host/subsystem del applied on a running gateway)
+#   - tests/micro-ceph-ports.sh   (micro-ceph.sh when the mon's port is taken: retry, or exit 75)
 # and stops the cluster whatever happened. Exit code: non-zero if any test failed.
 #
 #   bash rbd-backend/tests/ceph-tests.sh [test binary args, e.g. --nocapture or a name filter]
@@ -39,4 +40,5 @@ rc=0
 "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_down_start -- --ignored "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test fenced_group -- --ignored "$@" || rc=1
 "${CARGO:-cargo}" test -p nvmeof-gateway --test group_removals -- --ignored "$@" || rc=1
+bash "$root/tests/micro-ceph-ports.sh" || rc=1
 exit $rc
