@@ -27,6 +27,7 @@
 //! with no allocation per command.
 
 pub mod cmd;
+mod commands;
 mod conn;
 pub mod pipelined;
 
