@@ -54,6 +54,12 @@ pub mod fabrics {
     pub const AUTH_RECEIVE: u8 = 0x06;
     /// Disconnect (NVMe Base 2.0, fabrics command type 08h).
     pub const DISCONNECT: u8 = 0x08;
+    /// Connect CATTR bit 2: the host asks to disable SQ flow control
+    /// (`NVME_CONNECT_DISABLE_SQFLOW`).
+    pub const CONNECT_DISABLE_SQFLOW: u8 = 1 << 2;
+    /// SQHD of a Connect response that accepts disabling SQ flow control (Linux nvmet's
+    /// `nvmet_install_queue`): later completions carry no SQ head.
+    pub const SQHD_FLOW_CONTROL_DISABLED: u16 = 0xffff;
 }
 
 /// Command dword 0 FUSE field (`NVME_CMD_FUSE_*`).
@@ -270,8 +276,14 @@ pub mod disc {
     /// ADRFAM (`NVMF_ADDR_FAMILY_*`).
     pub const ADRFAM_IP4: u8 = 1;
     pub const ADRFAM_IP6: u8 = 2;
-    /// TREQ: secure channel not required (`NVMF_TREQ_NOT_REQUIRED`).
-    pub const TREQ_NOT_REQUIRED: u8 = 2;
+    /// TREQ bits 1:0, secure channel: not specified (`NVMF_TREQ_NOT_SPECIFIED`). Not
+    /// "not required" (`NVMF_TREQ_NOT_REQUIRED` = 2): that says TLS is on offer, and
+    /// libnvme's `connect-all` then asked the kernel for TLS and failed against a target
+    /// without it (linux-nvme/libnvme issue 612). Linux nvmet reports "not specified" too.
+    pub const TREQ_SECURE_CHANNEL_NOT_SPECIFIED: u8 = 0;
+    /// TREQ bit 2: the controller can disable SQ flow control (`NVMF_TREQ_DISABLE_SQFLOW`);
+    /// `nvme connect-all` then connects with `disable_sqflow`. Linux nvmet sets it by default.
+    pub const TREQ_DISABLE_SQFLOW: u8 = 1 << 2;
     /// TSAS for TCP: no security (`NVMF_TCP_SECTYPE_NONE`).
     pub const TCP_SECTYPE_NONE: u8 = 0;
     /// RDMA TSAS values (`NVMF_RDMA_*`).

@@ -160,6 +160,68 @@ async fn io_with_header_and_data_digests() {
     io_suite(true, true).await;
 }
 
+/// With SQ flow control disabled at Connect (what `nvme connect-all` asks for when the
+/// discovery log offers it), a successful read completes by its C2HData's SUCCESS flag
+/// and no CapsuleResp follows: a stray one would be a completion for an unknown CID, which
+/// the host treats as a protocol error and closes. Writes and failed reads still get a
+/// CapsuleResp. With flow control on, every command gets one.
+async fn reads_complete_with_their_data(disable_sq_flow_control: bool, data_digest: bool) {
+    let (addr, _stop) = start().await;
+    let mut o = opts(false, data_digest);
+    o.disable_sq_flow_control = disable_sq_flow_control;
+    let (_admin, cntlid, bs, icd) = bring_up(addr, &o).await;
+    let q = HostConnection::connect(addr, o).await.unwrap();
+    q.set_in_capsule_data_max(icd);
+    q.connect_io(SUBNQN, cntlid, 1, 63).await.unwrap();
+    assert_eq!(q.sq_flow_control_disabled(), disable_sq_flow_control);
+
+    let data = pattern(4 * bs as usize, 5);
+    let write = q
+        .submit_ok(
+            Sqe::rw(cmd::io::WRITE, 1, 8, 4),
+            Xfer::Write(data.clone().into()),
+        )
+        .await
+        .unwrap();
+    assert!(!write.completed_by_data);
+    for _ in 0..3 {
+        let read = q
+            .submit_ok(
+                Sqe::rw(cmd::io::READ, 1, 8, 4),
+                Xfer::Read(data.len() as u32),
+            )
+            .await
+            .unwrap();
+        assert_eq!(read.data, data);
+        assert_eq!(read.completed_by_data, disable_sq_flow_control);
+        if !disable_sq_flow_control {
+            assert_eq!(read.cqe.sqid(), 1, "a CapsuleResp names the queue");
+        }
+    }
+    let beyond = q
+        .submit(
+            Sqe::rw(cmd::io::READ, 1, SIZE / bs as u64, 1),
+            Xfer::Read(bs),
+        )
+        .await
+        .unwrap();
+    assert!(!beyond.cqe.is_success());
+    assert!(!beyond.completed_by_data, "an error needs its CapsuleResp");
+    q.flush(1).await.unwrap();
+    assert!(!q.is_closed(), "{:?}", q.close_reason());
+}
+
+#[tokio::test]
+async fn reads_complete_by_capsule_resp_with_sq_flow_control() {
+    reads_complete_with_their_data(false, false).await;
+}
+
+#[tokio::test]
+async fn reads_complete_by_c2h_data_success_without_sq_flow_control() {
+    reads_complete_with_their_data(true, false).await;
+    reads_complete_with_their_data(true, true).await;
+}
+
 #[tokio::test]
 async fn discovery() {
     let (addr, _stop) = start().await;

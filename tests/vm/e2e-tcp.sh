@@ -14,9 +14,10 @@
 # write), (d) mkfs.ext4 + 16 MiB sha256 round trip across a remount,
 # (e) disconnect, SIGTERM (exit 0), restart, reconnect, read,
 # (f) unknown host NQN refused, (g) unknown subsystem NQN refused (gateway
-# alive after each), (h) final SIGTERM. Extra steps x1-x4: admin commands
+# alive after each), (h) final SIGTERM. Extra steps x1-x5: admin commands
 # (id-ctrl/id-ns fields, logs, features), idling past KATO, data intact across
-# a reconnect to the same process, header+data digests. Steps v6.*
+# a reconnect to the same process, header+data digests, nvme connect-all (SQ flow
+# control disabled as the discovery log offers). Steps v6.*
 # (e2e-tcp-ipv6.sh): a target on [::], discovered and connected over IPv6.
 # Last line: "N passed, N failed". Exit 0 only if nothing failed.
 #
@@ -239,6 +240,22 @@ digest_check() { # header + data digests (CRC32C) negotiated and used
   fio_run digest-128k --rw=write --bs=128k --size=8M --iodepth=4 || { disconnect_nqn $NQN > /dev/null; return 1; }
   disconnect_nqn $NQN > /dev/null
 }
+connect_all_check() { # nvme connect-all: the discovery log offers SQ flow control off, the host takes it
+  local out rc
+  out=$(timeout -k 5 90 nvme connect-all "${COPTS[@]}" --hostnqn=$HOSTNQN --hostid=$HOSTID 2>&1)
+  rc=$?
+  [ -n "$out" ] && echo "$out" | sed 's/^/    /'
+  [ $rc -eq 0 ] || { say "nvme connect-all failed (rc=$rc)"; return 1; }
+  DEV=$(ns_dev) || { say "connect-all connected no namespace of $NQN within 15 s"; DEV=""; return 1; }
+  if [ "$MODE" = gateway ]; then
+    # reads now complete by their C2HData's SUCCESS flag, with no CapsuleResp
+    sed 's/\x1b\[[0-9;]*m//g' "$GWLOG" | grep -q 'queue connected.*sq_flow_control=false' ||
+      { say "no queue was connected with SQ flow control disabled"; disconnect_nqn $NQN > /dev/null; return 1; }
+    say "the gateway log shows queues connected with SQ flow control disabled"
+  fi
+  fio_run connect-all-4k --rw=randwrite --bs=4k --size=8M --iodepth=16 || { disconnect_nqn $NQN > /dev/null; return 1; }
+  disconnect_nqn $NQN > /dev/null
+}
 read_check() { # after the restart: namespace readable + a small write/verify
   local rc
   timeout -k 5 60 dd if="$DEV" of=/dev/null bs=1M count=16 iflag=direct 2>&1 | tail -n 1 | sed 's/^/    dd: /'
@@ -327,6 +344,8 @@ if step gateway.start "start the target on $ADDR:$PORT" start_gateway first; the
       skip e5.read-after-restart "reconnect failed"; disconnect_nqn $NQN > /dev/null 2>&1
     fi
     step x4.digests "connect with header+data digests (CRC32C), fio verify 4K and 128K" digest_check
+    step x5.connect-all "nvme connect-all: SQ flow control disabled as the discovery log offers, fio verify 4K" \
+      connect_all_check
     step f.reject-unknown-host "connect with a host NQN not in hosts[] is refused, gateway alive" \
       expect_refused bad-host $NQN $BADHOSTNQN $BADHOSTID 184 "Connect Invalid Host"
     step g.reject-unknown-subsys "connect to an unknown subsystem NQN is refused, gateway alive" \

@@ -6,7 +6,7 @@ use rbd_backend::IoBuf;
 
 use super::command::{Command, Status};
 use super::controller::{Controller, MAX_IO_QUEUES};
-use super::queue::{Action, Binding, Queue, MAX_QUEUE_ENTRIES};
+use super::queue::{Action, Binding, Queue, Response, MAX_QUEUE_ENTRIES};
 use super::subsystem::Subsystem;
 use crate::spec::{cntlid, fabrics, reg, sc, version, NQN_MAX_LEN};
 
@@ -21,6 +21,7 @@ const DATA_HOSTNQN: usize = 512;
 const CMD_RECFMT: usize = 40;
 const CMD_QID: usize = 42;
 const CMD_SQSIZE: usize = 44;
+const CMD_CATTR: usize = 46;
 const CMD_KATO: usize = 48;
 
 /// NVMe version reported in VS and Identify Controller VER: 1.4 brought ANA.
@@ -38,6 +39,8 @@ fn invalid_param_location(offset: usize, in_data: bool) -> u64 {
 struct ConnectRequest {
     qid: u16,
     sqsize: u16,
+    /// CATTR bit 2: the host asks to disable SQ flow control.
+    disable_sq_flow_control: bool,
     kato_ms: u32,
     hostid: [u8; 16],
     cntlid: u16,
@@ -98,6 +101,7 @@ fn parse_connect(cmd: &Command, data: Option<&IoBuf>) -> Result<ConnectRequest, 
     Ok(ConnectRequest {
         qid: le16(CMD_QID),
         sqsize: le16(CMD_SQSIZE),
+        disable_sq_flow_control: raw[CMD_CATTR] & fabrics::CONNECT_DISABLE_SQFLOW != 0,
         kato_ms: cmd.cdw(CMD_KATO / 4),
         hostid,
         cntlid: u16::from_le_bytes([data[DATA_CNTLID], data[DATA_CNTLID + 1]]),
@@ -123,10 +127,17 @@ impl Queue {
             }
             match result {
                 Ok(cntlid) => {
-                    let completion = self
+                    let mut completion = self
                         .completion(cmd.cid(), Status::SUCCESS)
                         .with_result(u64::from(cntlid));
-                    self.respond_with(out, completion, None);
+                    if self.sq_flow_control_disabled {
+                        // FFFFh in this one SQHD tells the host its request was accepted.
+                        completion.sq_head = fabrics::SQHD_FLOW_CONTROL_DISABLED;
+                    }
+                    out.push(Action::Respond(Response {
+                        completion,
+                        data: None,
+                    }));
                 }
                 Err(reject) => {
                     let completion = self
@@ -190,7 +201,8 @@ impl Queue {
         let cntlid = controller.cntlid;
         controller.register_notifier(self.notifier.clone());
         self.sq_entries = u32::from(req.sqsize) + 1;
-        tracing::info!(cntlid, qid = req.qid, sqsize = req.sqsize, host = %req.hostnqn, subsystem = %req.subnqn, "queue connected");
+        self.sq_flow_control_disabled = req.disable_sq_flow_control;
+        tracing::info!(cntlid, qid = req.qid, sqsize = req.sqsize, sq_flow_control = !req.disable_sq_flow_control, host = %req.hostnqn, subsystem = %req.subnqn, "queue connected");
         self.binding = Some(Binding {
             controller,
             qid: req.qid,

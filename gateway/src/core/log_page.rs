@@ -192,7 +192,7 @@ fn discovery_entry(
     };
     entry[1] = adrfam;
     entry[2] = subtype;
-    entry[3] = disc::TREQ_NOT_REQUIRED;
+    entry[3] = disc::TREQ_SECURE_CHANNEL_NOT_SPECIFIED | disc::TREQ_DISABLE_SQFLOW;
     put_u16(entry, 4, listener.port_id);
     put_u16(entry, 6, crate::spec::cntlid::DYNAMIC);
     put_u16(entry, 8, 32); // ASQSZ: admin queue depth the host should use

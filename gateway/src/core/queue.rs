@@ -134,6 +134,9 @@ pub struct Queue {
     /// Entries in the submission queue (SQSIZE + 1).
     pub(crate) sq_entries: u32,
     sq_head: u16,
+    /// The host disabled SQ flow control at Connect: completions carry no SQ head, and a
+    /// transport may complete a successful read with its data (NVMe/TCP C2HData SUCCESS).
+    pub(crate) sq_flow_control_disabled: bool,
     pub(crate) inflight: HashMap<u16, InFlight>,
     parked_fused_first: Option<(Command, Option<IoBuf>)>,
     buffers: Box<dyn BufferSource>,
@@ -166,6 +169,7 @@ impl Queue {
             binding: None,
             sq_entries: 0,
             sq_head: 0,
+            sq_flow_control_disabled: false,
             inflight: HashMap::new(),
             parked_fused_first: None,
             buffers: Box::new(RecycledBuffers::default()),
@@ -193,6 +197,20 @@ impl Queue {
 
     pub fn qid(&self) -> Option<u16> {
         self.binding.as_ref().map(|b| b.qid)
+    }
+
+    /// Whether the host disabled SQ flow control when it connected this queue.
+    pub fn sq_flow_control_disabled(&self) -> bool {
+        self.sq_flow_control_disabled
+    }
+
+    /// SQHD for a completion: reserved (0) once the host disabled SQ flow control.
+    fn reported_sq_head(&self) -> u16 {
+        if self.sq_flow_control_disabled {
+            0
+        } else {
+            self.sq_head
+        }
     }
 
     /// Commands waiting for a device.
@@ -229,7 +247,7 @@ impl Queue {
     pub(crate) fn completion(&self, cid: u16, status: Status) -> Completion {
         Completion {
             result: 0,
-            sq_head: self.sq_head,
+            sq_head: self.reported_sq_head(),
             sq_id: self.qid().unwrap_or(0),
             cid,
             status,
@@ -250,7 +268,7 @@ impl Queue {
         data: Option<IoBuf>,
     ) {
         let completion = Completion {
-            sq_head: self.sq_head,
+            sq_head: self.reported_sq_head(),
             sq_id: self.qid().unwrap_or(0),
             ..completion
         };

@@ -787,6 +787,9 @@ fn discovery_log_lists_allowed_subsystems_on_every_listener() {
             let entry = &page[2048..3072];
             assert_eq!(entry[0], spec::disc::TRTYPE_TCP);
             assert_eq!(entry[2], spec::disc::SUBTYPE_NVME);
+            // no secure channel on offer (libnvme would ask for TLS), SQ flow control
+            // can be disabled
+            assert_eq!(entry[3], 0b100, "TREQ");
             assert_eq!(&entry[32..36], b"4420");
             assert_eq!(&entry[256..256 + SUBNQN.len()], SUBNQN.as_bytes());
             assert_eq!(&entry[512..521], b"127.0.0.1");
@@ -796,6 +799,48 @@ fn discovery_log_lists_allowed_subsystems_on_every_listener() {
             sc::INVALID_FIELD
         );
     }
+}
+
+/// An admin queue of SQSIZE 3 (four entries) connected with Connect attributes `cattr`,
+/// and the SQHD of the Connect response and of five Property Gets after it.
+fn sq_heads_after_connect(cattr: u8) -> (Queue, Vec<u16>) {
+    let f = fixture();
+    let mut q = f.queue();
+    let mut cmd = *connect(0, 3, 0).as_bytes();
+    cmd[46] = cattr;
+    let connected = one(run(
+        &mut q,
+        Command::from_bytes(&cmd),
+        Some(connect_data(SUBNQN, HOSTNQN, 0xffff)),
+    ));
+    assert!(connected.completion.status.is_success());
+    let mut heads = vec![connected.completion.sq_head];
+    for _ in 0..5 {
+        heads.push(
+            property_get(&mut q, spec::reg::VS, false)
+                .completion
+                .sq_head,
+        );
+    }
+    (q, heads)
+}
+
+#[test]
+fn completions_report_the_sq_head_modulo_the_queue_size() {
+    let (q, heads) = sq_heads_after_connect(0);
+    assert_eq!(heads, vec![0, 1, 2, 3, 0, 1]);
+    assert!(!q.sq_flow_control_disabled());
+}
+
+#[test]
+fn a_host_may_disable_sq_flow_control_at_connect() {
+    let (q, heads) = sq_heads_after_connect(fabrics::CONNECT_DISABLE_SQFLOW);
+    assert_eq!(
+        heads,
+        vec![fabrics::SQHD_FLOW_CONTROL_DISABLED, 0, 0, 0, 0, 0],
+        "FFFFh acknowledges the request, then SQHD is reserved"
+    );
+    assert!(q.sq_flow_control_disabled(), "the transport is told");
 }
 
 /// TRADDR of each discovery log record, in order.

@@ -64,7 +64,12 @@ pub mod fabrics {
     pub const CONNECT: u8 = 0x01;
     /// Property Get.
     pub const PROPERTY_GET: u8 = 0x04;
+    /// Connect CATTR bit 2, disable SQ flow control (`NVME_CONNECT_DISABLE_SQFLOW`).
+    pub const CONNECT_DISABLE_SQFLOW: u8 = 1 << 2;
 }
+
+/// SQHD of a Connect response granting that SQ flow control be disabled.
+pub const SQHD_FLOW_CONTROL_DISABLED: u16 = 0xffff;
 
 /// Controller property offsets.
 pub mod prop {
@@ -255,6 +260,12 @@ impl Sqe {
         s.0[44..46].copy_from_slice(&sqsize.to_le_bytes());
         s.0[48..52].copy_from_slice(&kato_ms.to_le_bytes());
         s
+    }
+
+    /// Sets Connect's CATTR bit that asks to disable SQ flow control.
+    pub fn disable_sq_flow_control(mut self) -> Self {
+        self.0[46] |= fabrics::CONNECT_DISABLE_SQFLOW;
+        self
     }
 
     /// Property Get of a 4 or 8 byte property.

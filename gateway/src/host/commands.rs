@@ -35,12 +35,15 @@ impl HostConnection {
             subnqn,
             &self.options().hostnqn,
         );
-        let r = self
-            .submit_ok(
-                Sqe::connect(qid, sqsize, kato_ms),
-                Xfer::Write(Bytes::from(data)),
-            )
-            .await?;
+        let mut sqe = Sqe::connect(qid, sqsize, kato_ms);
+        if self.options().disable_sq_flow_control {
+            sqe = sqe.disable_sq_flow_control();
+        }
+        let r = self.submit_ok(sqe, Xfer::Write(Bytes::from(data))).await?;
+        if self.options().disable_sq_flow_control && r.cqe.sqhd() == cmd::SQHD_FLOW_CONTROL_DISABLED
+        {
+            self.set_sq_flow_control_disabled();
+        }
         // sqsize is 0's based: allow sqsize outstanding (one slot exists already).
         self.add_queue_slots(sqsize as usize - 1);
         Ok(r.cqe)

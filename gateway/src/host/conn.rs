@@ -45,6 +45,8 @@ pub struct HostOptions {
     pub in_capsule_data_max: usize,
     /// Per-command (and ICReq/ICResp) timeout.
     pub timeout: Duration,
+    /// Ask at Connect to disable SQ flow control (`nvme connect --disable-sqflow`).
+    pub disable_sq_flow_control: bool,
 }
 
 impl HostOptions {
@@ -69,6 +71,7 @@ impl HostOptions {
             max_pdu_len: (8 << 20) + 4096,
             in_capsule_data_max: cmd::TCP_ADMIN_CCSZ - cmd::SQE_LEN,
             timeout: Duration::from_secs(30),
+            disable_sq_flow_control: false,
         }
     }
 }
@@ -130,6 +133,9 @@ pub struct Response {
     pub cqe: Completion,
     /// Data received by C2HData.
     pub data: Vec<u8>,
+    /// The controller completed the command with the C2HData SUCCESS flag instead of a
+    /// CapsuleResp.
+    pub completed_by_data: bool,
 }
 
 /// A fully raw command: the SQE is sent as is (its CID is used to match the
@@ -287,7 +293,8 @@ impl Shared {
         lock(&self.pending).remove(&cid);
     }
 
-    fn complete(&self, cid: u16, cqe: Completion) -> Result<(), HostError> {
+    /// `by_data`: the completion is a C2HData's SUCCESS flag, not a CapsuleResp.
+    fn complete(&self, cid: u16, cqe: Completion, by_data: bool) -> Result<(), HostError> {
         let Some(mut p) = lock(&self.pending).remove(&cid) else {
             return Err(HostError::Protocol(format!(
                 "completion for unknown CID {cid}"
@@ -319,6 +326,7 @@ impl Shared {
             (None, None) => Ok(Response {
                 cqe,
                 data: std::mem::take(&mut p.read),
+                completed_by_data: by_data,
             }),
         };
         if let Some(r) = p.reply.take() {
@@ -330,7 +338,7 @@ impl Shared {
     /// Handle one PDU from the controller.
     fn handle(&self, pdu: Pdu<'_>) -> Result<(), HostError> {
         match pdu {
-            Pdu::CapsuleResp(r) => self.complete(r.cid(), Completion(*r.cqe)),
+            Pdu::CapsuleResp(r) => self.complete(r.cid(), Completion(*r.cqe), false),
             Pdu::C2HData(d) => {
                 {
                     let mut pending = lock(&self.pending);
@@ -351,7 +359,7 @@ impl Shared {
                     p.read_last |= d.last;
                 }
                 if d.success {
-                    self.complete(d.cccid, Completion::success(d.cccid))?;
+                    self.complete(d.cccid, Completion::success(d.cccid), true)?;
                 }
                 Ok(())
             }
@@ -458,6 +466,9 @@ pub struct HostConnection {
     closed_rx: watch::Receiver<bool>,
     reader: JoinHandle<()>,
     writer: JoinHandle<()>,
+    /// The controller accepted disabling SQ flow control (SQHD FFFFh in the Connect
+    /// response).
+    sq_flow_control_disabled: AtomicBool,
 }
 
 impl Drop for HostConnection {
@@ -581,7 +592,17 @@ impl HostConnection {
             closed_rx,
             reader,
             writer,
+            sq_flow_control_disabled: AtomicBool::new(false),
         })
+    }
+
+    /// Whether the controller accepted disabling SQ flow control at Connect.
+    pub fn sq_flow_control_disabled(&self) -> bool {
+        self.sq_flow_control_disabled.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set_sq_flow_control_disabled(&self) {
+        self.sq_flow_control_disabled.store(true, Ordering::Relaxed);
     }
 
     /// The controller's ICResp.
@@ -861,7 +882,7 @@ async fn reader_task(
                         .get(start + 1)
                         .is_some_and(|f| f & pdu::flags::SUCCESS != 0);
                     if success {
-                        let _ = shared.complete(cccid, Completion::success(cccid));
+                        let _ = shared.complete(cccid, Completion::success(cccid), true);
                     }
                     start += consumed;
                 }

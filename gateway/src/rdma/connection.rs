@@ -583,10 +583,7 @@ impl RdmaConnection {
     }
 
     fn respond_error(&mut self, cid: u16, status: Status) -> Flow {
-        let completion = Completion {
-            sq_id: self.queue.qid().unwrap_or(0),
-            ..Completion::new(cid, status)
-        };
+        let completion = self.queue.completion(cid, status);
         self.host_data.remove(&cid);
         self.send_response(completion, None)
     }

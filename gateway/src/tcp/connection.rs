@@ -822,10 +822,20 @@ impl State {
         for action in actions.drain(..) {
             match action {
                 Action::Respond(resp) => {
-                    if let Some(buf) = resp.data {
-                        self.push_data(resp.completion.cid, buf);
+                    let completion = &resp.completion;
+                    // Without SQ flow control the host needs no SQ head, so a plain
+                    // success rides on the data PDU's SUCCESS flag and no CapsuleResp
+                    // follows (the C2HData SUCCESS flag; Linux nvmet does the same).
+                    let fold = self.queue.sq_flow_control_disabled()
+                        && completion.status.is_success()
+                        && completion.result == 0;
+                    let folded = match resp.data {
+                        Some(buf) => self.push_data(completion.cid, buf, fold),
+                        None => false,
+                    };
+                    if !folded {
+                        self.push_completion(completion);
                     }
-                    self.push_completion(&resp.completion);
                 }
                 Action::Submit { device, tag, op } => device.submit(tag, op, &self.completion_sink),
                 Action::Close => flow = Flow::Close,
@@ -834,19 +844,22 @@ impl State {
         flow
     }
 
-    fn push_data(&mut self, cid: u16, buf: IoBuf) {
+    /// Queues `buf` as one C2HData PDU, with the SUCCESS flag if `success`; returns
+    /// whether that PDU completes the command (an empty buffer sends nothing).
+    fn push_data(&mut self, cid: u16, buf: IoBuf, success: bool) -> bool {
         if buf.is_empty() {
             self.queue.recycle(buf);
-            return;
+            return false;
         }
         let encoder = &self.encoder;
         let len = buf.len() as u32;
         self.out
-            .push_header(|o| encoder.c2h_data_header(o, cid, 0, len, true, false));
+            .push_header(|o| encoder.c2h_data_header(o, cid, 0, len, true, success));
         let digest = encoder
             .data_digest()
             .then(|| super::digest::data_digest(buf.as_slice()).to_le_bytes());
         self.out.segments.push_back(Segment::Data { buf, digest });
+        success
     }
 
     fn push_completion(&mut self, completion: &Completion) {
@@ -856,10 +869,7 @@ impl State {
     }
 
     fn respond_error(&mut self, cid: u16, status: Status) {
-        let completion = Completion {
-            sq_id: self.queue.qid().unwrap_or(0),
-            ..Completion::new(cid, status)
-        };
+        let completion = self.queue.completion(cid, status);
         self.push_completion(&completion);
     }
 
