@@ -1,5 +1,6 @@
 //! `nvmeof-gateway`: serves the subsystems of a configuration file over NVMe/TCP and NVMe/RDMA.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -37,6 +38,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // colour codes only for a terminal: journald and log files get plain text
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let config = match Config::load(&args.config) {
         Ok(c) => c,

@@ -4,6 +4,7 @@
 //! replicas against the same object: one leads (RADOS lock with a lease), the others serve
 //! admin requests and gateways' assignment streams and take over when the lease lapses.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -80,6 +81,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // colour codes only for a terminal: journald and log files get plain text
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
