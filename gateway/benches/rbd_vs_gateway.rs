@@ -28,9 +28,11 @@
 //! image) and through the gateway (N namespaces, N host threads with one queue each).
 //!
 //! Other options: `--gateway-threads N` (default: one runtime worker per CPU),
-//! `--gateway [LABEL=]PATH[@THREADS][,poll=US|,alwayspoll=US]` (repeatable: compare gateway
-//! binaries, thread counts or busy polling, `[gateway] tcp_busy_poll_us`, adaptive or with
-//! `tcp_busy_poll_adaptive = false`)
+//! `--gateway [LABEL=]PATH[@THREADS][,poll=US|,alwayspoll=US][,sqflow=off]` (repeatable:
+//! compare gateway binaries, thread counts or busy polling, `[gateway] tcp_busy_poll_us`,
+//! adaptive or with `tcp_busy_poll_adaptive = false`; `sqflow=off`: the host connects with
+//! SQ flow control disabled, as `nvme connect-all` does, so reads complete without a
+//! CapsuleResp)
 //! in one run; each round runs direct and every gateway, in an order that rotates by one per
 //! round; `built` as PATH is the binary cargo built),
 //! `--fio-busy-poll` (fio's rbd engine polls for completions, `busy_poll=1`: the direct side
@@ -324,6 +326,9 @@ struct Variant {
     busy_poll_us: Option<u32>,
     /// `[gateway] tcp_busy_poll_adaptive = false` (unset: the gateway's default, adaptive).
     always_poll: bool,
+    /// The host's queues connect with SQ flow control disabled, as `nvme connect-all`
+    /// does: reads then complete by their C2HData's SUCCESS flag.
+    sq_flow_control_off: bool,
 }
 
 impl Variant {
@@ -334,32 +339,22 @@ impl Variant {
             threads,
             busy_poll_us: None,
             always_poll: false,
+            sq_flow_control_off: false,
         }
     }
 
-    /// `[LABEL=]PATH[@THREADS][,poll=US|,alwayspoll=US]`; PATH `built` is the binary cargo
-    /// built; US sets `[gateway] tcp_busy_poll_us`, `alwayspoll` also
-    /// `tcp_busy_poll_adaptive = false`.
+    /// `[LABEL=]PATH[@THREADS][,poll=US|,alwayspoll=US][,sqflow=off]`; PATH `built` is the
+    /// binary cargo built; US sets `[gateway] tcp_busy_poll_us`, `alwayspoll` also
+    /// `tcp_busy_poll_adaptive = false`; `sqflow=off` connects the host's queues with SQ
+    /// flow control disabled.
     fn parse(spec: &str, index: usize) -> Variant {
         let (label, rest) = match spec.split_once('=') {
             Some((l, r)) if !l.contains(',') => (l.to_string(), r),
             _ => (format!("gw{}", index + 1), spec),
         };
-        let always_poll = rest.contains(",alwayspoll=");
-        let (rest, busy_poll_us) = match rest
-            .rsplit_once(",poll=")
-            .or_else(|| rest.rsplit_once(",alwayspoll="))
-        {
-            Some((r, us)) => (
-                r,
-                Some(
-                    us.parse()
-                        .unwrap_or_else(|_| panic!("--gateway {spec}: bad poll microseconds")),
-                ),
-            ),
-            None => (rest, None),
-        };
-        let (path, threads) = match rest.rsplit_once('@') {
+        let mut parts = rest.split(',');
+        let target = parts.next().unwrap_or_default();
+        let (path, threads) = match target.rsplit_once('@') {
             Some((p, t)) => (
                 p,
                 Some(
@@ -367,20 +362,37 @@ impl Variant {
                         .unwrap_or_else(|_| panic!("--gateway {spec}: bad thread count")),
                 ),
             ),
-            None => (rest, None),
+            None => (target, None),
         };
         let binary = if path == "built" {
             env!("CARGO_BIN_EXE_nvmeof-gateway").into()
         } else {
             PathBuf::from(path)
         };
-        Variant {
+        let mut variant = Variant {
             label,
             binary,
             threads,
-            busy_poll_us,
-            always_poll,
+            busy_poll_us: None,
+            always_poll: false,
+            sq_flow_control_off: false,
+        };
+        for option in parts {
+            let microseconds = |us: &str| {
+                us.parse()
+                    .unwrap_or_else(|_| panic!("--gateway {spec}: bad poll microseconds"))
+            };
+            match option.split_once('=') {
+                Some(("poll", us)) => variant.busy_poll_us = Some(microseconds(us)),
+                Some(("alwayspoll", us)) => {
+                    variant.busy_poll_us = Some(microseconds(us));
+                    variant.always_poll = true;
+                }
+                Some(("sqflow", "off")) => variant.sq_flow_control_off = true,
+                _ => panic!("--gateway {spec}: unknown option {option}"),
+            }
         }
+        variant
     }
 }
 
@@ -390,6 +402,8 @@ struct Gateway {
     addr: SocketAddr,
     /// `/metrics` of a busy-polling variant, for what its queues chose.
     metrics: Option<SocketAddr>,
+    /// The variant's `sqflow=off`: how the host connects its queues.
+    sq_flow_control_off: bool,
 }
 
 impl Gateway {
@@ -473,6 +487,7 @@ allow_any_host = true
                     child,
                     addr: ([127, 0, 0, 1], port).into(),
                     metrics,
+                    sq_flow_control_off: variant.sq_flow_control_off,
                 };
             }
             if let Ok(Some(status)) = child.try_wait() {
@@ -946,8 +961,15 @@ fn gateway_run(
     (ramp, duration): (Duration, Duration),
     daemons: &[u32],
 ) -> Side {
-    let mut q = LeanQueue::connect(gateway.addr, SUBNQN, HOSTNQN, cntlid, queue_id)
-        .expect("connect an I/O queue");
+    let mut q = LeanQueue::connect_with(
+        gateway.addr,
+        SUBNQN,
+        HOSTNQN,
+        cntlid,
+        queue_id,
+        gateway.sq_flow_control_off,
+    )
+    .expect("connect an I/O queue");
     if !ramp.is_zero() {
         q.run(w, region, ramp).expect("gateway ramp");
     }
@@ -1188,8 +1210,15 @@ fn scaling_gateway_run(
     let (_admin, cntlid) = admin_connect(rt, &gateway);
     let queues: Vec<LeanQueue> = (1..=images.len() as u16)
         .map(|qid| {
-            LeanQueue::connect(gateway.addr, SUBNQN, HOSTNQN, cntlid, qid)
-                .expect("connect an I/O queue")
+            LeanQueue::connect_with(
+                gateway.addr,
+                SUBNQN,
+                HOSTNQN,
+                cntlid,
+                qid,
+                gateway.sq_flow_control_off,
+            )
+            .expect("connect an I/O queue")
         })
         .collect();
     let iops: f64 = std::thread::scope(|scope| {
@@ -1448,11 +1477,16 @@ fn main() {
     println!("{}", cpu_idle_description());
     for v in &variants {
         println!(
-            "  {}: {} ({} worker threads)",
+            "  {}: {} ({} worker threads){}",
             v.label,
             v.binary.display(),
             v.threads
-                .map_or_else(|| "default".to_string(), |n| n.to_string())
+                .map_or_else(|| "default".to_string(), |n| n.to_string()),
+            if v.sq_flow_control_off {
+                "; the host connects with SQ flow control disabled (sqflow=off)"
+            } else {
+                ""
+            }
         );
     }
     println!(

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use nvmeof_gateway::host::cmd::{self, DISCOVERY_NQN};
+use nvmeof_gateway::host::pipelined::{LeanQueue, Region, Workload};
 use nvmeof_gateway::host::{HostConnection, HostError, HostOptions, Sqe, Xfer};
 use tokio::sync::watch;
 
@@ -220,6 +221,38 @@ async fn reads_complete_by_capsule_resp_with_sq_flow_control() {
 async fn reads_complete_by_c2h_data_success_without_sq_flow_control() {
     reads_complete_with_their_data(true, false).await;
     reads_complete_with_their_data(true, true).await;
+}
+
+/// The benchmark's blocking host completes reads by C2HData SUCCESS when it connects
+/// without SQ flow control, and by CapsuleResp otherwise (its read timeout turns a missed
+/// completion into an error rather than a hang).
+#[tokio::test]
+async fn the_lean_queue_completes_reads_either_way() {
+    let (addr, _stop) = start().await;
+    let (_admin, cntlid, bs, _) = bring_up(addr, &opts(false, false)).await;
+    for (qid, sq_flow_control_off) in [(1u16, false), (2, true)] {
+        let figures = tokio::task::spawn_blocking(move || {
+            let mut q =
+                LeanQueue::connect_with(addr, SUBNQN, HOSTNQN, cntlid, qid, sq_flow_control_off)?;
+            let reads = Workload {
+                name: "4K randread QD4",
+                write: false,
+                random: true,
+                io_bytes: 4096,
+                queue_depth: 4,
+            };
+            let region = Region {
+                nsid: 1,
+                block_size: bs,
+                bytes: SIZE,
+            };
+            q.run(&reads, &region, Duration::from_millis(100))
+        })
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("sq_flow_control_off {sq_flow_control_off}: {e}"));
+        assert!(figures.ios > 0);
+    }
 }
 
 #[tokio::test]

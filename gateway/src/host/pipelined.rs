@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 use super::cmd::{self as hcmd, Sqe};
 use crate::tcp::pdu::{encode_icreq, DecoderConfig, IcReq, Pdu, PduDecoder, PduEncoder, Role};
 
+/// How long a socket read may wait for the target.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes one socket read may return.
 const READ_CHUNK: usize = 256 * 1024;
 /// In-capsule data limit of the gateway's I/O queues (IOCCSZ 516 x 16 bytes, less the SQE).
@@ -133,8 +135,24 @@ impl LeanQueue {
         cntlid: u16,
         qid: u16,
     ) -> io::Result<LeanQueue> {
+        Self::connect_with(addr, subnqn, hostnqn, cntlid, qid, false)
+    }
+
+    /// [`LeanQueue::connect`], asking with `disable_sq_flow_control` to disable SQ flow
+    /// control as `nvme connect-all` does when the discovery log offers it; reads may then
+    /// complete by their C2HData's SUCCESS flag. Fails if the controller does not grant it.
+    pub fn connect_with(
+        addr: SocketAddr,
+        subnqn: &str,
+        hostnqn: &str,
+        cntlid: u16,
+        qid: u16,
+        disable_sq_flow_control: bool,
+    ) -> io::Result<LeanQueue> {
         let stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
+        // A target that stops answering fails the run instead of hanging it.
+        stream.set_read_timeout(Some(READ_TIMEOUT))?;
         let mut q = LeanQueue {
             stream,
             enc: PduEncoder::new(false, false, 0),
@@ -152,6 +170,9 @@ impl LeanQueue {
             return Err(protocol_error("expected ICResp"));
         }
         let mut sqe = Sqe::connect(qid, 127, 0);
+        if disable_sq_flow_control {
+            sqe = sqe.disable_sq_flow_control();
+        }
         sqe.set_sgl_in_capsule(hcmd::CONNECT_DATA_LEN as u32);
         let data = hcmd::connect_data(&[9; 16], cntlid, subnqn, hostnqn);
         q.tx.clear();
@@ -159,12 +180,19 @@ impl LeanQueue {
         q.stream.write_all(&q.tx)?;
         q.tx.clear();
         let mut status = None;
+        let mut sqhd = 0;
         q.next_pdu(|pdu| {
             if let Pdu::CapsuleResp(r) = pdu {
                 status = Some(cqe_status(r.cqe));
+                sqhd = u16::from_le_bytes([r.cqe[8], r.cqe[9]]);
             }
         })?;
         match status {
+            Some(0) if disable_sq_flow_control && sqhd != hcmd::SQHD_FLOW_CONTROL_DISABLED => {
+                Err(protocol_error(format!(
+                    "I/O queue {qid}: SQ flow control stays on (SQHD {sqhd:#x})"
+                )))
+            }
             Some(0) => Ok(q),
             Some(s) => Err(protocol_error(format!(
                 "I/O queue {qid} Connect failed with status {s:#x}"
@@ -275,36 +303,10 @@ impl LeanQueue {
                 .decode(&self.rx[consumed..])
                 .map_err(|e| protocol_error(format!("invalid PDU: {e:?}")))?
             {
-                match pdu {
-                    Pdu::CapsuleResp(r) => {
-                        let cid = usize::from(r.cid());
-                        let status = cqe_status(r.cqe);
-                        if status != 0 {
-                            return Err(protocol_error(format!(
-                                "I/O failed with status {status:#x}"
-                            )));
-                        }
-                        let now = Instant::now();
-                        let start = started
-                            .get(cid)
-                            .ok_or_else(|| protocol_error(format!("unknown CID {cid}")))?;
-                        latencies.push(
-                            now.duration_since(*start)
-                                .as_nanos()
-                                .min(u128::from(u32::MAX)) as u32,
-                        );
-                        ios += 1;
-                        if !stopping && now >= deadline {
-                            stopping = true;
-                        }
-                        if stopping {
-                            outstanding -= 1;
-                        } else {
-                            let lba = next_lba(&mut rng);
-                            self.queue_command(w, region, cid as u16, lba, &payload);
-                            started[cid] = now;
-                        }
-                    }
+                let completed = match pdu {
+                    Pdu::CapsuleResp(r) => Some((r.cid(), cqe_status(r.cqe))),
+                    // SUCCESS: the read completed with its data, no CapsuleResp follows
+                    Pdu::C2HData(d) => d.success.then_some((d.cccid, 0)),
                     Pdu::R2T(r) => {
                         let range = r.r2to as usize..(r.r2to + r.r2tl) as usize;
                         let data = payload
@@ -312,13 +314,41 @@ impl LeanQueue {
                             .ok_or_else(|| protocol_error("R2T beyond the command's data"))?;
                         self.enc
                             .h2c_data(&mut self.tx, r.cccid, r.ttag, r.r2to, data, true);
+                        None
                     }
-                    Pdu::C2HData(_) => {}
                     other => {
                         return Err(protocol_error(format!(
                             "unexpected PDU {:?}",
                             other.pdu_type()
                         )))
+                    }
+                };
+                if let Some((cid, status)) = completed {
+                    let cid = usize::from(cid);
+                    if status != 0 {
+                        return Err(protocol_error(format!(
+                            "I/O failed with status {status:#x}"
+                        )));
+                    }
+                    let now = Instant::now();
+                    let start = started
+                        .get(cid)
+                        .ok_or_else(|| protocol_error(format!("unknown CID {cid}")))?;
+                    latencies.push(
+                        now.duration_since(*start)
+                            .as_nanos()
+                            .min(u128::from(u32::MAX)) as u32,
+                    );
+                    ios += 1;
+                    if !stopping && now >= deadline {
+                        stopping = true;
+                    }
+                    if stopping {
+                        outstanding -= 1;
+                    } else {
+                        let lba = next_lba(&mut rng);
+                        self.queue_command(w, region, cid as u16, lba, &payload);
+                        started[cid] = now;
                     }
                 }
                 consumed += used;
