@@ -17,7 +17,8 @@
 #
 #   bash rbd-backend/tests/ceph-tests.sh [test binary args, e.g. --nocapture or a name filter]
 #
-# Env: MICRO_CEPH_STORE (memstore|bluestore, default memstore), CARGO (default cargo).
+# Env: MICRO_CEPH_STORE (memstore|bluestore, default memstore), CARGO (default cargo),
+# CEPH_TEST_TIMEOUT (seconds per test binary, default 900).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 dir=$(mktemp -d "${TMPDIR:-/tmp}/rbd-tests-ceph.XXXXXX")
@@ -30,15 +31,28 @@ echo "ceph-tests: cluster in $MICRO_CEPH_DIR (conf $CEPH_CONF)" >&2
 cd "$root"
 export MICRO_CEPH_FAULT_TESTS=${MICRO_CEPH_FAULT_TESTS:-1}
 rc=0
-"${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test ceph -- "$@" || rc=1
-"${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test rados -- "$@" || rc=1
-"${CARGO:-cargo}" test -p control-plane --features ceph-tests --test rados_store -- "$@" || rc=1
-"${CARGO:-cargo}" test -p control-plane --features ceph-tests --test replicas -- "$@" || rc=1
-"${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@" || rc=1
-"${CARGO:-cargo}" test -p nvmeof-gateway --test failover -- --ignored "$@" || rc=1
-"${CARGO:-cargo}" test -p nvmeof-gateway --test group_config -- --ignored "$@" || rc=1
-"${CARGO:-cargo}" test -p nvmeof-gateway --test osd_down_start -- --ignored "$@" || rc=1
-"${CARGO:-cargo}" test -p nvmeof-gateway --test fenced_group -- --ignored "$@" || rc=1
-"${CARGO:-cargo}" test -p nvmeof-gateway --test group_removals -- --ignored "$@" || rc=1
+# Each test binary gets at most CEPH_TEST_TIMEOUT seconds (default 900, compiling included):
+# an op the cluster never answers (say, a full OSD dropping writes) would otherwise hang
+# the stage until CI's own limit, with nothing said about why.
+bounded() {
+  local status
+  timeout -k 10 "${CEPH_TEST_TIMEOUT:-900}" "$@"
+  status=$?
+  if [ $status -eq 124 ]; then
+    echo "ceph-tests: TIMEOUT after ${CEPH_TEST_TIMEOUT:-900} s: $*; the cluster says:" >&2
+    timeout 20 ceph health detail >&2 || true
+  fi
+  return $status
+}
+bounded "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test ceph -- "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test rados -- "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p control-plane --features ceph-tests --test rados_store -- "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p control-plane --features ceph-tests --test replicas -- "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test failover -- --ignored "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_config -- --ignored "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_down_start -- --ignored "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test fenced_group -- --ignored "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_removals -- --ignored "$@" || rc=1
 bash "$root/tests/micro-ceph-ports.sh" || rc=1
 exit $rc
