@@ -17,7 +17,8 @@
 # IOCCSZ), (c) fio crc32c verify: 4K randwrite and 128K sequential write, two
 # jobs on two queues, (d) mkfs.ext4 + 16 MiB sha256 round trip across a
 # remount, (e) disconnect: every QP closed and every pool buffer returned
-# (gateway counters), reconnect (same process), data intact, (p) gateway CPU
+# (gateway counters), reconnect (same process), data intact, (x2) a connect with
+# --disable-sqflow granted and fio verify over it, (p) gateway CPU
 # per I/O over RDMA vs TCP (fio 4K randread, same guest), registrations per
 # I/O, (r) bad connect requests rejected with the NVMe/RDMA status codes,
 # (f) fused Compare-and-Write from cm_probe's minimal host (in-capsule data),
@@ -225,6 +226,14 @@ idle_cpu() { # a connected, idle controller costs (almost) no gateway CPU: no bu
   pct=$(awk -v t=$((u1 + s1 - u0 - s0)) -v hz="$hz" 'BEGIN{printf "%.1f", t * 100 / hz / 10}')
   say "gateway CPU over 10 s idle with a connected controller (keep-alives only): ${pct}% of one core"
   awk -v p="$pct" 'BEGIN{exit !(p < 5)}' || { say "more than 5%: something polls"; return 1; }
+}
+sqflow_check() { # what nvme connect-all asks for, as the discovery log offers it
+  connect "${COPTS[@]}" --disable-sqflow || return 1
+  sed 's/\x1b\[[0-9;]*m//g' "$GWLOG" | grep -q 'queue connected.*sq_flow_control=false' ||
+    { say "no queue was connected with SQ flow control disabled"; disconnect_nqn $NQN > /dev/null; return 1; }
+  say "the gateway log shows queues connected with SQ flow control disabled"
+  fio_run sqflow-4k --rw=randwrite --bs=4k --size=4M --iodepth=16 || { disconnect_nqn $NQN > /dev/null; return 1; }
+  disconnect_nqn $NQN > /dev/null
 }
 persist_check() {
   fs_reread || return 1
@@ -564,6 +573,7 @@ elif step gateway.start "start the gateway: rdma $ADDR:$PORT + tcp $TCPADDR:$POR
     done
     disconnect_nqn $NQN > /dev/null 2>&1
   fi
+  step x2.disable-sqflow "nvme connect -t rdma --disable-sqflow: granted, fio verify 4K" sqflow_check
   step p1.perf-rdma "fio 4K randread QD16 ${PERF_SECONDS}s over RDMA: gateway CPU/IO, registrations/IO = 0" perf_rdma
   step p2.perf-tcp "same over TCP $TCPADDR (same subsystem, same guest)" perf_tcp
   step r.bad-connect-requests "bad private data / queue sizes rejected with NVMe/RDMA codes, gateway alive" bad_connect_requests
