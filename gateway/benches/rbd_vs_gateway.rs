@@ -402,8 +402,6 @@ struct Gateway {
     addr: SocketAddr,
     /// `/metrics` of a busy-polling variant, for what its queues chose.
     metrics: Option<SocketAddr>,
-    /// The variant's `sqflow=off`: how the host connects its queues.
-    sq_flow_control_off: bool,
 }
 
 impl Gateway {
@@ -487,7 +485,6 @@ allow_any_host = true
                     child,
                     addr: ([127, 0, 0, 1], port).into(),
                     metrics,
-                    sq_flow_control_off: variant.sq_flow_control_off,
                 };
             }
             if let Ok(Some(status)) = child.try_wait() {
@@ -953,7 +950,7 @@ fn direct(
 /// One gateway run: a fresh I/O queue, the ramp, then the measured run, with the gateway's,
 /// the cluster's and the host thread's CPU over the measured part.
 fn gateway_run(
-    gateway: &Gateway,
+    (gateway, variant): (&Gateway, &Variant),
     cntlid: u16,
     queue_id: u16,
     w: &Workload,
@@ -967,7 +964,7 @@ fn gateway_run(
         HOSTNQN,
         cntlid,
         queue_id,
-        gateway.sq_flow_control_off,
+        variant.sq_flow_control_off,
     )
     .expect("connect an I/O queue");
     if !ramp.is_zero() {
@@ -1216,7 +1213,7 @@ fn scaling_gateway_run(
                 HOSTNQN,
                 cntlid,
                 qid,
-                gateway.sq_flow_control_off,
+                variant.sq_flow_control_off,
             )
             .expect("connect an I/O queue")
         })
@@ -1383,7 +1380,7 @@ fn main() {
                 let (gateway, _, cntlid) = &gateways[g];
                 let queue_id = i as u16 + 1;
                 let side = gateway_run(
-                    gateway,
+                    (gateway, &variants[g]),
                     *cntlid,
                     queue_id,
                     w,

@@ -30,7 +30,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::cmd::{self as hcmd, Sqe};
+use super::cmd::{self as hcmd, Completion, Sqe};
 use crate::tcp::pdu::{encode_icreq, DecoderConfig, IcReq, Pdu, PduDecoder, PduEncoder, Role};
 
 /// How long a socket read may wait for the target.
@@ -121,10 +121,6 @@ fn protocol_error(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.into())
 }
 
-fn cqe_status(cqe: &[u8]) -> u16 {
-    u16::from_le_bytes([cqe[14], cqe[15]]) >> 1
-}
-
 impl LeanQueue {
     /// Opens a TCP connection to `addr`, exchanges ICReq/ICResp (no digests) and connects
     /// I/O queue `qid` (queue size 128) of controller `cntlid` of `subnqn` as `hostnqn`.
@@ -179,25 +175,26 @@ impl LeanQueue {
         q.enc.capsule_cmd(&mut q.tx, &sqe.0, &data);
         q.stream.write_all(&q.tx)?;
         q.tx.clear();
-        let mut status = None;
-        let mut sqhd = 0;
+        let mut response = None;
         q.next_pdu(|pdu| {
             if let Pdu::CapsuleResp(r) = pdu {
-                status = Some(cqe_status(r.cqe));
-                sqhd = u16::from_le_bytes([r.cqe[8], r.cqe[9]]);
+                response = Some(Completion(*r.cqe));
             }
         })?;
-        match status {
-            Some(0) if disable_sq_flow_control && sqhd != hcmd::SQHD_FLOW_CONTROL_DISABLED => {
+        let Some(cqe) = response else {
+            return Err(protocol_error("expected a CapsuleResp to Connect"));
+        };
+        match cqe.status() {
+            0 if disable_sq_flow_control && cqe.sqhd() != hcmd::SQHD_FLOW_CONTROL_DISABLED => {
                 Err(protocol_error(format!(
-                    "I/O queue {qid}: SQ flow control stays on (SQHD {sqhd:#x})"
+                    "I/O queue {qid}: SQ flow control stays on (SQHD {:#x})",
+                    cqe.sqhd()
                 )))
             }
-            Some(0) => Ok(q),
-            Some(s) => Err(protocol_error(format!(
+            0 => Ok(q),
+            s => Err(protocol_error(format!(
                 "I/O queue {qid} Connect failed with status {s:#x}"
             ))),
-            None => Err(protocol_error("expected a CapsuleResp to Connect")),
         }
     }
 
@@ -304,7 +301,7 @@ impl LeanQueue {
                 .map_err(|e| protocol_error(format!("invalid PDU: {e:?}")))?
             {
                 let completed = match pdu {
-                    Pdu::CapsuleResp(r) => Some((r.cid(), cqe_status(r.cqe))),
+                    Pdu::CapsuleResp(r) => Some((r.cid(), Completion(*r.cqe).status())),
                     // SUCCESS: the read completed with its data, no CapsuleResp follows
                     Pdu::C2HData(d) => d.success.then_some((d.cccid, 0)),
                     Pdu::R2T(r) => {

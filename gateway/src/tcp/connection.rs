@@ -825,7 +825,7 @@ impl State {
                     let completion = &resp.completion;
                     // Without SQ flow control the host needs no SQ head, so a plain
                     // success rides on the data PDU's SUCCESS flag and no CapsuleResp
-                    // follows (the C2HData SUCCESS flag; Linux nvmet does the same).
+                    // follows (as Linux nvmet does).
                     let fold = self.queue.sq_flow_control_disabled()
                         && completion.status.is_success()
                         && completion.result == 0;
