@@ -1,0 +1,490 @@
+//! The gateway's configuration file (TOML), validated before anything starts.
+//!
+//! Files: this one (the sections as read, `load`), `address.rs` (listener and metrics
+//! addresses), `validate.rs` (everything checked before start), `build.rs` (the target built
+//! from it: subsystems, namespaces, opening RBD images and retrying those that fail).
+
+mod address;
+mod build;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use rbd_backend::rbd::{CephSettings, ImageSpec};
+use serde::Deserialize;
+
+use crate::spec::cntlid;
+use address::{metrics_socket_addr, parse_listen_address, with_port_example};
+
+pub use build::OPEN_STALL_TIMEOUT;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Parse {
+        path: String,
+        source: toml::de::Error,
+    },
+    #[error("{field}: {problem}")]
+    Invalid { field: String, problem: String },
+}
+
+fn invalid(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySection {
+    /// Name in logs and (later) in the gateway group.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// This gateway's controller ID range; gateways of a group use disjoint ranges.
+    #[serde(default)]
+    pub cntlid_min: Option<u16>,
+    #[serde(default)]
+    pub cntlid_max: Option<u16>,
+    /// Runtime worker threads (default: one per CPU).
+    #[serde(default)]
+    pub worker_threads: Option<usize>,
+    /// Where Prometheus scrapes `/metrics` ("0.0.0.0:10008", "[::1]:10008"); unset: no
+    /// metrics endpoint.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
+    /// Microseconds an NVMe/TCP queue keeps polling its socket after it received a command,
+    /// before it sleeps (0 or unset: never polls). Trades CPU for QD1 latency where waking
+    /// a sleeping thread is slow (a VM whose idle vCPUs halt): see `tcp::connection`.
+    #[serde(default)]
+    pub tcp_busy_poll_us: Option<u32>,
+    /// With `tcp_busy_poll_us`: each queue measures whether polling makes its host's
+    /// commands come faster and polls only then (default); `false`: it always polls.
+    #[serde(default)]
+    pub tcp_busy_poll_adaptive: Option<bool>,
+}
+
+/// Upper bound of `[gateway] tcp_busy_poll_us`: longer than any op worth polling for.
+pub const MAX_TCP_BUSY_POLL_US: u32 = 10_000;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    pub transport: String,
+    /// A numeric address: "192.0.2.10", "::1" or "[::1]"; it may carry the port, as in
+    /// "192.0.2.10:4420" or "[::]:4420".
+    pub address: String,
+    /// Required unless `address` carries the port.
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+impl ListenerConfig {
+    /// The socket address to listen on; Err names the field at fault (`address` or `port`)
+    /// and the problem.
+    pub fn socket_addr(&self) -> Result<SocketAddr, (&'static str, String)> {
+        let (ip, in_address) = parse_listen_address(&self.address).map_err(|e| ("address", e))?;
+        let port = match (in_address, self.port) {
+            (Some(a), Some(p)) if a != p => {
+                return Err((
+                    "port",
+                    format!("{p} differs from the port in address {:?}", self.address),
+                ))
+            }
+            (Some(p), _) | (None, Some(p)) => p,
+            (None, None) => {
+                return Err((
+                    "port",
+                    format!(
+                        "missing: give `port = 4420` or put it in the address ({})",
+                        with_port_example(ip, &self.address, 4420)
+                    ),
+                ))
+            }
+        };
+        if port == 0 {
+            return Err(("port", "must not be 0".into()));
+        }
+        Ok(SocketAddr::new(ip, port))
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    pub nsid: u32,
+    pub backend: String,
+    /// Size with a unit: "1GiB", "256MiB", "4096" (bytes).
+    #[serde(default)]
+    pub size: Option<String>,
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    #[serde(default = "default_ana_group")]
+    pub ana_group: u32,
+    #[serde(default)]
+    pub read_only: bool,
+    /// Namespace UUID; derived from the subsystem NQN and NSID when absent, so it is the same
+    /// on every gateway and after restarts.
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// `backend = "rbd"`: the Ceph pool of the image.
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// `backend = "rbd"`: RADOS namespace inside the pool (default: none).
+    #[serde(default)]
+    pub rados_namespace: Option<String>,
+    /// `backend = "rbd"`: the RBD image; its size is the namespace size (`rbd resize` is
+    /// reported to connected hosts).
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+/// A Ceph option value in `[ceph.options]`: `rados_osd_op_timeout = 30`, `rbd_cache = false`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum CephOptionValue {
+    Text(String),
+    Integer(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl std::fmt::Display for CephOptionValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CephOptionValue::Text(s) => f.write_str(s),
+            CephOptionValue::Integer(i) => write!(f, "{i}"),
+            CephOptionValue::Float(x) => write!(f, "{x}"),
+            CephOptionValue::Bool(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+/// `[ceph]`: how RBD namespaces reach the cluster, in the terms of Ceph's own tools.
+///
+/// Precedence (lowest first): the conf file, `$CEPH_ARGS` (unless `use_ceph_args_env =
+/// false`), the gateway's defaults (`rbd_cache=false`, `client_mount_timeout=30`), `args`,
+/// `options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CephSection {
+    /// ceph.conf path (default: `$CEPH_CONF`, then /etc/ceph/$cluster.conf and Ceph's search
+    /// list).
+    #[serde(default)]
+    pub conf: Option<String>,
+    /// Keyring path (default: what the conf file or `$CEPH_KEYRING` say).
+    #[serde(default)]
+    pub keyring: Option<String>,
+    /// Client entity: `client.admin`, `client.nvmeof` or just `nvmeof`.
+    #[serde(default)]
+    pub client_name: Option<String>,
+    /// Cluster name (default `ceph`).
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// CEPH_ARGS-style options: `"--rados_osd_op_timeout=30 --ms_crc_data=false"`.
+    #[serde(default)]
+    pub args: Option<String>,
+    /// Single options, applied last.
+    #[serde(default)]
+    pub options: std::collections::BTreeMap<String, CephOptionValue>,
+    /// Apply `$CEPH_ARGS` from the environment (default true).
+    #[serde(default)]
+    pub use_ceph_args_env: Option<bool>,
+    /// Cluster connections (`rados_t`) the images are spread over (default: one per CPU, at
+    /// most 8).
+    #[serde(default)]
+    pub connections: Option<usize>,
+}
+
+impl CephSection {
+    /// The backend's settings for this section.
+    pub fn settings(&self) -> CephSettings {
+        let d = CephSettings::default();
+        CephSettings {
+            cluster: self.cluster.clone().unwrap_or(d.cluster),
+            client_name: self.client_name.clone().unwrap_or(d.client_name),
+            conf: self.conf.as_ref().map(Into::into),
+            keyring: self.keyring.as_ref().map(Into::into),
+            use_ceph_args_env: self.use_ceph_args_env.unwrap_or(true),
+            args: self
+                .args
+                .as_deref()
+                .unwrap_or("")
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+            options: self
+                .options
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_string()))
+                .collect(),
+            max_connections: self.connections.unwrap_or(d.max_connections),
+        }
+    }
+}
+
+/// A namespace that [`Config::build_target_report`] left out because its device could not be
+/// opened (e.g. a missing RBD image). The other namespaces are served.
+#[derive(Debug, Clone)]
+pub struct SkippedNamespace {
+    /// `subsystem[0].namespace[1]`
+    pub field: String,
+    /// Indexes into `subsystems` and its `namespaces`.
+    pub subsystem_index: usize,
+    pub namespace_index: usize,
+    pub nqn: String,
+    pub nsid: u32,
+    /// `pool/image`
+    pub device: String,
+    pub error: String,
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+
+fn default_ana_group() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubsystemConfig {
+    pub nqn: String,
+    #[serde(default)]
+    pub serial: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub allow_any_host: bool,
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default, rename = "namespace")]
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub gateway: GatewaySection,
+    #[serde(default, rename = "listener")]
+    pub listeners: Vec<ListenerConfig>,
+    #[serde(default, rename = "subsystem")]
+    pub subsystems: Vec<SubsystemConfig>,
+    /// Ceph connection settings for `backend = "rbd"` namespaces.
+    #[serde(default)]
+    pub ceph: Option<CephSection>,
+    /// Membership of a gateway group run by `nvmeof-control` (see [`crate::group`]).
+    #[serde(default)]
+    pub group: Option<GroupSection>,
+}
+
+/// `[group]`: this gateway is one of a group whose ANA states the control plane decides.
+/// Until the control plane's first assignment arrives every ANA group is reported
+/// inaccessible (another gateway may hold it); after that the last assignment stays in force
+/// while the control plane is unreachable.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSection {
+    /// gRPC addresses of the `nvmeof-control` replicas (`127.0.0.1:5500`).
+    pub control_plane: Vec<String>,
+    /// The ANA group this gateway owns (default: the control plane assigns one).
+    #[serde(default)]
+    pub ana_group: Option<u32>,
+    /// Beacon period in milliseconds (default 500, at most 1000).
+    #[serde(default)]
+    pub beacon_interval_ms: Option<u64>,
+    /// mTLS to the control plane (its replicas run with `--tls-*`): the CA that signed the
+    /// replicas' certificates (PEM). `tls_ca`, `tls_cert` and `tls_key` go together: all three
+    /// or none (plain gRPC).
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+    /// This gateway's client certificate (chain, PEM), signed by the CA the replicas trust.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl GroupSection {
+    /// The TLS files, for `control_plane::tls::client_tls_config` (empty: plain gRPC).
+    pub fn tls_files(&self) -> control_plane::tls::TlsFiles {
+        control_plane::tls::TlsFiles {
+            ca: self.tls_ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+        }
+    }
+
+    /// All three TLS files or none, each readable.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let fields = [
+            ("group.tls_ca", &self.tls_ca),
+            ("group.tls_cert", &self.tls_cert),
+            ("group.tls_key", &self.tls_key),
+        ];
+        let given = fields.iter().filter(|(_, p)| p.is_some()).count();
+        if given == 0 {
+            return Ok(());
+        }
+        for (field, path) in fields {
+            let Some(path) = path else {
+                return Err(invalid(
+                    field,
+                    "missing: mTLS to the control plane needs group.tls_ca, group.tls_cert and \
+                     group.tls_key together",
+                ));
+            };
+            if let Err(e) = std::fs::File::open(path) {
+                return Err(invalid(
+                    field,
+                    format!("cannot read {}: {e}", path.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses "1GiB", "256 MiB", "10G", "4096".
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" | "kb" => 10,
+        "m" | "mib" | "mb" => 20,
+        "g" | "gib" | "gb" => 30,
+        "t" | "tib" | "tb" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
+}
+
+/// The image a `backend = "rbd"` namespace names, checked.
+fn rbd_spec(nfield: &str, ns: &NamespaceConfig) -> Result<ImageSpec, ConfigError> {
+    // Names go to librados as C strings; '/' and '@' would be read as pool/namespace/snapshot
+    // separators by Ceph's tools, so such a name is surely a mistake here.
+    fn name(
+        nfield: &str,
+        key: &str,
+        value: Option<&str>,
+        required: bool,
+    ) -> Result<Option<String>, ConfigError> {
+        let Some(v) = value else {
+            return if required {
+                Err(invalid(
+                    format!("{nfield}.{key}"),
+                    "required for the rbd backend",
+                ))
+            } else {
+                Ok(None)
+            };
+        };
+        if v.is_empty() && !required {
+            return Ok(None);
+        }
+        if v.is_empty() || v.contains(['/', '@', '\0']) || v.trim() != v {
+            return Err(invalid(
+                format!("{nfield}.{key}"),
+                format!(
+                    "{v:?} is not a valid Ceph name (non-empty, no '/', '@' or surrounding spaces)"
+                ),
+            ));
+        }
+        Ok(Some(v.to_string()))
+    }
+    let pool = name(nfield, "pool", ns.pool.as_deref(), true)?.unwrap_or_default();
+    let image = name(nfield, "image", ns.image.as_deref(), true)?.unwrap_or_default();
+    let namespace = name(
+        nfield,
+        "rados_namespace",
+        ns.rados_namespace.as_deref(),
+        false,
+    )?;
+    Ok(ImageSpec {
+        pool,
+        namespace,
+        image,
+    })
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let config: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.display().to_string(),
+            source,
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses and validates configuration text (tests, benchmarks, embedded use).
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: "<inline>".into(),
+            source,
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn cntlid_range(&self) -> (u16, u16) {
+        (
+            self.gateway.cntlid_min.unwrap_or(cntlid::MIN),
+            self.gateway.cntlid_max.unwrap_or(cntlid::MAX),
+        )
+    }
+
+    /// NVMe/TCP listener addresses.
+    pub fn listen_addrs(&self) -> Vec<SocketAddr> {
+        self.transport_addrs("tcp")
+    }
+
+    /// NVMe/RDMA listener addresses (the RDMA device's IP address and an rdma_cm port).
+    pub fn rdma_listen_addrs(&self) -> Vec<SocketAddr> {
+        self.transport_addrs("rdma")
+    }
+
+    /// How an NVMe/TCP queue polls its socket before it sleeps; `None`: it never polls.
+    pub fn tcp_busy_poll(&self) -> Option<crate::tcp::busy_poll::BusyPollConfig> {
+        match self.gateway.tcp_busy_poll_us {
+            None | Some(0) => None,
+            Some(us) => Some(crate::tcp::busy_poll::BusyPollConfig {
+                window: std::time::Duration::from_micros(u64::from(us)),
+                adaptive: self.gateway.tcp_busy_poll_adaptive.unwrap_or(true),
+            }),
+        }
+    }
+
+    /// Where the metrics endpoint listens, when configured (and valid).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        let text = self.gateway.metrics_listen.as_ref()?;
+        metrics_socket_addr(text).ok()
+    }
+
+    fn transport_addrs(&self, transport: &str) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter(|l| l.transport == transport)
+            .filter_map(|l| l.socket_addr().ok())
+            .collect()
+    }
+}

@@ -1,0 +1,434 @@
+
+use super::*;
+use crate::core::TransportType;
+use crate::tcp::busy_poll::BusyPollConfig;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    let c: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+        path: "test".into(),
+        source,
+    })?;
+    c.validate()?;
+    Ok(c)
+}
+
+const GOOD: &str = r#"
+        [[listener]]
+        transport = "tcp"
+        address = "127.0.0.1"
+        port = 4420
+
+        [[subsystem]]
+        nqn = "nqn.2016-06.io.example:demo"
+        allow_any_host = true
+
+        [[subsystem.namespace]]
+        nsid = 1
+        backend = "memory"
+        size = "1GiB"
+    "#;
+
+#[test]
+fn sizes_parse_with_binary_units() {
+    assert_eq!(parse_size("1GiB"), Some(1 << 30));
+    assert_eq!(parse_size("256 MiB"), Some(256 << 20));
+    assert_eq!(parse_size("4096"), Some(4096));
+    assert_eq!(parse_size("1 parsec"), None);
+    assert_eq!(parse_size("99999999999T"), None, "overflow is refused");
+}
+
+#[test]
+fn a_good_config_builds_a_target_with_stable_ids() {
+    let c = parse(GOOD).unwrap();
+    let t1 = c.build_target().unwrap();
+    let t2 = c.build_target().unwrap();
+    let ns1 = t1
+        .subsystem("nqn.2016-06.io.example:demo")
+        .unwrap()
+        .namespace(1)
+        .unwrap();
+    let ns2 = t2
+        .subsystem("nqn.2016-06.io.example:demo")
+        .unwrap()
+        .namespace(1)
+        .unwrap();
+    assert_eq!(
+        ns1.nguid, ns2.nguid,
+        "same NGUID on every build (restart, other gateway)"
+    );
+    assert_ne!(ns1.nguid, [0; 16]);
+    assert_ne!(ns1.uuid, [0; 16]);
+    assert_ne!(ns1.nguid, ns1.uuid);
+    assert_eq!(ns1.lba_shift, 9);
+    assert_eq!(ns1.device.size_bytes(), 1 << 30);
+}
+
+#[test]
+fn one_subsystem_is_served_over_tcp_and_rdma_on_the_same_port() {
+    let both = GOOD.replace(
+            "[[subsystem]]",
+            "[[listener]]\n        transport = \"rdma\"\n        address = \"127.0.0.1\"\n        port = 4420\n\n        [[subsystem]]",
+        );
+    let c = parse(&both).unwrap();
+    assert_eq!(c.listen_addrs(), vec!["127.0.0.1:4420".parse().unwrap()]);
+    assert_eq!(
+        c.rdma_listen_addrs(),
+        vec!["127.0.0.1:4420".parse().unwrap()]
+    );
+    let t = c.build_target().unwrap();
+    let transports: Vec<_> = t.listeners().iter().map(|l| l.transport).collect();
+    assert_eq!(transports, vec![TransportType::Tcp, TransportType::Rdma]);
+    let twice = both.replace("\"tcp\"", "\"rdma\"");
+    let e = parse(&twice).unwrap_err().to_string();
+    assert!(e.contains("listener[1]"), "{e}");
+}
+
+#[test]
+fn errors_name_the_bad_field() {
+    let cases = [
+        (
+            GOOD.replace("\"tcp\"", "\"carrier-pigeon\""),
+            "listener[0].transport",
+        ),
+        (
+            GOOD.replace("127.0.0.1", "localhost"),
+            "listener[0].address",
+        ),
+        (
+            GOOD.replace("nqn.2016-06.io.example:demo", "iqn.bad"),
+            "subsystem[0].nqn",
+        ),
+        (
+            GOOD.replace("size = \"1GiB\"", "size = \"1GiB\"\nblock_size = 1000"),
+            "subsystem[0].namespace[0].block_size",
+        ),
+        (
+            GOOD.replace("nsid = 1", "nsid = 0"),
+            "subsystem[0].namespace[0].nsid",
+        ),
+        (
+            GOOD.replace("\"1GiB\"", "\"lots\""),
+            "subsystem[0].namespace[0].size",
+        ),
+        (
+            GOOD.replace("\"memory\"", "\"floppy\""),
+            "subsystem[0].namespace[0].backend",
+        ),
+    ];
+    for (text, field) in cases {
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.starts_with(field), "{err:?} should name {field}");
+    }
+}
+
+/// GOOD with its listener's address and port lines replaced by `listener` (TOML lines).
+fn with_listener(listener: &str) -> String {
+    GOOD.replace("address = \"127.0.0.1\"\n        port = 4420", listener)
+}
+
+#[test]
+fn ipv6_listener_addresses_parse_with_or_without_brackets_and_port() {
+    let cases = [
+        ("address = \"::1\"\nport = 4420", "[::1]:4420"),
+        ("address = \"[::1]\"\nport = 4420", "[::1]:4420"),
+        ("address = \"[::1]:4420\"", "[::1]:4420"),
+        ("address = \"[::]:4420\"\nport = 4420", "[::]:4420"),
+        ("address = \"[0:0::1]:4421\"", "[::1]:4421"),
+        ("address = \"0.0.0.0:4422\"", "0.0.0.0:4422"),
+    ];
+    for (lines, want) in cases {
+        let c = parse(&with_listener(lines)).unwrap_or_else(|e| panic!("{lines}: {e}"));
+        let want: SocketAddr = want.parse().unwrap();
+        assert_eq!(c.listen_addrs(), vec![want], "{lines}");
+        // The discovery log's TRADDR is the canonical text: no brackets, no port.
+        let t = c.build_target().unwrap();
+        let l = &t.listeners()[0];
+        assert_eq!(l.address, want.ip().to_string(), "{lines}");
+        assert_eq!(l.port, want.port(), "{lines}");
+    }
+}
+
+#[test]
+fn bad_listener_addresses_name_the_field_and_the_problem() {
+    let cases = [
+        (
+            "address = \"[::1]:4420\"\nport = 4421",
+            "listener[0].port",
+            "differs",
+        ),
+        ("address = \"[::1]\"", "listener[0].port", "[::1]:4420"),
+        (
+            "address = \"192.0.2.1\"",
+            "listener[0].port",
+            "192.0.2.1:4420",
+        ),
+        ("address = \"[::1]:0\"", "listener[0].port", "must not be 0"),
+        (
+            "address = \"::1:4420\"",
+            "listener[0].port",
+            "is read as the address ::1:4420",
+        ),
+        (
+            "address = \"[127.0.0.1]\"\nport = 1",
+            "listener[0].address",
+            "not a numeric",
+        ),
+        (
+            "address = \"[::1\"\nport = 1",
+            "listener[0].address",
+            "not a numeric",
+        ),
+        (
+            "address = \"::1]:4420\"",
+            "listener[0].address",
+            "not a numeric",
+        ),
+        (
+            "address = \"localhost:4420\"",
+            "listener[0].address",
+            "not a numeric",
+        ),
+        (
+            "address = \"\"\nport = 1",
+            "listener[0].address",
+            "not a numeric",
+        ),
+        (
+            "address = \" ::1\"\nport = 1",
+            "listener[0].address",
+            "not a numeric",
+        ),
+        (
+            "address = \"[fe80::1%2]:4420\"",
+            "listener[0].address",
+            "scoped",
+        ),
+    ];
+    for (lines, field, words) in cases {
+        let err = parse(&with_listener(lines)).unwrap_err().to_string();
+        assert!(
+            err.starts_with(field),
+            "{lines}: {err:?} should name {field}"
+        );
+        assert!(err.contains(words), "{lines}: {err:?} should say {words:?}");
+    }
+}
+
+#[test]
+fn busy_polling_is_off_unless_set_and_bounded() {
+    let with_poll = |us: &str| format!("[gateway]\ntcp_busy_poll_us = {us}\n{GOOD}");
+    assert_eq!(parse(GOOD).expect("valid").tcp_busy_poll(), None);
+    assert_eq!(parse(&with_poll("0")).expect("valid").tcp_busy_poll(), None);
+    let window = std::time::Duration::from_micros(250);
+    assert_eq!(
+        parse(&with_poll("250")).expect("valid").tcp_busy_poll(),
+        Some(BusyPollConfig {
+            window,
+            adaptive: true
+        }),
+        "adaptive unless told otherwise"
+    );
+    let always =
+        format!("[gateway]\ntcp_busy_poll_us = 250\ntcp_busy_poll_adaptive = false\n{GOOD}");
+    assert_eq!(
+        parse(&always).expect("valid").tcp_busy_poll(),
+        Some(BusyPollConfig {
+            window,
+            adaptive: false
+        })
+    );
+    let not_bool = format!("[gateway]\ntcp_busy_poll_us = 250\ntcp_busy_poll_adaptive = 1\n{GOOD}");
+    assert!(parse(&not_bool).is_err());
+    let alone = format!("[gateway]\ntcp_busy_poll_adaptive = true\n{GOOD}");
+    let err = parse(&alone).unwrap_err().to_string();
+    assert!(err.starts_with("gateway.tcp_busy_poll_adaptive"), "{err}");
+    assert!(err.contains("without tcp_busy_poll_us"), "{err}");
+    let off = format!("[gateway]\ntcp_busy_poll_us = 0\ntcp_busy_poll_adaptive = true\n{GOOD}");
+    assert_eq!(parse(&off).expect("valid: off").tcp_busy_poll(), None);
+    let err = parse(&with_poll("10001")).unwrap_err().to_string();
+    assert!(err.starts_with("gateway.tcp_busy_poll_us"), "{err}");
+    assert!(err.contains("more than 10000"), "{err}");
+    assert!(parse(&with_poll("-1")).is_err());
+}
+
+#[test]
+fn the_metrics_address_needs_a_port_and_its_own_socket() {
+    let with_metrics = |addr: &str| format!("[gateway]\nmetrics_listen = \"{addr}\"\n{GOOD}");
+    let ok = parse(&with_metrics("[::]:10008")).expect("valid");
+    assert_eq!(ok.metrics_addr(), Some("[::]:10008".parse().unwrap()));
+    assert_eq!(
+        parse(GOOD).expect("valid").metrics_addr(),
+        None,
+        "off unless set"
+    );
+    for (addr, words) in [
+        ("127.0.0.1", "missing the port: \"127.0.0.1:10008\""),
+        ("127.0.0.1:0", "must not be 0"),
+        ("metrics.example:10008", "not a numeric"),
+        (
+            "0.0.0.0:4420",
+            "overlaps the NVMe/TCP listener 127.0.0.1:4420",
+        ),
+    ] {
+        let err = parse(&with_metrics(addr)).unwrap_err().to_string();
+        assert!(
+            err.starts_with("gateway.metrics_listen") && err.contains(words),
+            "{addr}: {err:?} should name the field and say {words:?}"
+        );
+    }
+}
+
+#[test]
+fn listeners_that_cannot_both_bind_are_refused() {
+    let two = |a: &str, b: &str| {
+        with_listener(&format!(
+                "address = \"{a}\"\n\n        [[listener]]\n        transport = \"tcp\"\n        address = \"{b}\""
+            ))
+    };
+    for (a, b, words) in [
+        ("[::]:4420", "127.0.0.1:4420", "overlaps listener[0]"),
+        ("127.0.0.1:4420", "[::]:4420", "overlaps listener[0]"),
+        ("0.0.0.0:4420", "10.0.0.1:4420", "overlaps listener[0]"),
+        ("[::]:4420", "[::1]:4420", "overlaps listener[0]"),
+        ("[::1]:4420", "[0::1]:4420", "listed twice"),
+        ("[::ffff:127.0.0.1]:4420", "127.0.0.1:4420", "listed twice"),
+    ] {
+        let err = parse(&two(a, b)).unwrap_err().to_string();
+        assert!(err.starts_with("listener[1]"), "{a} + {b}: {err:?}");
+        assert!(err.contains(words), "{a} + {b}: {err:?}");
+    }
+    // Different ports, or an IPv4 wildcard next to an IPv6 address: both bind.
+    for (a, b) in [
+        ("[::]:4420", "127.0.0.1:4421"),
+        ("0.0.0.0:4420", "[::1]:4420"),
+        ("[::1]:4420", "127.0.0.1:4420"),
+    ] {
+        let c = parse(&two(a, b)).unwrap_or_else(|e| panic!("{a} + {b}: {e}"));
+        assert_eq!(c.listen_addrs().len(), 2);
+    }
+}
+
+const RBD: &str = r#"
+        [[listener]]
+        transport = "tcp"
+        address = "127.0.0.1"
+        port = 4420
+
+        [[subsystem]]
+        nqn = "nqn.2016-06.io.example:demo"
+        allow_any_host = true
+
+        [[subsystem.namespace]]
+        nsid = 1
+        backend = "memory"
+        size = "1GiB"
+
+        [[subsystem.namespace]]
+        nsid = 2
+        backend = "rbd"
+        pool = "rbd"
+        image = "img0"
+
+        [ceph]
+        client_name = "admin"
+        args = "--rados_osd_op_timeout=30"
+        connections = 2
+
+        [ceph.options]
+        rados_mon_op_timeout = 30
+        rbd_cache = false
+    "#;
+
+#[test]
+fn rbd_namespaces_and_the_ceph_section_parse() {
+    let c = parse(RBD).unwrap();
+    let ns = &c.subsystems[0].namespaces[1];
+    assert_eq!(ns.pool.as_deref(), Some("rbd"));
+    assert_eq!(ns.image.as_deref(), Some("img0"));
+    let s = c.ceph.as_ref().unwrap().settings();
+    assert_eq!(s.entity_name(), "client.admin");
+    assert_eq!(s.max_connections, 2);
+    assert_eq!(s.args, vec!["--rados_osd_op_timeout=30".to_string()]);
+    assert_eq!(
+        s.options,
+        vec![
+            ("rados_mon_op_timeout".to_string(), "30".to_string()),
+            ("rbd_cache".to_string(), "false".to_string())
+        ]
+    );
+    let spec = rbd_spec("x", ns).unwrap();
+    assert_eq!(spec.to_string(), "rbd/img0");
+    let with_ns = parse(&RBD.replace(
+        "image = \"img0\"",
+        "image = \"img0\"\nrados_namespace = \"tenant1\"",
+    ))
+    .unwrap();
+    let spec = rbd_spec("x", &with_ns.subsystems[0].namespaces[1]).unwrap();
+    assert_eq!(spec.to_string(), "rbd/tenant1/img0");
+}
+
+#[test]
+fn rbd_errors_name_the_bad_field() {
+    let cases = [
+            (RBD.replace("pool = \"rbd\"\n", ""), "subsystem[0].namespace[1].pool"),
+            (RBD.replace("image = \"img0\"", "image = \"\""), "subsystem[0].namespace[1].image"),
+            (RBD.replace("image = \"img0\"", "image = \"a/b\""), "subsystem[0].namespace[1].image"),
+            (RBD.replace("image = \"img0\"", "image = \"img0\"\nsize = \"1GiB\""), "subsystem[0].namespace[1].size"),
+            (RBD.replace("size = \"1GiB\"", "size = \"1GiB\"\nimage = \"x\""), "subsystem[0].namespace[0].image"),
+            (RBD.replace("image = \"img0\"", "image = \"img0\"\nrados_namespace = \"a@b\""), "subsystem[0].namespace[1].rados_namespace"),
+            (RBD.replace("connections = 2", "connections = 0"), "ceph.connections"),
+            (RBD.replace("--rados_osd_op_timeout=30", "rados_osd_op_timeout=30"), "ceph.args"),
+            (RBD.replace("client_name = \"admin\"", "conf = \"/nonexistent/ceph.conf\""), "ceph.conf"),
+            (
+                RBD.replace(
+                    "[ceph]",
+                    "[[subsystem]]\nnqn = \"nqn.2016-06.io.example:two\"\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"rbd\"\npool = \"rbd\"\nimage = \"img0\"\n[ceph]",
+                ),
+                "subsystem[1].namespace[0].image",
+            ),
+        ];
+    for (text, field) in cases {
+        let err = match parse(&text) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("accepted, should fail on {field}:\n{text}"),
+        };
+        assert!(err.starts_with(field), "{err:?} should name {field}");
+    }
+}
+
+/// The cluster in this conf has no monitors, so the image cannot be opened (on a machine
+/// without librbd, the library is missing: same outcome). The namespace is left out and
+/// reported; the memory namespace still serves.
+#[test]
+fn a_namespace_whose_image_cannot_be_opened_is_skipped_and_reported() {
+    let dir = std::env::temp_dir().join(format!("cfgtest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("ceph.conf");
+    std::fs::write(&conf, "[global]\nlog_file = /dev/null\n").unwrap();
+    let text = RBD
+        .replace(
+            "client_name = \"admin\"",
+            &format!(
+                "client_name = \"admin\"\nconf = \"{}\"\nuse_ceph_args_env = false",
+                conf.display()
+            ),
+        )
+        .replace("--rados_osd_op_timeout=30", "--client_mount_timeout=2");
+    let c = parse(&text).unwrap();
+    let (target, skipped) = c.build_target_report().unwrap();
+    let sub = target.subsystem("nqn.2016-06.io.example:demo").unwrap();
+    assert!(sub.namespace(1).is_some(), "the memory namespace serves");
+    assert!(sub.namespace(2).is_none(), "the rbd namespace is left out");
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(skipped[0].field, "subsystem[0].namespace[1]");
+    assert_eq!(skipped[0].device, "rbd/img0");
+    assert_eq!(skipped[0].nsid, 2);
+    assert!(!skipped[0].error.is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unknown_keys_are_refused() {
+    let err = parse(&GOOD.replace("port = 4420", "port = 4420\nprot = 1")).unwrap_err();
+    assert!(err.to_string().contains("prot"), "{err}");
+}

@@ -1,0 +1,321 @@
+//! [`Config::validate`]: everything that can be checked before anything starts.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::Path;
+
+use super::address::{listeners_overlap, metrics_socket_addr};
+use super::{
+    invalid, parse_size, rbd_spec, CephSection, Config, ConfigError, MAX_TCP_BUSY_POLL_US,
+};
+use crate::spec::{cntlid, DISCOVERY_NQN, NQN_MAX_LEN};
+
+/// An NQN as the NVMe spec shapes it: "nqn." prefix, at most 223 bytes, UTF-8.
+fn check_nqn(field: &str, nqn: &str) -> Result<(), ConfigError> {
+    if !nqn.starts_with("nqn.") {
+        return Err(invalid(
+            field,
+            format!("{nqn:?} does not start with \"nqn.\""),
+        ));
+    }
+    if nqn.len() > NQN_MAX_LEN {
+        return Err(invalid(field, format!("longer than {NQN_MAX_LEN} bytes")));
+    }
+    if nqn.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(invalid(field, "contains whitespace or control characters"));
+    }
+    Ok(())
+}
+
+fn validate_ceph(ceph: &CephSection) -> Result<(), ConfigError> {
+    if let Some(n) = ceph.connections {
+        if n == 0 || n > 64 {
+            return Err(invalid(
+                "ceph.connections",
+                format!("{n} is outside 1..=64"),
+            ));
+        }
+    }
+    for (key, value) in [
+        ("conf", &ceph.conf),
+        ("keyring", &ceph.keyring),
+        ("client_name", &ceph.client_name),
+        ("cluster", &ceph.cluster),
+    ] {
+        if let Some(v) = value {
+            if v.is_empty() || v.contains('\0') {
+                return Err(invalid(format!("ceph.{key}"), "must be a non-empty string"));
+            }
+        }
+    }
+    if let Some(conf) = &ceph.conf {
+        if !Path::new(conf).is_file() {
+            return Err(invalid(
+                "ceph.conf",
+                format!("{conf:?} is not a readable file"),
+            ));
+        }
+    }
+    if let Some(args) = &ceph.args {
+        if let Some(bad) = args.split_whitespace().find(|a| a.contains('\0')) {
+            return Err(invalid("ceph.args", format!("{bad:?} contains a NUL byte")));
+        }
+        if let Some(first) = args.split_whitespace().next() {
+            if !first.starts_with('-') {
+                return Err(invalid(
+                    "ceph.args",
+                    format!("{first:?}: expected options like \"--rados_osd_op_timeout=30\""),
+                ));
+            }
+        }
+    }
+    for (key, value) in &ceph.options {
+        if key.is_empty() || key.contains(['\0', ' ', '=']) {
+            return Err(invalid(format!("ceph.options.{key}"), "not an option name"));
+        }
+        if value.to_string().contains('\0') {
+            return Err(invalid(
+                format!("ceph.options.{key}"),
+                "contains a NUL byte",
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Checks everything that can be checked without opening devices or sockets.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(g) = &self.group {
+            if g.control_plane.is_empty() {
+                return Err(invalid(
+                    "group.control_plane",
+                    "at least one control-plane address is required",
+                ));
+            }
+            if self.gateway.name.as_deref().unwrap_or("").is_empty() {
+                return Err(invalid(
+                    "gateway.name",
+                    "required when [group] is set (the gateway's name in the group)",
+                ));
+            }
+            g.validate_tls()?;
+            if let Some(ms) = g.beacon_interval_ms {
+                if ms == 0 || ms > 1000 {
+                    return Err(invalid(
+                        "group.beacon_interval_ms",
+                        format!("{ms} is not 1..=1000"),
+                    ));
+                }
+            }
+        }
+        if self.listeners.is_empty() {
+            return Err(invalid("listener", "at least one [[listener]] is required"));
+        }
+        let mut seen: Vec<(&str, SocketAddr)> = Vec::new();
+        for (i, l) in self.listeners.iter().enumerate() {
+            let field = format!("listener[{i}]");
+            if l.transport != "tcp" && l.transport != "rdma" {
+                return Err(invalid(
+                    format!("{field}.transport"),
+                    format!(
+                        "{:?} is not supported (supported: \"tcp\", \"rdma\")",
+                        l.transport
+                    ),
+                ));
+            }
+            let addr = l
+                .socket_addr()
+                .map_err(|(key, problem)| invalid(format!("{field}.{key}"), problem))?;
+            // TCP and rdma_cm have separate port spaces: one port may serve both.
+            if let Some(j) = seen
+                .iter()
+                .position(|(t, other)| *t == l.transport && listeners_overlap(*other, addr))
+            {
+                let problem = if seen[j].1.ip().to_canonical() == addr.ip().to_canonical() {
+                    format!("{addr} is listed twice (listener[{j}])")
+                } else {
+                    format!(
+                        "{addr} overlaps listener[{j}] {}: a wildcard address (0.0.0.0, ::) \
+                         takes the port on every address, and :: on IPv4 ones too",
+                        seen[j].1
+                    )
+                };
+                return Err(invalid(field, problem));
+            }
+            seen.push((l.transport.as_str(), addr));
+        }
+        let (min, max) = self.cntlid_range();
+        if min < cntlid::MIN || max > cntlid::MAX || min > max {
+            return Err(invalid(
+                "gateway.cntlid_min/cntlid_max",
+                format!("range {min}..={max} must lie within 1..=65519 and not be empty"),
+            ));
+        }
+        if let Some(0) = self.gateway.worker_threads {
+            return Err(invalid("gateway.worker_threads", "must be at least 1"));
+        }
+        if let Some(us) = self.gateway.tcp_busy_poll_us {
+            if us > MAX_TCP_BUSY_POLL_US {
+                return Err(invalid(
+                    "gateway.tcp_busy_poll_us",
+                    format!("{us} is more than {MAX_TCP_BUSY_POLL_US}"),
+                ));
+            }
+        }
+        // Set alone it would be silently ignored. (Beside `tcp_busy_poll_us = 0`, polling
+        // explicitly off, it is a setting kept for when the window is set.)
+        if self.gateway.tcp_busy_poll_adaptive.is_some() && self.gateway.tcp_busy_poll_us.is_none()
+        {
+            return Err(invalid(
+                "gateway.tcp_busy_poll_adaptive",
+                "has no effect without tcp_busy_poll_us (the polling window, in µs)",
+            ));
+        }
+        if let Some(text) = &self.gateway.metrics_listen {
+            let field = "gateway.metrics_listen";
+            let metrics = metrics_socket_addr(text).map_err(|problem| invalid(field, problem))?;
+            for (transport, addr) in &seen {
+                if *transport == "tcp" && listeners_overlap(metrics, *addr) {
+                    return Err(invalid(
+                        field,
+                        format!("{metrics} overlaps the NVMe/TCP listener {addr}"),
+                    ));
+                }
+            }
+        }
+        let mut seen_nqns = BTreeSet::new();
+        let mut seen_images = HashMap::new();
+        for (i, s) in self.subsystems.iter().enumerate() {
+            let field = format!("subsystem[{i}]");
+            check_nqn(&format!("{field}.nqn"), &s.nqn)?;
+            if s.nqn == DISCOVERY_NQN {
+                return Err(invalid(
+                    format!("{field}.nqn"),
+                    "the discovery NQN is reserved",
+                ));
+            }
+            if !seen_nqns.insert(s.nqn.clone()) {
+                return Err(invalid(
+                    format!("{field}.nqn"),
+                    format!("{:?} is listed twice", s.nqn),
+                ));
+            }
+            if s.allow_any_host && !s.hosts.is_empty() {
+                return Err(invalid(
+                    format!("{field}.hosts"),
+                    "allow_any_host = true and a host list contradict each other",
+                ));
+            }
+            for (h, host) in s.hosts.iter().enumerate() {
+                check_nqn(&format!("{field}.hosts[{h}]"), host)?;
+            }
+            if let Some(serial) = &s.serial {
+                if serial.is_empty() || serial.len() > 20 || !serial.is_ascii() {
+                    return Err(invalid(
+                        format!("{field}.serial"),
+                        "must be 1 to 20 ASCII characters",
+                    ));
+                }
+            }
+            let mut seen_nsids = BTreeSet::new();
+            for (j, ns) in s.namespaces.iter().enumerate() {
+                let nfield = format!("{field}.namespace[{j}]");
+                if ns.nsid == 0 || ns.nsid > crate::core::identify::MAX_NAMESPACES {
+                    return Err(invalid(
+                        format!("{nfield}.nsid"),
+                        format!(
+                            "{} is outside 1..={}",
+                            ns.nsid,
+                            crate::core::identify::MAX_NAMESPACES
+                        ),
+                    ));
+                }
+                if !seen_nsids.insert(ns.nsid) {
+                    return Err(invalid(
+                        format!("{nfield}.nsid"),
+                        format!("{} is used twice", ns.nsid),
+                    ));
+                }
+                if ns.block_size != 512 && ns.block_size != 4096 {
+                    return Err(invalid(
+                        format!("{nfield}.block_size"),
+                        format!("{} is not 512 or 4096", ns.block_size),
+                    ));
+                }
+                if ns.ana_group == 0 || ns.ana_group > crate::core::identify::MAX_ANA_GROUPS {
+                    return Err(invalid(
+                        format!("{nfield}.ana_group"),
+                        "must be within 1..=128",
+                    ));
+                }
+                if let Some(u) = &ns.uuid {
+                    if uuid::Uuid::parse_str(u).map(|u| u.is_nil()).unwrap_or(true) {
+                        return Err(invalid(
+                            format!("{nfield}.uuid"),
+                            format!("{u:?} is not a non-nil UUID"),
+                        ));
+                    }
+                }
+                match ns.backend.as_str() {
+                    "memory" => {
+                        for (name, set) in [
+                            ("pool", ns.pool.is_some()),
+                            ("rados_namespace", ns.rados_namespace.is_some()),
+                            ("image", ns.image.is_some()),
+                        ] {
+                            if set {
+                                return Err(invalid(
+                                    format!("{nfield}.{name}"),
+                                    "only used by the rbd backend",
+                                ));
+                            }
+                        }
+                        let size = ns.size.as_deref().ok_or_else(|| {
+                            invalid(format!("{nfield}.size"), "required for the memory backend")
+                        })?;
+                        let bytes = parse_size(size).ok_or_else(|| {
+                            invalid(
+                                format!("{nfield}.size"),
+                                format!("{size:?} is not a size like \"1GiB\""),
+                            )
+                        })?;
+                        if bytes == 0 || bytes % u64::from(ns.block_size) != 0 {
+                            return Err(invalid(
+                                format!("{nfield}.size"),
+                                format!(
+                                    "{bytes} bytes is not a non-zero multiple of the block size"
+                                ),
+                            ));
+                        }
+                    }
+                    "rbd" => {
+                        if ns.size.is_some() {
+                            return Err(invalid(
+                                format!("{nfield}.size"),
+                                "not used by the rbd backend: the image has its size (rbd resize)",
+                            ));
+                        }
+                        let spec = rbd_spec(&nfield, ns)?;
+                        if let Some(other) = seen_images.insert(spec.clone(), nfield.clone()) {
+                            return Err(invalid(
+                                format!("{nfield}.image"),
+                                format!("{spec} is already served by {other}"),
+                            ));
+                        }
+                    }
+                    other => {
+                        return Err(invalid(
+                            format!("{nfield}.backend"),
+                            format!("{other:?} is not supported (supported: \"memory\", \"rbd\")"),
+                        ))
+                    }
+                }
+            }
+        }
+        if let Some(ceph) = &self.ceph {
+            validate_ceph(ceph)?;
+        }
+        Ok(())
+    }
+}
