@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::core::TransportType;
 use crate::tcp::busy_poll::BusyPollConfig;
