@@ -136,7 +136,9 @@ impl Queue {
         let lsp = ((cdw10 >> 8) & 0x7f) as u8;
         let retain_event = cdw10 & (1 << 15) != 0;
         let numd = u64::from(cdw10 >> 16) | (u64::from(cmd.cdw(11) & 0xffff) << 16);
-        let len = ((numd + 1) * 4) as usize;
+        // NUMD asks for up to 16 GiB; the host gets no more than its buffer (the SGL length,
+        // which the transport has bounded by MDTS), so that bounds the buffer built here.
+        let len = ((numd + 1) * 4).min(u64::from(cmd.data_len())) as usize;
         let offset = u64::from(cmd.cdw(12)) | (u64::from(cmd.cdw(13)) << 32);
         if offset % 4 != 0 {
             self.respond(out, cmd.cid(), Status::error(sc::INVALID_FIELD));

@@ -667,6 +667,36 @@ fn log_pages_validate_their_input() {
     assert_eq!(window, ana[16..24]);
 }
 
+/// Get Log Page's NUMD may ask for 16 GiB; the host gets its buffer's worth. Any host may
+/// connect to the discovery controller, so building the page at NUMD's size would let
+/// anyone make the gateway allocate and zero 16 GiB.
+#[test]
+fn a_log_page_longer_than_the_host_buffer_is_cut_to_the_buffer() {
+    let f = fixture();
+    for discovery in [false, true] {
+        let mut q = f.queue();
+        let lid = if discovery {
+            discovery_ready(&mut q, OTHER_HOST);
+            spec::log::DISC
+        } else {
+            admin_ready(&mut q, 0);
+            spec::log::ANA
+        };
+        let whole = get_log(&mut q, lid, 4096, 0, true).data.unwrap().into_vec();
+        let mut raw = sqe(admin_opcode::GET_LOG_PAGE, 7, spec::NSID_ALL);
+        set_cdw(&mut raw, 10, u32::from(lid) | (1 << 15) | (0xffff << 16));
+        set_cdw(&mut raw, 11, 0xffff);
+        set_data_len(&mut raw, 4096);
+        let r = one(run(&mut q, Command::from_bytes(&raw), None));
+        assert!(
+            r.completion.status.is_success(),
+            "{:?}",
+            r.completion.status
+        );
+        assert_eq!(r.data.unwrap().into_vec(), whole, "discovery: {discovery}");
+    }
+}
+
 #[test]
 fn namespace_identity_is_reported_everywhere() {
     let f = fixture();
