@@ -300,6 +300,13 @@ impl Controller {
         true
     }
 
+    /// Whether `cid` is an Asynchronous Event Request still waiting here (for an event, or
+    /// with its completion not yet sent): a new command may not use that CID.
+    pub fn aer_cid_in_use(&self, cid: u16) -> bool {
+        let st = self.state();
+        st.aer_cids.contains(&cid) || st.ready_completions.iter().any(|c| c.cid == cid)
+    }
+
     /// Completions for AERs that have an event, to be sent on the admin queue.
     pub fn take_ready_completions(&self) -> Vec<Completion> {
         self.state().ready_completions.drain(..).collect()

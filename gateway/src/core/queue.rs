@@ -293,7 +293,9 @@ impl Queue {
                 self.respond(out, first.cid(), Status::error(sc::FUSED_MISSING));
             }
         }
-        if self.inflight.contains_key(&cmd.cid()) {
+        // In use: an op in flight on this queue, or (admin queue) an AER the controller holds.
+        let aer_cid = |b: &Binding| b.qid == 0 && b.controller.aer_cid_in_use(cmd.cid());
+        if self.inflight.contains_key(&cmd.cid()) || self.binding.as_ref().is_some_and(aer_cid) {
             self.respond(out, cmd.cid(), Status::error(sc::CMDID_CONFLICT));
             return;
         }
