@@ -228,6 +228,49 @@ async fn each_malformed_pdu_gets_a_term_req_and_others_keep_working() {
     assert!(fatal >= 7.0, "{fatal} fatal PDU errors counted, 7 sent");
 }
 
+/// A host that keeps sending commands beyond its queue size without their data would make
+/// the gateway hold a buffer per command (one per CID, 1 MiB each at MDTS). Up to twice the
+/// queue size is tolerated (as Linux nvmet does); the next command fails the connection with
+/// a PDU sequence error.
+#[tokio::test]
+async fn a_host_beyond_twice_its_queue_size_is_disconnected() {
+    let (addr, _shutdown) = start().await;
+    let mut s = initialized(addr, false).await;
+    let enc = PduEncoder::new(false, false, 0);
+    // The admin queue, 4 entries (SQSIZE 3, 0's based).
+    let mut connect = connect_sqe(true);
+    connect[44..46].copy_from_slice(&3u16.to_le_bytes());
+    let mut out = Vec::new();
+    enc.capsule_cmd(&mut out, &connect, &connect_data());
+    s.write_all(&out).await.unwrap();
+    let (pdus, _) = read_pdus(&mut s, false, 1).await;
+    assert_eq!(pdus[0].0, 0x05, "CapsuleResp to Connect");
+    // Set Features with 1 MiB to come by R2T, which the host never sends.
+    let command = |cid: u16| {
+        let mut sqe = [0u8; 64];
+        sqe[0] = 0x09;
+        sqe[2..4].copy_from_slice(&cid.to_le_bytes());
+        sqe[32..36].copy_from_slice(&(1u32 << 20).to_le_bytes());
+        sqe[39] = 0x5a; // transport SGL data block: data by R2T
+        sqe
+    };
+    let mut out = Vec::new();
+    for cid in 10..18 {
+        enc.capsule_cmd(&mut out, &command(cid), &[]);
+    }
+    s.write_all(&out).await.unwrap();
+    let (pdus, closed) = read_pdus(&mut s, false, 8).await;
+    assert!(!closed, "8 commands (twice 4 entries) are tolerated");
+    assert!(pdus.iter().all(|p| p.0 == 0x09), "8 R2Ts");
+    let mut out = Vec::new();
+    enc.capsule_cmd(&mut out, &command(18), &[]);
+    s.write_all(&out).await.unwrap();
+    let (pdus, _) = read_pdus(&mut s, false, 1).await;
+    assert_eq!(term_req(&pdus[0]).0, Fes::PduSequenceError as u16);
+    expect_closed(&mut s).await;
+    healthy_connect(addr).await;
+}
+
 #[tokio::test]
 async fn a_valid_pdu_decodes_the_same_after_every_split() {
     // The gateway reassembles PDUs that arrive a byte at a time.

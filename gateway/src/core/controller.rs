@@ -312,6 +312,13 @@ impl Controller {
         self.state().ready_completions.drain(..).collect()
     }
 
+    /// AERs the controller holds (waiting for an event, or with a completion not yet sent):
+    /// commands the host counts as outstanding on the admin queue.
+    pub fn held_aers(&self) -> usize {
+        let st = self.state();
+        st.aer_cids.len() + st.ready_completions.len()
+    }
+
     /// Pending AERs complete with "aborted by SQ deletion" when the admin queue goes.
     pub fn abort_parked_aers(&self) -> Vec<u16> {
         self.state().aer_cids.drain(..).collect()

@@ -218,6 +218,28 @@ impl Queue {
         self.inflight.len()
     }
 
+    /// Whether one more command would put more than twice the queue size the host
+    /// connected with (SQSIZE + 1 entries) outstanding on this queue, counting the commands
+    /// the core holds (ops at a device, a parked fused first half, on the admin queue the
+    /// controller's AERs) and `held`, those the transport holds before `execute` (waiting for
+    /// their data). A host never has more outstanding than its queue holds; one that does
+    /// would otherwise make the gateway keep a data buffer per command, up to one per CID
+    /// (65536 x MDTS per connection). Twice, as Linux nvmet (tcp.c keeps `sq->size * 2`
+    /// commands per queue and fails the connection when they run out): the slack spares a
+    /// host that counts its queue a little differently. The NVMe/TCP transport checks it;
+    /// NVMe/RDMA needs not, its data buffers come from the bounded registered pool.
+    pub fn exceeds_queue_size(&self, held: usize) -> bool {
+        if self.sq_entries == 0 {
+            return false; // not connected: Connect itself
+        }
+        let aers = match &self.binding {
+            Some(b) if b.qid == 0 => b.controller.held_aers(),
+            _ => 0,
+        };
+        let core = self.inflight.len() + usize::from(self.parked_fused_first.is_some()) + aers;
+        core + held >= 2 * self.sq_entries as usize
+    }
+
     /// Replaces where the queue's data buffers come from (an RDMA transport hands out
     /// pre-registered memory).
     pub fn set_buffer_source(&mut self, source: Box<dyn BufferSource>) {

@@ -44,7 +44,7 @@ use tracing::Instrument;
 use super::busy_poll::{self, poll_socket, BusyPollConfig, Chooser, Decision, Mode, Polled};
 use super::pdu::{
     encode_c2h_term_req, encode_icresp, DecoderConfig, Fes, IcResp, Pdu, PduDecoder, PduEncoder,
-    PduError, Role, PFV_1_0,
+    PduError, PduType, Role, PFV_1_0,
 };
 use crate::core::command::SQE_LEN;
 use crate::core::{
@@ -697,6 +697,18 @@ impl State {
 
     fn on_capsule(&mut self, cmd: Command, in_capsule: Option<IoBuf>) -> Flow {
         self.commands_received += 1;
+        if self.queue.exceeds_queue_size(self.pending_writes.len()) {
+            tracing::warn!(
+                cid = cmd.cid(),
+                in_flight = self.queue.in_flight(),
+                waiting_for_data = self.pending_writes.len(),
+                "the host sent more commands than twice its queue size"
+            );
+            self.fatal(&PduError::Sequence {
+                pdu_type: PduType::CapsuleCmd,
+            });
+            return Flow::Close;
+        }
         if let Err(completion) = self.queue.check_data_len(&cmd) {
             if let Some(buf) = in_capsule {
                 self.queue.recycle(buf);
