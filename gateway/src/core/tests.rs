@@ -807,42 +807,18 @@ fn a_command_reusing_a_parked_aers_cid_is_a_conflict() {
     let f = fixture();
     let mut q = f.queue();
     admin_ready(&mut q, 0);
-    let mut aec = sqe(admin_opcode::SET_FEATURES, 20, 0);
-    set_cdw(&mut aec, 10, u32::from(spec::feat::ASYNC_EVENT));
-    set_cdw(&mut aec, 11, spec::aer::CFG_NS_ATTR);
-    assert!(one(run(&mut q, Command::from_bytes(&aec), None))
-        .completion
-        .status
-        .is_success());
-    let aer = Command::from_bytes(&sqe(admin_opcode::ASYNC_EVENT, 21, 0));
-    assert!(run(&mut q, aer, None).is_empty(), "parked");
-    let reuse = one(run(
-        &mut q,
-        Command::from_bytes(&sqe(admin_opcode::KEEP_ALIVE, 21, 0)),
-        None,
-    ));
+    arm_aer(&mut q, spec::aer::CFG_NS_ATTR);
+    let keep_alive = || Command::from_bytes(&sqe(admin_opcode::KEEP_ALIVE, 21, 0));
+    let reuse = one(run(&mut q, keep_alive(), None));
     assert_eq!(reuse.completion.cid, 21);
     assert_eq!(reuse.completion.status.code(), sc::CMDID_CONFLICT);
     // An event readies the AER's completion; until it is sent, the CID stays in use.
     f.device.resize(16 << 20);
-    let again = one(run(
-        &mut q,
-        Command::from_bytes(&sqe(admin_opcode::KEEP_ALIVE, 21, 0)),
-        None,
-    ));
+    let again = one(run(&mut q, keep_alive(), None));
     assert_eq!(again.completion.status.code(), sc::CMDID_CONFLICT);
-    let mut actions = Vec::new();
-    q.poll_events(&mut actions);
-    let done = one(settle(&mut q, actions));
-    assert_eq!(
-        (done.completion.cid, done.completion.status),
-        (21, Status::SUCCESS)
-    );
-    let free = one(run(
-        &mut q,
-        Command::from_bytes(&sqe(admin_opcode::KEEP_ALIVE, 21, 0)),
-        None,
-    ));
+    let done = fired_aer(&mut q);
+    assert_eq!((done.cid, done.status), (21, Status::SUCCESS));
+    let free = one(run(&mut q, keep_alive(), None));
     assert!(free.completion.status.is_success(), "the CID is free again");
 }
 
