@@ -27,7 +27,8 @@ use nvmeof_gateway::core::{
     Action, Command, HostAccess, ListenerInfo, Namespace, Queue, QueueNotifier, Subsystem,
     SubsystemKind, SubsystemSpec, Target, TargetIdentity, TransportCaps, TransportType,
 };
-use nvmeof_gateway::spec::{self, admin_opcode, fabrics, fuse};
+use nvmeof_gateway::host::cmd::{self as hcmd, Sqe};
+use nvmeof_gateway::spec::{self, admin_opcode, fuse};
 use rbd_backend::{BlockDevice, IoBuf, IoCompletion, IoDone, MemoryDevice};
 
 const SUBNQN: &str = "nqn.2016-06.io.fuzz:sub";
@@ -227,39 +228,24 @@ fn target(device: &Arc<MemoryDevice>) -> Arc<Target> {
     target
 }
 
+/// Connect for queue `qid` (32 entries), built by the project's host library.
 fn connect_command(qid: u16) -> Command {
-    let mut raw = [0u8; 64];
-    raw[0] = fabrics::OPCODE;
-    raw[2..4].copy_from_slice(&(0x100 + qid).to_le_bytes());
-    raw[4] = fabrics::CONNECT;
-    // SGL: a data block of 1024 bytes at offset (address) 0 of the capsule.
-    raw[32..36].copy_from_slice(&1024u32.to_le_bytes());
-    raw[39] = (spec::sgl::DATA_DESC << 4) | spec::sgl::FMT_OFFSET;
-    raw[42..44].copy_from_slice(&qid.to_le_bytes());
-    raw[44..46].copy_from_slice(&31u16.to_le_bytes());
-    Command::from_bytes(&raw)
+    let mut sqe = Sqe::connect(qid, 31, 0);
+    sqe.set_cid(0x100 + qid)
+        .set_sgl_in_capsule(hcmd::CONNECT_DATA_LEN as u32);
+    Command::from_bytes(&sqe.0)
 }
 
 fn connect_data(subnqn: &str, cntlid: u16) -> IoBuf {
-    let mut d = vec![0u8; 1024];
-    d[0..16].copy_from_slice(&[7; 16]);
-    d[16..18].copy_from_slice(&cntlid.to_le_bytes());
-    d[256..256 + subnqn.len()].copy_from_slice(subnqn.as_bytes());
-    d[512..512 + HOSTNQN.len()].copy_from_slice(HOSTNQN.as_bytes());
-    IoBuf::from_vec(d)
+    IoBuf::from_vec(hcmd::connect_data(&[7; 16], cntlid, subnqn, HOSTNQN))
 }
 
+/// CC.EN with the NVM command set's entry sizes, as the Linux host enables a controller.
 fn enable(q: &mut Driven) {
-    let mut raw = [0u8; 64];
-    raw[0] = fabrics::OPCODE;
-    raw[2..4].copy_from_slice(&0x200u16.to_le_bytes());
-    raw[4] = fabrics::PROPERTY_SET;
-    raw[44..48].copy_from_slice(&spec::reg::CC.to_le_bytes());
-    let cc = spec::cc::ENABLE
-        | (spec::cc::NVM_IOSQES << spec::cc::IOSQES_SHIFT)
-        | (spec::cc::NVM_IOCQES << spec::cc::IOCQES_SHIFT);
-    raw[48..52].copy_from_slice(&cc.to_le_bytes());
-    q.execute(Command::from_bytes(&raw), None);
+    let cc = hcmd::cc::EN | hcmd::cc::IOSQES_64 | hcmd::cc::IOCQES_16;
+    let mut sqe = Sqe::property_set(hcmd::prop::CC, u64::from(cc), false);
+    sqe.set_cid(0x200);
+    q.execute(Command::from_bytes(&sqe.0), None);
 }
 
 /// What the transport hands the core with a command, or `None` if the transport answers it
