@@ -2,6 +2,7 @@
 //! I/O and no clock. Transports (NVMe/TCP, NVMe/RDMA) drive it through [`queue::Queue`].
 
 pub mod admin;
+pub mod buffers;
 pub mod command;
 pub mod controller;
 pub mod fabrics;
@@ -13,9 +14,10 @@ pub mod subsystem;
 pub mod target;
 mod wire;
 
+pub use buffers::{BufferSource, RecycledBuffers};
 pub use command::{Command, Completion, Status};
 pub use controller::{Controller, QueueNotifier, TeardownReason};
-pub use queue::{Action, BufferSource, Queue, RecycledBuffers, Response};
+pub use queue::{Action, Queue, Response};
 pub use subsystem::{HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec};
 pub use target::{
     ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType, UnavailableNamespace,

@@ -12,6 +12,7 @@ use std::sync::{Arc, Weak};
 
 use rbd_backend::{BlockDevice, IoBuf, IoOp};
 
+use super::buffers::{BufferSource, RecycledBuffers};
 use super::command::{Command, Completion, Status};
 use super::controller::{Controller, QueueNotifier, TeardownReason};
 use super::target::{Target, TransportCaps, TransportType};
@@ -55,44 +56,6 @@ impl std::fmt::Debug for Action {
                 .field("op", op)
                 .finish(),
             Action::Close => f.write_str("Close"),
-        }
-    }
-}
-
-/// Where a queue's data buffers come from and go back to.
-pub trait BufferSource: Send {
-    /// A buffer of exactly `len` bytes (contents unspecified).
-    fn take(&mut self, len: usize) -> IoBuf;
-    /// A buffer the queue no longer needs.
-    fn give_back(&mut self, buf: IoBuf);
-}
-
-/// The default source: a per-queue free list, so a warm queue does not allocate.
-#[derive(Default)]
-pub struct RecycledBuffers {
-    free: Vec<IoBuf>,
-}
-
-impl RecycledBuffers {
-    /// Enough for a full queue of in-flight commands; more are dropped.
-    const KEEP: usize = 256;
-}
-
-impl BufferSource for RecycledBuffers {
-    fn take(&mut self, len: usize) -> IoBuf {
-        // Prefer a buffer that is already large enough, so resizing does not reallocate.
-        let fit = self.free.iter().rposition(|b| b.capacity() >= len);
-        let mut buf = match fit {
-            Some(i) => self.free.swap_remove(i),
-            None => self.free.pop().unwrap_or_default(),
-        };
-        buf.resize(len);
-        buf
-    }
-
-    fn give_back(&mut self, buf: IoBuf) {
-        if self.free.len() < Self::KEEP {
-            self.free.push(buf);
         }
     }
 }
@@ -254,6 +217,9 @@ impl Queue {
     /// Returns a buffer once the transport is done with it.
     pub fn recycle(&mut self, buf: IoBuf) {
         self.buffers.give_back(buf);
+        if self.inflight.is_empty() && self.parked_fused_first.is_none() {
+            self.buffers.trim_idle();
+        }
     }
 
     /// Checks a command's data length before the transport fetches its data, so an

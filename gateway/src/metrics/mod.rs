@@ -64,11 +64,16 @@ fn render_transports(out: &mut String) {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let tcp = crate::tcp::stats();
     let rdma = crate::rdma::stats();
-    let gauges: [(&str, &str, u64); 2] = [
+    let gauges: [(&str, &str, u64); 3] = [
         (
             "nvmeof_tcp_connections",
             "NVMe/TCP connections (queues) open now.",
             load(&tcp.live),
+        ),
+        (
+            "nvmeof_tcp_kept_buffer_bytes",
+            "Bytes of data buffers NVMe/TCP connections keep for reuse (not in use).",
+            load(&tcp.kept_buffer_bytes),
         ),
         (
             "nvmeof_rdma_queue_pairs",

@@ -48,7 +48,8 @@ use super::pdu::{
 };
 use crate::core::command::SQE_LEN;
 use crate::core::{
-    Action, Command, Completion, Queue, QueueNotifier, Status, Target, TransportCaps, TransportType,
+    Action, Command, Completion, Queue, QueueNotifier, RecycledBuffers, Status, Target,
+    TransportCaps, TransportType,
 };
 use crate::spec::sc;
 
@@ -340,6 +341,9 @@ impl Connection {
                 state: Mutex::new(State {
                     queue: {
                         let mut queue = Queue::new(target, tcp_caps(), notifier);
+                        queue.set_buffer_source(Box::new(RecycledBuffers::counted(
+                            &super::stats().kept_buffer_bytes,
+                        )));
                         if let Some(ip) = local {
                             queue.set_local_address(TransportType::Tcp, ip);
                         }

@@ -31,6 +31,8 @@ pub struct TcpStats {
     pub busy_poll_chose_poll: AtomicU64,
     /// ... and sleeping.
     pub busy_poll_chose_sleep: AtomicU64,
+    /// Bytes of data buffers the connections keep for reuse (none of them in use).
+    pub kept_buffer_bytes: AtomicU64,
 }
 
 static STATS: TcpStats = TcpStats {
@@ -43,6 +45,7 @@ static STATS: TcpStats = TcpStats {
     busy_poll_expired: AtomicU64::new(0),
     busy_poll_chose_poll: AtomicU64::new(0),
     busy_poll_chose_sleep: AtomicU64::new(0),
+    kept_buffer_bytes: AtomicU64::new(0),
 };
 
 pub fn stats() -> &'static TcpStats {
