@@ -10,6 +10,7 @@
 #   deps      rust toolchain (+rustfmt/clippy), Debian packages for the VM (tests/vm/install-deps.sh, needs root)
 #   fmt       cargo fmt --all -- --check
 #   clippy    cargo clippy --workspace --all-targets -- -D warnings
+#   doc       RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace (no broken doc links)
 #   test      cargo test --workspace
 #   build     cargo build --release -p nvmeof-gateway -p control-plane --bins (+ the rdma_cm probe)
 #   ceph      rbd-backend/tests/ceph-tests.sh: a throwaway micro Ceph (Ceph packages apt-installed
@@ -80,7 +81,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy test build ceph e2e-vm e2e-rbd e2e-group e2e-demo e2e-rdma fuzz)
+ALL_STAGES=(deps fmt clippy doc test build ceph e2e-vm e2e-rbd e2e-group e2e-demo e2e-rdma fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -248,6 +249,7 @@ echo "tests/run.sh in $ROOT ($(nproc) cores, $(date -u '+%F %T UTC'))$([ $QUICK 
 stage deps deps
 stage fmt cargo fmt --all -- --check
 stage clippy cargo clippy --workspace --all-targets -- -D warnings
+stage doc env RUSTDOCFLAGS="-D warnings" timeout -k 30 "$STAGE_TIMEOUT" cargo doc --no-deps --workspace
 stage test cargo test --workspace
 stage build build_release
 if [ $QUICK = 1 ]; then skipped ceph "--quick"

@@ -537,7 +537,7 @@ impl GroupState {
         Ok(())
     }
 
-    /// Adds a listener; its address is stored in canonical text ("::1" for "[0:0::1]"), so
+    /// Adds a listener; its address is stored in canonical text (`::1` for `[0:0::1]`), so
     /// one address written two ways is one listener, here and on the gateways that compare
     /// the pushed listeners with their own.
     pub fn add_listener(&mut self, mut l: ListenerEntry) -> Result<(), ConfigError> {

@@ -25,7 +25,7 @@ struct Args {
     /// gRPC address to listen on.
     #[arg(long, default_value = "127.0.0.1:5500")]
     listen: String,
-    /// Gateway group name (the state object is nvmeof.<group>.state).
+    /// Gateway group name (the state object is `nvmeof.<group>.state`).
     #[arg(long, default_value = "default")]
     group: String,
     /// Pool holding the state object.

@@ -58,7 +58,7 @@ pub struct GatewaySection {
     /// Runtime worker threads (default: one per CPU).
     #[serde(default)]
     pub worker_threads: Option<usize>,
-    /// Where Prometheus scrapes `/metrics` ("0.0.0.0:10008", "[::1]:10008"); unset: no
+    /// Where Prometheus scrapes `/metrics` (`0.0.0.0:10008`, `[::1]:10008`); unset: no
     /// metrics endpoint.
     #[serde(default)]
     pub metrics_listen: Option<String>,
@@ -80,8 +80,8 @@ pub const MAX_TCP_BUSY_POLL_US: u32 = 10_000;
 #[serde(deny_unknown_fields)]
 pub struct ListenerConfig {
     pub transport: String,
-    /// A numeric address: "192.0.2.10", "::1" or "[::1]"; it may carry the port, as in
-    /// "192.0.2.10:4420" or "[::]:4420".
+    /// A numeric address: `192.0.2.10`, `::1` or `[::1]`; it may carry the port, as in
+    /// `192.0.2.10:4420` or `[::]:4420`.
     pub address: String,
     /// Required unless `address` carries the port.
     #[serde(default)]

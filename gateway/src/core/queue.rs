@@ -35,7 +35,7 @@ pub struct Response {
 pub enum Action {
     /// Send `data` (if any) then the completion.
     Respond(Response),
-    /// Start `op` on `device`; hand its [`IoDone`] to [`Queue::complete_io`].
+    /// Start `op` on `device`; hand its [`IoDone`](rbd_backend::IoDone) to [`Queue::complete_io`].
     Submit {
         device: Arc<dyn BlockDevice>,
         tag: u64,
@@ -145,7 +145,7 @@ impl Queue {
     /// address). A controller created on this queue lists it in its discovery log in place
     /// of a wildcard listener address (0.0.0.0 or ::), which a host could not dial; Linux
     /// nvmet does the same (`nvmet_set_disc_traddr`). An IPv4-mapped address (IPv4 through
-    /// a dual-stack [::] socket) is kept as the IPv4 address (nvmet lists ::ffff:a.b.c.d).
+    /// a dual-stack `[::]` socket) is kept as the IPv4 address (nvmet lists ::ffff:a.b.c.d).
     pub fn set_local_address(&mut self, transport: TransportType, address: IpAddr) {
         self.local_address = Some((transport, address.to_canonical()));
     }

@@ -217,7 +217,7 @@ pub enum Polled {
 }
 
 /// Polls the socket until it is readable or `until` passes. It calls `sched_yield` between
-/// probes and yields to the runtime every [`SLICE`]; `stop_early` is asked each probe, so
+/// probes and yields to the runtime every `SLICE` (20 µs); `stop_early` is asked each probe, so
 /// work that arrived for the task (completions that missed the lock) is not kept waiting
 /// for the slice's end. The caller's select polls its other branches first each time.
 pub async fn poll_socket(probe: &OwnedFd, until: Instant, stop_early: impl Fn() -> bool) -> Polled {
