@@ -91,7 +91,7 @@ async fn idle_connections_do_not_keep_the_buffers_of_their_last_burst() {
 
     let mut hosts = Vec::new();
     let mut rss_after_first = 0;
-    for h in 0..3u8 {
+    for h in 0..5u8 {
         let host = connect_within(port, &attach, Duration::from_secs(20)).await;
         burst(&host, h).await;
         hosts.push(host);
@@ -110,11 +110,49 @@ async fn idle_connections_do_not_keep_the_buffers_of_their_last_burst() {
             rss_after_first = rss_kib(pid);
         }
     }
-    // The later bursts reuse what the first one freed: before, every idle host kept its
-    // burst's 64 MiB, and the gateway grew by that much per host.
+    // The later bursts reuse what the earlier ones freed. Before, every idle host kept its
+    // burst's 64 MiB, and the gateway grew by that much per host (4 x 67 MiB here). glibc
+    // keeps freed memory in the arena of the thread that allocated it, and the hosts' queues
+    // may run on different runtime workers, so a later burst may still fill another arena
+    // once: the bound allows three.
     let grown_mib = rss_kib(pid).saturating_sub(rss_after_first) / 1024;
+    println!("the gateway grew by {grown_mib} MiB over four more hosts' bursts");
     assert!(
-        grown_mib < 64,
-        "the gateway grew by {grown_mib} MiB over two more hosts' bursts"
+        grown_mib < 3 * 64,
+        "the gateway grew by {grown_mib} MiB over four more hosts' bursts"
     );
+}
+
+/// An idle queue costs the gateway little resident memory: its receive buffer is only
+/// touched as far as PDUs fill it, and its free list keeps what its last small I/O used.
+#[tokio::test]
+async fn an_idle_connection_costs_kilobytes() {
+    let dir = scratch_dir(&format!("nvmeof-idle-queues-{}", std::process::id()));
+    let (gateway, port, _metrics_port) =
+        GatewayProcess::spawn_memory_with_metrics(&dir, SUBNQN, "").await;
+    let pid = gateway.child.id();
+    let attach = Attach::new(HOSTNQN, SUBNQN);
+    let data = pattern(4096, 9);
+    let first = connect_within(port, &attach, Duration::from_secs(20)).await;
+    first
+        .io
+        .write(1, 8, data.clone(), 512)
+        .await
+        .expect("write");
+    let before = rss_kib(pid);
+
+    const HOSTS: u64 = 64;
+    let mut hosts = Vec::new();
+    for _ in 0..HOSTS {
+        let host = connect_within(port, &attach, Duration::from_secs(20)).await;
+        host.io.write(1, 8, data.clone(), 512).await.expect("write");
+        assert_eq!(host.io.read(1, 8, 8, 512).await.expect("read"), data);
+        hosts.push(host);
+    }
+    let per_queue = rss_kib(pid).saturating_sub(before) / (2 * HOSTS);
+    println!(
+        "{HOSTS} hosts, {} queues: {per_queue} KiB RSS per queue",
+        2 * HOSTS
+    );
+    assert!(per_queue < 128, "{per_queue} KiB per idle queue");
 }
