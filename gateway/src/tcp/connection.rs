@@ -574,7 +574,26 @@ impl State {
         self.queue.complete_io(done, &mut actions);
         let flow = self.run_actions(&mut actions);
         self.actions = actions;
+        self.shrink_idle_rx();
         flow
+    }
+
+    /// Gives back the receive buffer's growth once the queue is idle. A large H2CData PDU
+    /// (up to MDTS) grows the buffer to hold it whole; without this every connection that
+    /// once received one would keep ~1.25 MiB for as long as it stays connected.
+    fn shrink_idle_rx(&mut self) {
+        if self.rx.len() <= READ_CHUNK {
+            return;
+        }
+        let idle = self.rx_start == self.rx_end
+            && self.pending_writes.is_empty()
+            && self.queue.in_flight() == 0;
+        if idle {
+            self.rx_start = 0;
+            self.rx_end = 0;
+            self.rx.truncate(READ_CHUNK);
+            self.rx.shrink_to_fit();
+        }
     }
 
     /// Makes sure there is room to read into, and returns where it starts. A read into no
@@ -908,6 +927,7 @@ impl State {
             }
             self.actions = actions;
         }
+        self.shrink_idle_rx();
         flow
     }
 
