@@ -76,6 +76,15 @@ const WORKLOADS: &[Workload] = &[
         io_bytes: 131072,
         queue_depth: 8,
     },
+    // One large write at a time: between two of them the queue has nothing in flight, which
+    // must not make it give back (and fault in again) the buffers a 1 MiB PDU needs.
+    Workload {
+        name: "1M seqwrite QD1",
+        write: true,
+        random: false,
+        io_bytes: 1 << 20,
+        queue_depth: 1,
+    },
 ];
 
 fn free_port() -> u16 {
