@@ -3,7 +3,8 @@
 //! A busy queue reuses its buffers rather than allocate one per command. What it keeps is
 //! bounded twice: a queue that had a burst of large I/O (64 x 1 MiB writes on one queue is an
 //! ordinary sequential load for a Linux host, whose queues hold 128 commands) keeps at most
-//! [`RecycledBuffers::KEEP_BYTES`] while busy, and once it has nothing in flight only
+//! [`RecycledBuffers::KEEP_BYTES`] while busy, and once it has been idle a while (the
+//! transport says when: [`crate::core::Queue::release_idle_buffers`]) only
 //! [`RecycledBuffers::KEEP_IDLE_BYTES`], so a host's idle connections do not each sit on
 //! the largest burst they ever had. Linux nvmet allocates and frees each command's pages;
 //! SPDK keeps a shared, bounded pool; this is in between.
@@ -18,7 +19,7 @@ pub trait BufferSource: Send {
     fn take(&mut self, len: usize) -> IoBuf;
     /// A buffer the queue no longer needs.
     fn give_back(&mut self, buf: IoBuf);
-    /// The queue has no command in flight: keep only what a light load reuses.
+    /// The queue has been idle a while: keep only what a light load reuses.
     fn trim_idle(&mut self) {}
 }
 

@@ -217,9 +217,16 @@ impl Queue {
     /// Returns a buffer once the transport is done with it.
     pub fn recycle(&mut self, buf: IoBuf) {
         self.buffers.give_back(buf);
-        if self.inflight.is_empty() && self.parked_fused_first.is_none() {
+    }
+
+    /// With no command in flight, lets the buffer source keep only what a light load reuses
+    /// (the transport calls it once the host has been quiet for a while); false if busy.
+    pub fn release_idle_buffers(&mut self) -> bool {
+        let idle = self.inflight.is_empty() && self.parked_fused_first.is_none();
+        if idle {
             self.buffers.trim_idle();
         }
+        idle
     }
 
     /// Checks a command's data length before the transport fetches its data, so an

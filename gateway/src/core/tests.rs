@@ -1245,6 +1245,41 @@ fn removed_namespace_is_announced_to_every_controller_and_in_flight_io_finishes(
 }
 
 #[test]
+fn a_queue_gives_back_its_burst_buffers_only_with_nothing_in_flight() {
+    static KEPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let kept = || KEPT.load(std::sync::atomic::Ordering::Relaxed);
+    const MIB: usize = 1 << 20;
+    let f = fixture();
+    let mut admin = f.queue();
+    let cntlid = admin_ready(&mut admin, 0);
+    let mut io = io_ready(&f, cntlid, 1);
+    io.set_buffer_source(Box::new(RecycledBuffers::counted(&KEPT)));
+    // What a burst of four 1 MiB commands leaves in the free list.
+    let burst: Vec<IoBuf> = (0..4).map(|_| io.take_buffer(MIB)).collect();
+    burst.into_iter().for_each(|b| io.recycle(b));
+    assert_eq!(kept(), 4 * MIB as u64);
+
+    let mut in_flight = Vec::new();
+    io.execute(rw(io_opcode::READ, 3, 0, 8), None, &mut in_flight);
+    assert!(matches!(in_flight.as_slice(), [Action::Submit { .. }]));
+    // The read's buffer came from the free list: three stay there.
+    assert_eq!(kept(), 3 * MIB as u64);
+    assert!(!io.release_idle_buffers(), "a read is at the device");
+    assert_eq!(kept(), 3 * MIB as u64, "a busy queue keeps its buffers");
+
+    assert!(one(settle(&mut io, in_flight))
+        .completion
+        .status
+        .is_success());
+    assert!(io.release_idle_buffers(), "nothing in flight");
+    assert!(
+        kept() <= RecycledBuffers::KEEP_IDLE_BYTES as u64,
+        "{} bytes kept by an idle queue",
+        kept()
+    );
+}
+
+#[test]
 fn removed_host_is_refused_and_its_controllers_closed() {
     let f = fixture();
     let mut admin = f.queue();
