@@ -119,6 +119,9 @@ async fn serve(config: Config) -> Result<(), String> {
             },
         )
     });
+    if !nvmeof_gateway::tcp::set_data_budget_limit(config.tcp_data_budget()) {
+        return Err("the NVMe/TCP data budget was set twice".into());
+    }
     let mut listeners = Listeners::new(target.clone(), config.tcp_busy_poll());
     for addr in config.listen_addrs() {
         listeners.start(false, addr).await?;

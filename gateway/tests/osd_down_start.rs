@@ -17,7 +17,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::ceph::{ceph_conf, create_image, pool, remove_image_retrying, run};
+use common::ceph::{ceph_conf, create_image, pool, remove_image_retrying, signal_osd, ResumeOsd};
 use common::gateway_process::{listener_toml, GatewayProcess};
 use common::host::{try_connect, Attach, HostQueues};
 use common::{free_port, loopback, poll_until, scratch_dir};
@@ -25,31 +25,6 @@ use common::{free_port, loopback, poll_until, scratch_dir};
 const SUBNQN: &str = "nqn.2016-06.io.test:osd-down";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000d0";
 const BLOCK: u32 = 512;
-
-/// Sends `signal` to the micro cluster's OSD (PIDs from `$MICRO_CEPH_DIR/pids`).
-fn signal_osd(signal: &str) {
-    let dir = std::env::var("MICRO_CEPH_DIR")
-        .expect("MICRO_CEPH_DIR (set by scripts/micro-ceph.sh env) names the cluster");
-    let pids = std::fs::read_to_string(format!("{dir}/pids")).expect("read $MICRO_CEPH_DIR/pids");
-    let pid = pids
-        .lines()
-        .find_map(|l| {
-            let mut f = l.split_whitespace();
-            let pid = f.next()?;
-            (f.next()? == "osd.0").then(|| pid.to_string())
-        })
-        .expect("osd.0 in pids");
-    run("kill", &[&format!("-{signal}"), &pid]);
-}
-
-/// Resumes the OSD however the test ends.
-struct ResumeOsd;
-
-impl Drop for ResumeOsd {
-    fn drop(&mut self) {
-        signal_osd("CONT");
-    }
-}
 
 fn pattern(seed: u8) -> Vec<u8> {
     common::pattern(BLOCK as usize * 8, seed)

@@ -8,6 +8,46 @@ use std::sync::Arc;
 #[derive(Debug, Default)]
 pub struct IoBuf {
     bytes: Vec<u8>,
+    /// What the buffer counts against while it exists (see [`Charge`]).
+    charge: Option<Charge>,
+}
+
+/// A limit that buffers count against while they exist: the gateway bounds the memory it
+/// holds for hosts' data, wherever the buffer is (waiting for the host's data, at the
+/// device, queued for the socket, or dropped with a late completion).
+pub trait ByteBudget: Send + Sync {
+    /// `bytes` charged earlier are free again.
+    fn release(&self, bytes: usize);
+}
+
+/// `bytes` held against a [`ByteBudget`] until this is dropped. The budget lives for the
+/// whole process (a reference count per buffer would be one more shared atomic per I/O).
+pub struct Charge {
+    bytes: usize,
+    budget: &'static dyn ByteBudget,
+}
+
+impl Charge {
+    /// Records `bytes` as held; the budget's caller has already counted them as in use.
+    pub fn new(bytes: usize, budget: &'static dyn ByteBudget) -> Self {
+        Self { bytes, budget }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
+impl std::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Charge({} bytes)", self.bytes)
+    }
 }
 
 impl IoBuf {
@@ -15,12 +55,27 @@ impl IoBuf {
     pub fn zeroed(len: usize) -> Self {
         Self {
             bytes: vec![0; len],
+            charge: None,
         }
     }
 
     /// Wraps existing bytes.
     pub fn from_vec(bytes: Vec<u8>) -> Self {
-        Self { bytes }
+        Self {
+            bytes,
+            charge: None,
+        }
+    }
+
+    /// Makes the buffer hold `charge` until it is dropped or the charge is taken back
+    /// (replacing, and so releasing, any earlier one).
+    pub fn set_charge(&mut self, charge: Charge) {
+        self.charge = Some(charge);
+    }
+
+    /// Takes the buffer's charge off it (dropping the result releases it).
+    pub fn take_charge(&mut self) -> Option<Charge> {
+        self.charge.take()
     }
 
     /// Resizes to `len` bytes, reusing the allocation when it is large enough. New bytes are

@@ -19,7 +19,8 @@ pub mod rbd;
 pub mod stats;
 
 pub use device::{
-    BlockDevice, DeviceEvent, DeviceEventSink, IoBuf, IoCompletion, IoDone, IoError, IoOp,
+    BlockDevice, ByteBudget, Charge, DeviceEvent, DeviceEventSink, IoBuf, IoCompletion, IoDone,
+    IoError, IoOp,
 };
 pub use memory::MemoryDevice;
 pub use rbd::{CephSettings, ClusterPool, ImageSpec, RbdDevice, RbdError};

@@ -10,6 +10,8 @@
 #   - gateway/tests/failover.rs   (two gateway processes + control plane: fenced failover)
 #   - gateway/tests/group_config.rs (subsystems/namespaces pushed from the control plane)
 #   - gateway/tests/osd_down_start.rs (gateway start with the OSD stopped: serves, RBD later)
+#   - gateway/tests/osd_stall_budget.rs (hosts writing into a stopped OSD: the data budget
+#                                  bounds the buffers, every write lands once it resumes)
 #   - gateway/tests/fenced_group.rs (one ANA group's client blocklisted: only it stops)
 #   - gateway/tests/group_removals.rs (namespace/host/subsystem del applied on a running gateway)
 #   - tests/micro-ceph-ports.sh   (micro-ceph.sh when the mon's port is taken: retry, or exit 75)
@@ -52,6 +54,7 @@ bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test failover -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_config -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_down_start -- --ignored "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_stall_budget -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test fenced_group -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_removals -- --ignored "$@" || rc=1
 bash "$root/tests/micro-ceph-ports.sh" || rc=1

@@ -71,6 +71,11 @@ pub struct GatewaySection {
     /// commands come faster and polls only then (default); `false`: it always polls.
     #[serde(default)]
     pub tcp_busy_poll_adaptive: Option<bool>,
+    /// Bytes of data buffers all NVMe/TCP queues together may hold for hosts' commands
+    /// ("256MiB", the default); beyond it a command waits for buffers to be released
+    /// instead of growing the gateway (see `core::budget`). At least MDTS (1 MiB).
+    #[serde(default)]
+    pub tcp_data_budget: Option<String>,
 }
 
 /// Upper bound of `[gateway] tcp_busy_poll_us`: longer than any op worth polling for.
@@ -472,6 +477,16 @@ impl Config {
                 adaptive: self.gateway.tcp_busy_poll_adaptive.unwrap_or(true),
             }),
         }
+    }
+
+    /// Bytes NVMe/TCP data buffers may hold in all (`[gateway] tcp_data_budget`, validated).
+    pub fn tcp_data_budget(&self) -> usize {
+        self.gateway
+            .tcp_data_budget
+            .as_deref()
+            .and_then(parse_size)
+            .and_then(|bytes| usize::try_from(bytes).ok())
+            .unwrap_or(crate::core::budget::DEFAULT_LIMIT)
     }
 
     /// Where the metrics endpoint listens, when configured (and valid).

@@ -251,6 +251,37 @@ fn busy_polling_is_off_unless_set_and_bounded() {
 }
 
 #[test]
+fn the_tcp_data_budget_is_a_size_of_at_least_one_transfer() {
+    let with_budget = |size: &str| format!("[gateway]\ntcp_data_budget = \"{size}\"\n{GOOD}");
+    assert_eq!(
+        parse(GOOD).expect("valid").tcp_data_budget(),
+        256 << 20,
+        "the default"
+    );
+    assert_eq!(
+        parse(&with_budget("2GiB"))
+            .expect("valid")
+            .tcp_data_budget(),
+        2 << 30
+    );
+    assert_eq!(
+        parse(&with_budget("1MiB"))
+            .expect("valid")
+            .tcp_data_budget(),
+        1 << 20
+    );
+    for (size, words) in [
+        ("512KiB", "less than one command's largest transfer"),
+        ("lots", "not a size"),
+        ("", "not a size"),
+    ] {
+        let err = parse(&with_budget(size)).unwrap_err().to_string();
+        assert!(err.starts_with("gateway.tcp_data_budget"), "{err}");
+        assert!(err.contains(words), "{size}: {err}");
+    }
+}
+
+#[test]
 fn the_metrics_address_needs_a_port_and_its_own_socket() {
     let with_metrics = |addr: &str| format!("[gateway]\nmetrics_listen = \"{addr}\"\n{GOOD}");
     let ok = parse(&with_metrics("[::]:10008")).expect("valid");

@@ -172,6 +172,18 @@ impl Config {
                 "has no effect without tcp_busy_poll_us (the polling window, in µs)",
             ));
         }
+        if let Some(text) = &self.gateway.tcp_data_budget {
+            let field = "gateway.tcp_data_budget";
+            let bytes = parse_size(text)
+                .ok_or_else(|| invalid(field, format!("'{text}' is not a size like \"256MiB\"")))?;
+            let mdts = crate::core::queue::MAX_DATA_LEN;
+            if bytes < u64::from(mdts) || usize::try_from(bytes).is_err() {
+                return Err(invalid(
+                    field,
+                    format!("{text} is less than one command's largest transfer (MDTS, {mdts} bytes) or too large"),
+                ));
+            }
+        }
         if let Some(text) = &self.gateway.metrics_listen {
             let field = "gateway.metrics_listen";
             let metrics = metrics_socket_addr(text).map_err(|problem| invalid(field, problem))?;

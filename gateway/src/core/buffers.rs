@@ -7,11 +7,14 @@
 //! transport says when: [`crate::core::Queue::release_idle_buffers`]) only
 //! [`RecycledBuffers::KEEP_IDLE_BYTES`], so a host's idle connections do not each sit on
 //! the largest burst they ever had. Linux nvmet allocates and frees each command's pages;
-//! SPDK keeps a shared, bounded pool; this is in between.
+//! SPDK keeps a shared, bounded pool; this is in between. A buffer out of the free list
+//! counts against the gateway's [`DataBudget`] until it comes back or is dropped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rbd_backend::IoBuf;
+
+use super::budget::DataBudget;
 
 /// Where a queue's data buffers come from and go back to.
 pub trait BufferSource: Send {
@@ -31,6 +34,8 @@ pub struct RecycledBuffers {
     free_bytes: usize,
     /// A process-wide gauge of the bytes kept in free lists, for the metrics.
     gauge: Option<&'static AtomicU64>,
+    /// What buffers out of the free list count against.
+    budget: Option<&'static DataBudget>,
 }
 
 impl RecycledBuffers {
@@ -49,7 +54,14 @@ impl RecycledBuffers {
             free: Vec::new(),
             free_bytes: 0,
             gauge: Some(gauge),
+            budget: None,
         }
+    }
+
+    /// Buffers taken from this list count against `budget` while they are out.
+    pub fn charged_to(mut self, budget: &'static DataBudget) -> Self {
+        self.budget = Some(budget);
+        self
     }
 
     /// Bytes kept for reuse.
@@ -80,10 +92,14 @@ impl BufferSource for RecycledBuffers {
             None => IoBuf::default(),
         };
         buf.resize(len);
+        if let Some(budget) = self.budget {
+            buf.set_charge(budget.charge(buf.capacity()));
+        }
         buf
     }
 
-    fn give_back(&mut self, buf: IoBuf) {
+    fn give_back(&mut self, mut buf: IoBuf) {
+        drop(buf.take_charge());
         let bytes = buf.capacity();
         if self.free.len() < Self::KEEP && self.free_bytes + bytes <= Self::KEEP_BYTES {
             self.free_bytes += bytes;
@@ -156,5 +172,30 @@ mod tests {
 
         drop(source);
         assert_eq!(GAUGE.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn buffers_out_of_the_list_count_against_the_budget_until_back_or_dropped() {
+        static GAUGE: AtomicU64 = AtomicU64::new(0);
+        let budget = DataBudget::leaked(8 * MIB);
+        let mut source = RecycledBuffers::counted(&GAUGE).charged_to(budget);
+        let a = source.take(MIB);
+        let b = source.take(4096);
+        assert_eq!(budget.in_use(), a.capacity() + b.capacity());
+        source.give_back(a);
+        assert_eq!(
+            budget.in_use(),
+            b.capacity(),
+            "back in the list: free again"
+        );
+        // Taken again from the list, the 1 MiB buffer counts by what it holds.
+        let again = source.take(4096);
+        assert_eq!(budget.in_use(), b.capacity() + again.capacity());
+        assert!(again.capacity() >= MIB);
+        // A buffer that never comes back (its connection gone before the device finished)
+        // stops counting when it is dropped.
+        drop(again);
+        drop(b);
+        assert_eq!(budget.in_use(), 0);
     }
 }

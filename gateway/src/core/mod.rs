@@ -2,6 +2,7 @@
 //! I/O and no clock. Transports (NVMe/TCP, NVMe/RDMA) drive it through [`queue::Queue`].
 
 pub mod admin;
+pub mod budget;
 pub mod buffers;
 pub mod command;
 pub mod controller;
@@ -14,6 +15,7 @@ pub mod subsystem;
 pub mod target;
 mod wire;
 
+pub use budget::DataBudget;
 pub use buffers::{BufferSource, RecycledBuffers};
 pub use command::{Command, Completion, Status};
 pub use controller::{Controller, QueueNotifier, TeardownReason};

@@ -64,11 +64,28 @@ fn render_transports(out: &mut String) {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let tcp = crate::tcp::stats();
     let rdma = crate::rdma::stats();
-    let gauges: [(&str, &str, u64); 3] = [
+    let budget = crate::tcp::data_budget();
+    let (held_now, held_total) = budget.held();
+    let gauges: [(&str, &str, u64); 6] = [
         (
             "nvmeof_tcp_connections",
             "NVMe/TCP connections (queues) open now.",
             load(&tcp.live),
+        ),
+        (
+            "nvmeof_tcp_data_buffer_bytes",
+            "Bytes of data buffers NVMe/TCP commands hold now (counted against the data budget).",
+            budget.in_use() as u64,
+        ),
+        (
+            "nvmeof_tcp_data_budget_bytes",
+            "The data budget: bytes of data buffers NVMe/TCP commands may hold in all ([gateway] tcp_data_budget).",
+            budget.limit() as u64,
+        ),
+        (
+            "nvmeof_tcp_commands_waiting_for_buffers",
+            "NVMe/TCP commands waiting now for the data budget to admit their buffer.",
+            held_now,
         ),
         (
             "nvmeof_tcp_kept_buffer_bytes",
@@ -84,11 +101,16 @@ fn render_transports(out: &mut String) {
     for (name, help, value) in gauges {
         Family::new(out, name, "gauge", help).sample(&[], value);
     }
-    let counters: [(&str, &str, u64); 15] = [
+    let counters: [(&str, &str, u64); 16] = [
         (
             "nvmeof_tcp_connections_accepted_total",
             "NVMe/TCP connections accepted.",
             load(&tcp.accepted),
+        ),
+        (
+            "nvmeof_tcp_commands_waited_for_buffers_total",
+            "NVMe/TCP commands that waited for the data budget to admit their buffer.",
+            held_total,
         ),
         (
             "nvmeof_tcp_fatal_pdu_errors_total",

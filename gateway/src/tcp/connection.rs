@@ -19,6 +19,11 @@
 //! queue under the same lock, and a command's response is only encoded once its device op
 //! has completed.
 //!
+//! Data buffers count against the gateway-wide data budget ([`crate::core::budget`]). A
+//! command whose buffer the budget does not admit is held in `State::held`, with no
+//! buffer, no R2T and no device op, and the commands after it wait behind it; H2CData for writes already asked for goes on, so their buffers come free. The
+//! next release anywhere wakes the connection through its `Notify`.
+//!
 //! Busy polling (`[gateway] tcp_busy_poll_us`, off by default) takes away the other wake-up
 //! on the path: the task's own, when the host's next command arrives. For that long after a
 //! command came in, the task does not sleep in epoll but keeps asking the socket, on a
@@ -48,7 +53,7 @@ use super::pdu::{
 };
 use crate::core::command::SQE_LEN;
 use crate::core::{
-    Action, Command, Completion, Queue, QueueNotifier, RecycledBuffers, Status, Target,
+    Action, Command, Completion, DataBudget, Queue, QueueNotifier, RecycledBuffers, Status, Target,
     TransportCaps, TransportType,
 };
 use crate::spec::sc;
@@ -165,6 +170,11 @@ struct State {
     out: Output,
     actions: Vec<Action>,
     pending_writes: HashMap<u16, PendingWrite>,
+    /// What this connection's data buffers count against.
+    budget: &'static DataBudget,
+    /// Commands that wait for the budget to admit their data buffer, in arrival order (with
+    /// their in-capsule data, if any). Commands behind one wait too, so they run in order.
+    held: VecDeque<(Command, Option<IoBuf>)>,
     next_ttag: u16,
     /// A completion handled on a device thread asked to close the connection, or its write
     /// failed: the task closes at its next turn.
@@ -327,7 +337,7 @@ struct BusyPoll {
 }
 
 impl Connection {
-    pub fn new(stream: TcpStream, target: Arc<Target>) -> Self {
+    pub fn new(stream: TcpStream, target: Arc<Target>, budget: &'static DataBudget) -> Self {
         let peer = stream
             .peer_addr()
             .map(|a| a.to_string())
@@ -348,9 +358,10 @@ impl Connection {
                 state: Mutex::new(State {
                     queue: {
                         let mut queue = Queue::new(target, tcp_caps(), notifier);
-                        queue.set_buffer_source(Box::new(RecycledBuffers::counted(
-                            &super::stats().kept_buffer_bytes,
-                        )));
+                        queue.set_buffer_source(Box::new(
+                            RecycledBuffers::counted(&super::stats().kept_buffer_bytes)
+                                .charged_to(budget),
+                        ));
                         if let Some(ip) = local {
                             queue.set_local_address(TransportType::Tcp, ip);
                         }
@@ -366,6 +377,8 @@ impl Connection {
                     out: Output::default(),
                     actions: Vec::new(),
                     pending_writes: HashMap::new(),
+                    budget,
+                    held: VecDeque::new(),
                     next_ttag: 0,
                     close_requested: false,
                     task_only: false,
@@ -490,6 +503,8 @@ impl Connection {
             let mut state = self.shared.lock();
             state.task_only = true;
             state.queue.close();
+            let held = std::mem::take(&mut state.held);
+            state.budget.note_resumed(held.len());
         }
         // The writer sends FIN when the last `Shared` goes: now, or, if a completing thread
         // holds it for a moment (it does nothing once `task_only` is set), when it lets go.
@@ -602,6 +617,7 @@ impl State {
         if quiet
             && self.rx_start == self.rx_end
             && self.pending_writes.is_empty()
+            && self.held.is_empty()
             && self.queue.release_idle_buffers()
             && self.rx.len() > READ_CHUNK
         {
@@ -737,7 +753,10 @@ impl State {
 
     fn on_capsule(&mut self, cmd: Command, in_capsule: Option<IoBuf>) -> Flow {
         self.commands_received += 1;
-        if self.queue.exceeds_queue_size(self.pending_writes.len()) {
+        if self
+            .queue
+            .exceeds_queue_size(self.pending_writes.len() + self.held.len())
+        {
             tracing::warn!(
                 cid = cmd.cid(),
                 in_flight = self.queue.in_flight(),
@@ -756,6 +775,62 @@ impl State {
             self.push_completion(&completion);
             return Flow::Continue;
         }
+        if !self.held.is_empty() || !self.budget_admits(&cmd) {
+            tracing::debug!(
+                cid = cmd.cid(),
+                data_len = cmd.data_len(),
+                budget_in_use = self.budget.in_use(),
+                "data budget spent: the command waits for buffers to be released"
+            );
+            self.budget.note_held();
+            self.held.push_back((cmd, in_capsule));
+            return self.resume_held();
+        }
+        self.start(cmd, in_capsule)
+    }
+
+    /// Whether the budget lets `cmd` take the data buffer it needs now. Commands that need
+    /// none (no data, or data already here in the capsule) always may, and so may a queue
+    /// that holds no buffer at the device or waiting for data: every queue makes progress
+    /// whatever the others hold (its Connect too, on any queue).
+    fn budget_admits(&self, cmd: &Command) -> bool {
+        let needs = match cmd.data_len() as usize {
+            0 => 0,
+            _ if cmd.is_host_to_controller() && cmd.sgl().is_in_capsule() => 0,
+            len => len,
+        };
+        needs == 0
+            || self.budget.admits(needs)
+            || (self.queue.in_flight() == 0 && self.pending_writes.is_empty())
+    }
+
+    /// Starts the held commands the budget admits now, in order. Once the first of them
+    /// still does not fit, the connection asks to be woken by the next release (and checks
+    /// once more, since a release may have come between).
+    fn resume_held(&mut self) -> Flow {
+        let mut asked_to_be_woken = false;
+        while let Some((cmd, _)) = self.held.front() {
+            if !self.budget_admits(cmd) {
+                if asked_to_be_woken {
+                    break;
+                }
+                self.budget.wake_on_release(self.queue.notifier.clone());
+                asked_to_be_woken = true;
+                continue;
+            }
+            let Some((cmd, in_capsule)) = self.held.pop_front() else {
+                break;
+            };
+            self.budget.note_resumed(1);
+            if let Flow::Close = self.start(cmd, in_capsule) {
+                return Flow::Close;
+            }
+        }
+        Flow::Continue
+    }
+
+    /// Runs a command the connection has admitted: asks for its data by R2T, or executes it.
+    fn start(&mut self, cmd: Command, in_capsule: Option<IoBuf>) -> Flow {
         let len = cmd.data_len() as usize;
         if cmd.is_host_to_controller() && len > 0 {
             let sgl = cmd.sgl();
@@ -952,6 +1027,11 @@ impl State {
         self.queue.poll_events(&mut actions);
         let mut flow = self.run_actions(&mut actions);
         self.actions = actions;
+        if !self.held.is_empty() {
+            if let Flow::Close = self.resume_held() {
+                flow = Flow::Close;
+            }
+        }
         if let Flow::Close = self.drain_completions(shared) {
             flow = Flow::Close;
         }

@@ -1,6 +1,9 @@
 //! NVMe/TCP: the PDU codec (pure) and the tokio binding that drives the protocol core.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::OnceLock;
+
+use crate::core::budget::{self, DataBudget};
 
 pub mod busy_poll;
 pub mod connection;
@@ -50,4 +53,19 @@ static STATS: TcpStats = TcpStats {
 
 pub fn stats() -> &'static TcpStats {
     &STATS
+}
+
+static DATA_BUDGET: OnceLock<DataBudget> = OnceLock::new();
+
+/// What every NVMe/TCP listener's data buffers count against, unless a listener is given its
+/// own ([`server::TcpServer::with_data_budget`]): [`budget::DEFAULT_LIMIT`] unless
+/// [`set_data_budget_limit`] came first.
+pub fn data_budget() -> &'static DataBudget {
+    DATA_BUDGET.get_or_init(|| DataBudget::new(budget::DEFAULT_LIMIT))
+}
+
+/// Sets the process-wide budget's limit (`[gateway] tcp_data_budget`); false if the budget
+/// was in use already, with the limit it had.
+pub fn set_data_budget_limit(limit: usize) -> bool {
+    DATA_BUDGET.set(DataBudget::new(limit)).is_ok()
 }

@@ -9,13 +9,14 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::connection::Connection;
-use crate::core::Target;
+use crate::core::{DataBudget, Target};
 
 /// A bound NVMe/TCP listener.
 pub struct TcpServer {
     listener: TcpListener,
     target: Arc<Target>,
     busy_poll: Option<BusyPollConfig>,
+    data_budget: &'static DataBudget,
 }
 
 impl TcpServer {
@@ -25,6 +26,7 @@ impl TcpServer {
             listener,
             target,
             busy_poll: None,
+            data_budget: super::data_budget(),
         })
     }
 
@@ -35,6 +37,7 @@ impl TcpServer {
             listener,
             target,
             busy_poll: None,
+            data_budget: super::data_budget(),
         }
     }
 
@@ -42,6 +45,13 @@ impl TcpServer {
     /// (`[gateway] tcp_busy_poll_us` and `tcp_busy_poll_adaptive`; `None`, the default: never).
     pub fn with_busy_poll(mut self, busy_poll: Option<BusyPollConfig>) -> Self {
         self.busy_poll = busy_poll;
+        self
+    }
+
+    /// The connections' data buffers count against `budget` instead of the process-wide
+    /// [`super::data_budget`] (a test that needs a small one of its own).
+    pub fn with_data_budget(mut self, budget: &'static DataBudget) -> Self {
+        self.data_budget = budget;
         self
     }
 
@@ -59,7 +69,7 @@ impl TcpServer {
                 _ = shutdown.changed() => break,
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, _)) => {
-                        let conn = Connection::new(stream, self.target.clone())
+                        let conn = Connection::new(stream, self.target.clone(), self.data_budget)
                             .with_busy_poll(self.busy_poll);
                         connections.spawn(conn.run(shutdown.clone()));
                     }

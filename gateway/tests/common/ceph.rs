@@ -79,3 +79,29 @@ pub fn remove_from_blocklist(addr: &str) {
         .args(["osd", "blocklist", "rm", addr])
         .output();
 }
+
+/// Sends `signal` to the micro cluster's OSD (PIDs from `$MICRO_CEPH_DIR/pids`): `STOP`
+/// makes it alive but silent, as a hung OSD is; `CONT` resumes it.
+pub fn signal_osd(signal: &str) {
+    let dir = std::env::var("MICRO_CEPH_DIR")
+        .expect("MICRO_CEPH_DIR (set by scripts/micro-ceph.sh env) names the cluster");
+    let pids = std::fs::read_to_string(format!("{dir}/pids")).expect("read $MICRO_CEPH_DIR/pids");
+    let pid = pids
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let pid = f.next()?;
+            (f.next()? == "osd.0").then(|| pid.to_string())
+        })
+        .expect("osd.0 in pids");
+    run("kill", &[&format!("-{signal}"), &pid]);
+}
+
+/// Resumes the OSD however the test ends.
+pub struct ResumeOsd;
+
+impl Drop for ResumeOsd {
+    fn drop(&mut self) {
+        signal_osd("CONT");
+    }
+}

@@ -63,9 +63,11 @@ pub fn default_connections() -> usize {
 /// - `objecter_inflight_ops=0`, `objecter_inflight_op_bytes=0`: no Objecter throttle (0 =
 ///   unlimited). librados sets a balanced budget, so an op beyond 1024 ops / 100 MiB in
 ///   flight on one connection would make the submitting thread (with the option above: a
-///   runtime worker) sleep until others complete. The gateway's own bound is the hosts'
-///   queues: every op's buffer is allocated before it is submitted, so the throttle bounded
-///   no memory, it only moved the wait into a thread that serves other queues.
+///   runtime worker) sleep until others complete. The gateway bounds the memory itself:
+///   every op's buffer is allocated before it is submitted and counts against its data
+///   budget (`[gateway] tcp_data_budget`), beyond which commands wait without a buffer, so
+///   the throttle bounded nothing more, it only moved the wait into a thread that serves
+///   other queues.
 ///
 /// Left at librbd's default on purpose: `rbd_disable_zero_copy_writes` (true: `rbd_aio_write`
 /// copies the caller's buffer). Turned off, librbd holds a completion back until it has let go
