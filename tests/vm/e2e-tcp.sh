@@ -69,8 +69,10 @@ on_step_failure() {
 }
 
 # ---------------------------------------------------------------- target --
+GW_EXTRA=""  # lines for a [gateway] section (x6.data-budget)
 write_config() {
   cat > "$CONF" <<EOF
+$GW_EXTRA
 [[listener]]
 transport = "tcp"
 address = "$ADDR"
@@ -256,6 +258,37 @@ connect_all_check() { # nvme connect-all: the discovery log offers SQ flow contr
   fio_run connect-all-4k --rw=randwrite --bs=4k --size=8M --iodepth=16 || { disconnect_nqn $NQN > /dev/null; return 1; }
   disconnect_nqn $NQN > /dev/null
 }
+MPORT=$((PORT + 1000))
+scrape() { # series: its value from the gateway's /metrics (bash's /dev/tcp: no curl needed)
+  local reply
+  exec 3<>"/dev/tcp/127.0.0.1/$MPORT" || return 1
+  printf 'GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n' >&3
+  reply=$(timeout 5 cat <&3)
+  exec 3<&-
+  echo "$reply" | awk -v s="$1" '$1 == s {print $2}'
+}
+budget_check() { # a 2 MiB data budget under 1 MiB writes at iodepth 32: commands wait, fio verify passes
+  GW_EXTRA=$(printf '[gateway]\ntcp_data_budget = "2MiB"\nmetrics_listen = "127.0.0.1:%s"' "$MPORT")
+  start_gateway data-budget || { GW_EXTRA=""; return 1; }
+  GW_EXTRA=""
+  connect || { stop_gateway; return 1; }
+  local rc=0 waited thp=/sys/kernel/mm/transparent_hugepage/enabled was
+  # fio's 32 MiB of buffers would be huge pages, and Debian's 6.1 kernel then panics in the
+  # gateway's recv ("usercopy: Kernel memory exposure attempt detected from page alloc"):
+  # over loopback the initiator's pages become the skb's, and a fragment may cross a huge
+  # page's end. Any user-space target sharing a 6.1 kernel with the initiator meets it
+  # (Mayastor issues 1330, 1693); it is the kernel's, seen with any budget.
+  was=$(sed 's/.*\[\(.*\)\].*/\1/' $thp)
+  echo never > $thp
+  fio_run budget-1m --rw=write --bs=1M --size=32M --iodepth=32 || rc=1
+  echo "$was" > $thp
+  waited=$(scrape nvmeof_tcp_commands_waited_for_buffers_total)
+  say "commands that waited for the data budget: ${waited:-none scraped}; now waiting: $(scrape nvmeof_tcp_commands_waiting_for_buffers)"
+  [ "${waited:-0}" -gt 0 ] || { say "no command ever waited: the budget was not exercised"; rc=1; }
+  disconnect_nqn $NQN > /dev/null || rc=1
+  stop_gateway || rc=1
+  return $rc
+}
 read_check() { # after the restart: namespace readable + a small write/verify
   local rc
   timeout -k 5 60 dd if="$DEV" of=/dev/null bs=1M count=16 iflag=direct 2>&1 | tail -n 1 | sed 's/^/    dd: /'
@@ -311,6 +344,7 @@ step setup.modprobe "load the NVMe/TCP initiator" \
 ALL=(a.discover b.connect x1.admin-commands c1.fio-randwrite-4k c2.fio-seqwrite-128k d.ext4-sha256
   x2.keepalive-idle e1.disconnect x3.reconnect-persist e2.sigterm e3.restart e4.reconnect
   e5.read-after-restart x4.digests f.reject-unknown-host g.reject-unknown-subsys h.shutdown)
+[ "$MODE" = gateway ] && ALL+=(x6.data-budget)
 skip_list() { local r=$1 s; shift; for s in "$@"; do skip "$s" "$r"; done; }
 
 if step gateway.start "start the target on $ADDR:$PORT" start_gateway first; then
@@ -351,6 +385,10 @@ if step gateway.start "start the target on $ADDR:$PORT" start_gateway first; the
     step g.reject-unknown-subsys "connect to an unknown subsystem NQN is refused, gateway alive" \
       expect_refused bad-subsys $UNKNOWN_NQN $HOSTNQN $HOSTID 182 "Connect Invalid Parameters"
     step h.shutdown "final SIGTERM: exit status 0" stop_gateway
+    if [ "$MODE" = gateway ]; then
+      step x6.data-budget "2 MiB data budget: fio 1M writes at iodepth 32 + crc32c verify pass, commands waited" \
+        budget_check
+    fi
   else
     skip_from e4.reconnect "restart failed"
   fi
