@@ -133,6 +133,10 @@ conf = "{conf}"
     )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        gw.log_text().contains("NVMe/TCP data budget spent"),
+        "the admin is not told that commands wait for the budget"
+    );
     let held = metric(metrics_port, "nvmeof_tcp_data_buffer_bytes") as usize;
     let grown_mib = rss_kib(pid).saturating_sub(rss_before) / 1024;
     eprintln!(

@@ -88,6 +88,26 @@ fn count_decision(decision: &Decision) {
     }
 }
 
+/// Says at most every 10 s, gateway-wide, that commands wait for the data budget: a stalled
+/// cluster or a budget too small for the load, which an admin should hear of without a
+/// line per command.
+fn warn_budget_spent(budget: &DataBudget) {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    if last.is_some_and(|at| now.duration_since(at) < Duration::from_secs(10)) {
+        return;
+    }
+    *last = Some(now);
+    let (waiting, _) = budget.held();
+    tracing::warn!(
+        budget_bytes = budget.limit(),
+        in_use_bytes = budget.in_use(),
+        waiting,
+        "NVMe/TCP data budget spent: commands wait for buffers (is the cluster slow? else raise [gateway] tcp_data_budget)"
+    );
+}
+
 /// Transport capabilities reported to controllers created over TCP.
 pub fn tcp_caps() -> TransportCaps {
     TransportCaps {
@@ -782,6 +802,7 @@ impl State {
                 budget_in_use = self.budget.in_use(),
                 "data budget spent: the command waits for buffers to be released"
             );
+            warn_budget_spent(self.budget);
             self.budget.note_held();
             self.held.push_back((cmd, in_capsule));
             return self.resume_held();
