@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::gateway_process::GatewayProcess;
 use common::host::{connect_within, Attach, HostQueues};
-use common::{http_exchange, loopback, metric_value, pattern, poll_until, scratch_dir};
+use common::{pattern, poll_until, rss_kib, scrape, scratch_dir};
 use nvmeof_gateway::host::cmd::{io, Sqe};
 use nvmeof_gateway::host::Xfer;
 
@@ -20,15 +20,6 @@ const MIB: usize = 1 << 20;
 /// iodepth=64, bs=1M (the namespace is 16 MiB, so they overlap 4 times).
 const BURST: u64 = 64;
 const BLOCKS_PER_MIB: u64 = (MIB / 512) as u64;
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in proc status")
-}
 
 /// `BURST` 1 MiB writes at once, then `BURST` 1 MiB reads at once, all checked.
 async fn burst(host: &HostQueues, seed: u8) {
@@ -73,11 +64,7 @@ async fn burst(host: &HostQueues, seed: u8) {
 }
 
 async fn kept_buffer_bytes(metrics_port: u16) -> f64 {
-    let answer = http_exchange(
-        loopback(metrics_port),
-        b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n",
-    );
-    metric_value(&answer, "nvmeof_tcp_kept_buffer_bytes").expect("the gauge in the scrape")
+    scrape(metrics_port, "nvmeof_tcp_kept_buffer_bytes").expect("the gauge in the scrape")
 }
 
 #[tokio::test]

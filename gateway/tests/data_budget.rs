@@ -11,10 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::host::{try_connect, Attach, HostQueues};
 use common::{pattern, poll_until};
-use nvmeof_gateway::core::{
-    DataBudget, HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec, Target,
-    TargetIdentity,
-};
+use nvmeof_gateway::core::DataBudget;
 use nvmeof_gateway::host::cmd::{io, Sqe};
 use nvmeof_gateway::host::{Inflight, Xfer};
 use nvmeof_gateway::tcp::server::TcpServer;
@@ -85,28 +82,7 @@ async fn serve(
     device: Arc<GatedDevice>,
     budget: &'static DataBudget,
 ) -> (std::net::SocketAddr, tokio::sync::watch::Sender<bool>) {
-    let target = Arc::new(Target::new(TargetIdentity::default()));
-    let sub = Arc::new(Subsystem::new(
-        SubsystemKind::Nvm,
-        SubsystemSpec {
-            nqn: SUBNQN.into(),
-            serial: "budget".into(),
-            model: "budget".into(),
-            access: HostAccess::AnyHost,
-            cntlid_min: 1,
-            cntlid_max: 100,
-        },
-    ));
-    sub.add_namespace(Arc::new(Namespace {
-        nsid: 1,
-        device,
-        lba_shift: 9,
-        nguid: [5; 16],
-        uuid: [6; 16],
-        ana_group: 1,
-        read_only: false,
-    }));
-    target.add_subsystem(sub);
+    let target = common::target_with_device(SUBNQN, device);
     let server = TcpServer::bind("127.0.0.1:0".parse().expect("address"), target)
         .await
         .expect("bind")

@@ -23,7 +23,7 @@ use common::ceph::{
 };
 use common::gateway_process::{listener_toml, GatewayProcess};
 use common::host::{connect_within, Attach, HostQueues};
-use common::{free_port, http_exchange, loopback, metric_value, pattern, poll_until, scratch_dir};
+use common::{free_port, pattern, poll_until, rss_kib, scrape, scratch_dir};
 use nvmeof_gateway::host::cmd::{io, Sqe};
 use nvmeof_gateway::host::Xfer;
 
@@ -35,18 +35,8 @@ const HOSTS: usize = 4;
 const WRITES_PER_HOST: usize = 32;
 const BUDGET_MIB: usize = 16;
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in proc status")
-}
-
 fn metric(port: u16, series: &str) -> f64 {
-    let answer = http_exchange(loopback(port), b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n");
-    metric_value(&answer, series).unwrap_or_else(|| panic!("{series} in the scrape"))
+    scrape(port, series).unwrap_or_else(|| panic!("{series} in the scrape"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -232,33 +232,12 @@ impl rbd_backend::BlockDevice for SlowDevice {
 
 #[tokio::test]
 async fn shutdown_lets_commands_at_the_device_finish_first() {
-    use nvmeof_gateway::core::{
-        HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec, Target, TargetIdentity,
-    };
-    let target = Arc::new(Target::new(TargetIdentity::default()));
-    let sub = Arc::new(Subsystem::new(
-        SubsystemKind::Nvm,
-        SubsystemSpec {
-            nqn: SUBNQN.into(),
-            serial: "slow".into(),
-            model: "slow".into(),
-            access: HostAccess::AnyHost,
-            cntlid_min: 1,
-            cntlid_max: 100,
-        },
-    ));
-    sub.add_namespace(Arc::new(Namespace {
-        nsid: 1,
-        device: Arc::new(SlowDevice {
+    let target = common::target_with_device(
+        SUBNQN,
+        Arc::new(SlowDevice {
             inner: rbd_backend::MemoryDevice::new("slow", 1 << 20),
         }),
-        lba_shift: 9,
-        nguid: [3; 16],
-        uuid: [4; 16],
-        ana_group: 1,
-        read_only: false,
-    }));
-    target.add_subsystem(sub);
+    );
     let server =
         nvmeof_gateway::tcp::server::TcpServer::bind("127.0.0.1:0".parse().unwrap(), target)
             .await

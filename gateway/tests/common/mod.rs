@@ -61,6 +61,38 @@ pub async fn start_gateway(subnqn: &str, size: &str) -> TestGateway {
     serve_target(config.build_target().expect("target")).await
 }
 
+/// A target with one subsystem `subnqn`, open to any host, whose namespace 1 (512-byte
+/// blocks) is `device`: for tests that need a device of their own (one that stalls, or
+/// completes late).
+pub fn target_with_device(subnqn: &str, device: Arc<dyn rbd_backend::BlockDevice>) -> Arc<Target> {
+    use nvmeof_gateway::core::{
+        HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec, TargetIdentity,
+    };
+    let target = Arc::new(Target::new(TargetIdentity::default()));
+    let sub = Arc::new(Subsystem::new(
+        SubsystemKind::Nvm,
+        SubsystemSpec {
+            nqn: subnqn.into(),
+            serial: "test".into(),
+            model: "test".into(),
+            access: HostAccess::AnyHost,
+            cntlid_min: 1,
+            cntlid_max: 100,
+        },
+    ));
+    sub.add_namespace(Arc::new(Namespace {
+        nsid: 1,
+        device,
+        lba_shift: 9,
+        nguid: [3; 16],
+        uuid: [4; 16],
+        ana_group: 1,
+        read_only: false,
+    }));
+    target.add_subsystem(sub);
+    target
+}
+
 /// Serves `target` over NVMe/TCP on an ephemeral loopback port (the configured listeners are
 /// not used: tests run concurrently).
 pub async fn serve_target(target: Arc<Target>) -> TestGateway {
@@ -84,6 +116,22 @@ pub async fn serve_target_polling(
         shutdown,
         server,
     }
+}
+
+/// Resident memory of process `pid` in KiB (`VmRSS` in /proc).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in proc status")
+}
+
+/// The value of `series` in a scrape of the metrics endpoint on 127.0.0.1:`port`.
+pub fn scrape(port: u16, series: &str) -> Option<f64> {
+    let answer = http_exchange(loopback(port), b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n");
+    metric_value(&answer, series)
 }
 
 /// Sends `request` as is to an HTTP endpoint (the metrics one) and returns the whole answer
