@@ -124,6 +124,19 @@ async fn settles_at(what: &str, within: Duration, mut value: impl FnMut() -> usi
     .await;
 }
 
+/// Waits until `at_device` ops wait at the device and `waiting` commands for the budget.
+async fn settle(device: &GatedDevice, budget: &DataBudget, at_device: usize, waiting: usize) {
+    let within = Duration::from_secs(5);
+    settles_at("ops at the device", within, || device.waiting(), at_device).await;
+    settles_at(
+        "commands waiting for the budget",
+        within,
+        || budget.held().0 as usize,
+        waiting,
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn commands_beyond_the_budget_wait_without_buffers_and_all_complete() {
     let device = GatedDevice::closed();
@@ -137,20 +150,7 @@ async fn commands_beyond_the_budget_wait_without_buffers_and_all_complete() {
         writes.push(start_write(&h, slot as u32, d).await);
     }
     // Four fit in the budget and reach the device; the other eight wait, holding nothing.
-    settles_at(
-        "ops at the device",
-        Duration::from_secs(5),
-        || device.waiting(),
-        4,
-    )
-    .await;
-    settles_at(
-        "commands waiting",
-        Duration::from_secs(5),
-        || budget.held().0 as usize,
-        8,
-    )
-    .await;
+    settle(&device, budget, 4, 8).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(device.waiting(), 4, "no more reach the device meanwhile");
     let in_use = budget.in_use();
@@ -194,20 +194,7 @@ async fn reads_wait_for_the_budget_too_and_a_queue_holding_nothing_always_gets_o
                 .expect("start a read"),
         );
     }
-    settles_at(
-        "reads at the device",
-        Duration::from_secs(5),
-        || device.waiting(),
-        2,
-    )
-    .await;
-    settles_at(
-        "reads waiting",
-        Duration::from_secs(5),
-        || budget.held().0 as usize,
-        4,
-    )
-    .await;
+    settle(&device, budget, 2, 4).await;
 
     // Host A holds the whole budget, at a device that does not answer. Host B's queue holds
     // nothing, so its write is let through.
