@@ -42,6 +42,23 @@ impl GatedDevice {
         self.parked.lock().unwrap().as_ref().map_or(0, Vec::len)
     }
 
+    /// Completes the flushes that wait (they hold no buffer), keeping the rest waiting.
+    fn complete_flushes(&self) {
+        let flushes = {
+            let mut parked = self.parked.lock().unwrap();
+            let list = parked.as_mut().expect("closed");
+            let (flushes, rest) = std::mem::take(list)
+                .into_iter()
+                .partition(|(_, op, _)| matches!(op, IoOp::Flush));
+            *list = rest;
+            flushes
+        };
+        let flushes: Vec<Parked> = flushes;
+        for (tag, op, completion) in flushes {
+            self.inner.submit(tag, op, &completion);
+        }
+    }
+
     /// Runs what waits and everything after it.
     fn open(&self) {
         let parked = self.parked.lock().unwrap().take().unwrap_or_default();
@@ -229,4 +246,45 @@ async fn reads_wait_for_the_budget_too_and_a_queue_holding_nothing_always_gets_o
         data[..]
     );
     assert_eq!(budget.held().0, 0);
+}
+
+/// A queue whose last op at the device needed no buffer (a flush) becomes one that holds
+/// nothing when it completes, though no buffer was released: its held read must go on then,
+/// not wait for a release somewhere else (with the cluster stalled, none may come).
+#[tokio::test]
+async fn a_held_command_goes_on_when_its_queue_empties_without_a_release() {
+    let device = GatedDevice::closed();
+    let budget = DataBudget::leaked(2 * MIB);
+    let (addr, _shutdown) = serve(device.clone(), budget).await;
+    // Host B holds the whole budget at the device.
+    let b = host(addr, 4).await;
+    let mut b_reads = Vec::new();
+    for slot in 0..2u32 {
+        let sqe = Sqe::rw(
+            io::READ,
+            1,
+            u64::from(slot * BLOCKS_PER_MIB),
+            BLOCKS_PER_MIB,
+        );
+        b_reads.push(b.io.start(sqe, Xfer::Read(MIB as u32)).await.expect("read"));
+    }
+    settle(&device, budget, 2, 0).await;
+    // Host A: a flush at the device, then a read that waits for the budget.
+    let a = host(addr, 5).await;
+    let flush = a.io.start(Sqe::flush(1), Xfer::None).await.expect("flush");
+    settle(&device, budget, 3, 0).await;
+    let sqe = Sqe::rw(io::READ, 1, 0, BLOCKS_PER_MIB);
+    let a_read = a.io.start(sqe, Xfer::Read(MIB as u32)).await.expect("read");
+    settle(&device, budget, 3, 1).await;
+
+    device.complete_flushes();
+    assert!(flush.wait().await.expect("flush").cqe.is_success());
+    // A holds nothing now: its read reaches the device while B still holds the budget.
+    settle(&device, budget, 3, 0).await;
+
+    device.open();
+    assert!(a_read.wait().await.expect("read").cqe.is_success());
+    for r in b_reads {
+        assert!(r.wait().await.expect("read").cqe.is_success());
+    }
 }

@@ -623,7 +623,20 @@ impl State {
         self.queue.complete_io(done, &mut actions);
         let flow = self.run_actions(&mut actions);
         self.actions = actions;
-        flow
+        match flow {
+            Flow::Close => Flow::Close,
+            Flow::Continue => self.resume_held_if_any(),
+        }
+    }
+
+    /// A completion may have left the queue holding nothing without releasing a buffer (a
+    /// flush, a write-zeroes), which lets its first held command go on.
+    fn resume_held_if_any(&mut self) -> Flow {
+        if self.held.is_empty() {
+            Flow::Continue
+        } else {
+            self.resume_held()
+        }
     }
 
     /// Once no command came for a whole [`IDLE_RELEASE_PERIOD`] and nothing is in flight,
@@ -1040,7 +1053,10 @@ impl State {
             }
             self.actions = actions;
         }
-        flow
+        match flow {
+            Flow::Close => Flow::Close,
+            Flow::Continue => self.resume_held_if_any(),
+        }
     }
 
     fn on_signals(&mut self, shared: &Shared) -> Flow {
@@ -1048,11 +1064,7 @@ impl State {
         self.queue.poll_events(&mut actions);
         let mut flow = self.run_actions(&mut actions);
         self.actions = actions;
-        if !self.held.is_empty() {
-            if let Flow::Close = self.resume_held() {
-                flow = Flow::Close;
-            }
-        }
+        // A release woke us, or a notice: drain_completions starts what the budget admits.
         if let Flow::Close = self.drain_completions(shared) {
             flow = Flow::Close;
         }
