@@ -119,6 +119,20 @@ async fn host(addr: std::net::SocketAddr, n: u8) -> HostQueues {
     try_connect(addr, &attach).await.expect("connect")
 }
 
+/// Starts a 1 MiB read of MiB `slot`.
+async fn start_read(host: &HostQueues, slot: u32) -> Inflight {
+    let sqe = Sqe::rw(
+        io::READ,
+        1,
+        u64::from(slot * BLOCKS_PER_MIB),
+        BLOCKS_PER_MIB,
+    );
+    host.io
+        .start(sqe, Xfer::Read(MIB as u32))
+        .await
+        .expect("start a read")
+}
+
 /// Starts a 1 MiB write of `data` at MiB `slot`.
 async fn start_write(host: &HostQueues, slot: u32, data: &Bytes) -> Inflight {
     let sqe = Sqe::rw(
@@ -199,17 +213,7 @@ async fn reads_wait_for_the_budget_too_and_a_queue_holding_nothing_always_gets_o
     let a = host(addr, 2).await;
     let mut reads = Vec::new();
     for slot in 0..6u32 {
-        let sqe = Sqe::rw(
-            io::READ,
-            1,
-            u64::from(slot * BLOCKS_PER_MIB),
-            BLOCKS_PER_MIB,
-        );
-        reads.push(
-            a.io.start(sqe, Xfer::Read(MIB as u32))
-                .await
-                .expect("start a read"),
-        );
+        reads.push(start_read(&a, slot).await);
     }
     settle(&device, budget, 2, 4).await;
 
@@ -260,21 +264,14 @@ async fn a_held_command_goes_on_when_its_queue_empties_without_a_release() {
     let b = host(addr, 4).await;
     let mut b_reads = Vec::new();
     for slot in 0..2u32 {
-        let sqe = Sqe::rw(
-            io::READ,
-            1,
-            u64::from(slot * BLOCKS_PER_MIB),
-            BLOCKS_PER_MIB,
-        );
-        b_reads.push(b.io.start(sqe, Xfer::Read(MIB as u32)).await.expect("read"));
+        b_reads.push(start_read(&b, slot).await);
     }
     settle(&device, budget, 2, 0).await;
     // Host A: a flush at the device, then a read that waits for the budget.
     let a = host(addr, 5).await;
     let flush = a.io.start(Sqe::flush(1), Xfer::None).await.expect("flush");
     settle(&device, budget, 3, 0).await;
-    let sqe = Sqe::rw(io::READ, 1, 0, BLOCKS_PER_MIB);
-    let a_read = a.io.start(sqe, Xfer::Read(MIB as u32)).await.expect("read");
+    let a_read = start_read(&a, 0).await;
     settle(&device, budget, 3, 1).await;
 
     device.complete_flushes();

@@ -32,10 +32,6 @@ impl Charge {
     pub fn new(bytes: usize, budget: &'static dyn ByteBudget) -> Self {
         Self { bytes, budget }
     }
-
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
 }
 
 impl Drop for Charge {
@@ -73,9 +69,9 @@ impl IoBuf {
         self.charge = Some(charge);
     }
 
-    /// Takes the buffer's charge off it (dropping the result releases it).
-    pub fn take_charge(&mut self) -> Option<Charge> {
-        self.charge.take()
+    /// Releases the buffer's charge, if any (it goes back to a free list).
+    pub fn release_charge(&mut self) {
+        self.charge = None;
     }
 
     /// Resizes to `len` bytes, reusing the allocation when it is large enough. New bytes are

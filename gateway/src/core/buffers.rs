@@ -99,7 +99,7 @@ impl BufferSource for RecycledBuffers {
     }
 
     fn give_back(&mut self, mut buf: IoBuf) {
-        drop(buf.take_charge());
+        buf.release_charge();
         let bytes = buf.capacity();
         if self.free.len() < Self::KEEP && self.free_bytes + bytes <= Self::KEEP_BYTES {
             self.free_bytes += bytes;

@@ -21,8 +21,9 @@
 //!
 //! Data buffers count against the gateway-wide data budget ([`crate::core::budget`]). A
 //! command whose buffer the budget does not admit is held in `State::held`, with no
-//! buffer, no R2T and no device op, and the commands after it wait behind it; H2CData for writes already asked for goes on, so their buffers come free. The
-//! next release anywhere wakes the connection through its `Notify`.
+//! buffer, no R2T and no device op, and the commands after it wait behind it; H2CData for
+//! writes already asked for goes on, so their buffers come free. The next release anywhere
+//! wakes the connection through its `Notify`, and every completion of its own checks again.
 //!
 //! Busy polling (`[gateway] tcp_busy_poll_us`, off by default) takes away the other wake-up
 //! on the path: the task's own, when the host's next command arrives. For that long after a
