@@ -37,7 +37,7 @@ use rbd_backend::rbd::{ClusterPool, RbdDevice};
 use rbd_backend::{BlockDevice, DeviceEvent, DeviceEventSink};
 use tonic::transport::{Channel, ClientTlsConfig};
 
-use crate::config::{Config, NamespaceConfig, SubsystemConfig};
+use crate::config::{Config, HostEntry, NamespaceConfig, SubsystemConfig};
 use crate::core::{HostAccess, ListenerInfo, Namespace, Subsystem, Target, TransportType};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
@@ -921,7 +921,7 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
                 serial: (!s.serial.is_empty()).then(|| s.serial.clone()),
                 model: None,
                 allow_any_host: s.allow_any_host,
-                hosts: s.hosts.clone(),
+                hosts: s.hosts.iter().cloned().map(HostEntry::Nqn).collect(),
                 namespaces,
             });
         }

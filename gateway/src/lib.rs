@@ -1,5 +1,7 @@
 //! Ceph RBD to NVMe-oF gateway: the protocol core, its transports and the daemon's pieces.
 
+pub mod auth;
+mod blocking;
 pub mod config;
 pub mod core;
 pub mod events;

@@ -1,18 +1,18 @@
 //! The target built from a [`Config`]: subsystems, namespaces (opening RBD images in
 //! parallel, serving without those that do not open, and retrying them in the background).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use rbd_backend::rbd::{ClusterPool, RbdDevice, RbdError};
 use rbd_backend::{BlockDevice, MemoryDevice};
 
 use super::{
-    invalid, parse_size, rbd_spec, Config, ConfigError, NamespaceConfig, SkippedNamespace,
-    SubsystemConfig,
+    invalid, parse_size, rbd_spec, Config, ConfigError, HostEntry, NamespaceConfig,
+    SkippedNamespace, SubsystemConfig,
 };
 use crate::core::{
-    HostAccess, ListenerInfo, Namespace, Subsystem, SubsystemKind, SubsystemSpec, Target,
+    HostAccess, HostKeys, ListenerInfo, Namespace, Subsystem, SubsystemKind, SubsystemSpec, Target,
     TargetIdentity, TransportType,
 };
 
@@ -289,13 +289,14 @@ impl Config {
         let mut rbd_devices = self.open_rbd_devices();
         let mut skipped = Vec::new();
         let identity = TargetIdentity::default();
-        let target = Arc::new(Target::new(identity.clone()));
+        let target =
+            Arc::new(Target::new(identity.clone()).with_auth_policy(self.gateway.auth_policy()?));
         let (cntlid_min, cntlid_max) = self.cntlid_range();
         for (i, s) in self.subsystems.iter().enumerate() {
             let access = if s.allow_any_host {
                 HostAccess::AnyHost
             } else {
-                HostAccess::Only(s.hosts.iter().cloned().collect())
+                HostAccess::Only(s.hosts.iter().map(|h| h.nqn().to_string()).collect())
             };
             let subsystem = Arc::new(Subsystem::new(
                 SubsystemKind::Nvm,
@@ -308,6 +309,7 @@ impl Config {
                     cntlid_max,
                 },
             ));
+            subsystem.set_host_keys(host_keys(&s.hosts));
             for (j, ns) in s.namespaces.iter().enumerate() {
                 let nfield = format!("subsystem[{i}].namespace[{j}]");
                 let device: Arc<dyn BlockDevice> = match ns.backend.as_str() {
@@ -391,4 +393,15 @@ impl Config {
         }
         Ok((target, skipped))
     }
+}
+
+/// The keys of the hosts that must authenticate, by NQN (entries were validated).
+fn host_keys(hosts: &[HostEntry]) -> BTreeMap<String, Arc<HostKeys>> {
+    hosts
+        .iter()
+        .filter_map(|h| match h.keys() {
+            Ok(Some(keys)) => Some((h.nqn().to_string(), Arc::new(keys))),
+            _ => None,
+        })
+        .collect()
 }

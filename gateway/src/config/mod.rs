@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use rbd_backend::rbd::{CephSettings, ImageSpec};
 use serde::Deserialize;
 
+use crate::auth::{DhGroup, DhchapSecret, HashFunction};
+use crate::core::{AuthPolicy, HostKeys};
 use crate::spec::cntlid;
 use address::{metrics_socket_addr, parse_listen_address, with_port_example};
 
@@ -76,6 +78,61 @@ pub struct GatewaySection {
     /// instead of growing the gateway (see `core::budget`). At least MDTS (1 MiB).
     #[serde(default)]
     pub tcp_data_budget: Option<String>,
+    /// Hashes in-band authentication (DH-HMAC-CHAP) accepts, in order of preference:
+    /// `sha256`, `sha384`, `sha512` (default: all, strongest first).
+    #[serde(default)]
+    pub dhchap_hashes: Option<Vec<String>>,
+    /// DH groups it accepts, in order of preference: `ffdhe2048` ... `ffdhe8192`, `null`
+    /// (none: the host's key alone). Default: every group, cheapest first, `null` last; leave
+    /// `null` out to require a key exchange.
+    #[serde(default)]
+    pub dhchap_dhgroups: Option<Vec<String>>,
+}
+
+impl GatewaySection {
+    /// `dhchap_hashes` and `dhchap_dhgroups` as the core takes them.
+    pub fn auth_policy(&self) -> Result<AuthPolicy, ConfigError> {
+        let mut policy = AuthPolicy::default();
+        if let Some(names) = &self.dhchap_hashes {
+            policy.hashes = parse_preferences(
+                "gateway.dhchap_hashes",
+                names,
+                HashFunction::from_name,
+                "sha256, sha384, sha512",
+            )?;
+        }
+        if let Some(names) = &self.dhchap_dhgroups {
+            policy.dhgroups = parse_preferences(
+                "gateway.dhchap_dhgroups",
+                names,
+                DhGroup::from_name,
+                "ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192, null",
+            )?;
+        }
+        Ok(policy)
+    }
+}
+
+/// A non-empty list of known names without repeats, in order.
+fn parse_preferences<T: PartialEq>(
+    field: &str,
+    names: &[String],
+    parse: impl Fn(&str) -> Option<T>,
+    known: &str,
+) -> Result<Vec<T>, ConfigError> {
+    if names.is_empty() {
+        return Err(invalid(field, format!("must name at least one of {known}")));
+    }
+    let mut out = Vec::new();
+    for name in names {
+        let value =
+            parse(name).ok_or_else(|| invalid(field, format!("{name:?} is not one of {known}")))?;
+        if out.contains(&value) {
+            return Err(invalid(field, format!("{name:?} is listed twice")));
+        }
+        out.push(value);
+    }
+    Ok(out)
 }
 
 /// Upper bound of `[gateway] tcp_busy_poll_us`: longer than any op worth polling for.
@@ -261,6 +318,98 @@ fn default_ana_group() -> u32 {
     1
 }
 
+/// An allowed host: `"nqn..."`, or `{ nqn = "nqn...", dhchap_key = "DHHC-1:..." }` for a
+/// host that must authenticate (in-band, DH-HMAC-CHAP) before anything else.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "toml::Value")]
+pub enum HostEntry {
+    Nqn(String),
+    WithKeys(HostTable),
+}
+
+/// A host entry's table form. `Debug` leaves the keys out.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostTable {
+    pub nqn: String,
+    /// The host's secret (`nvme connect --dhchap-secret`), `DHHC-1:XX:...:` as `nvme
+    /// gen-dhchap-key` prints it.
+    #[serde(default)]
+    pub dhchap_key: Option<String>,
+    /// The gateway's secret, which it proves itself with to a host that asks
+    /// (`nvme connect --dhchap-ctrl-secret`); needs `dhchap_key`.
+    #[serde(default)]
+    pub dhchap_ctrl_key: Option<String>,
+}
+
+impl std::fmt::Debug for HostTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostTable")
+            .field("nqn", &self.nqn)
+            .field("dhchap_key", &self.dhchap_key.as_ref().map(|_| "<set>"))
+            .field(
+                "dhchap_ctrl_key",
+                &self.dhchap_ctrl_key.as_ref().map(|_| "<set>"),
+            )
+            .finish()
+    }
+}
+
+impl TryFrom<toml::Value> for HostEntry {
+    type Error = String;
+
+    fn try_from(value: toml::Value) -> Result<Self, Self::Error> {
+        match value {
+            toml::Value::String(nqn) => Ok(HostEntry::Nqn(nqn)),
+            toml::Value::Table(table) => toml::Value::Table(table)
+                .try_into()
+                .map(HostEntry::WithKeys)
+                .map_err(|e: toml::de::Error| e.message().to_string()),
+            other => Err(format!(
+                "a host is an NQN string or a table {{ nqn = ..., dhchap_key = ... }}, not a {}",
+                other.type_str()
+            )),
+        }
+    }
+}
+
+impl HostEntry {
+    pub fn nqn(&self) -> &str {
+        match self {
+            HostEntry::Nqn(nqn) => nqn,
+            HostEntry::WithKeys(table) => &table.nqn,
+        }
+    }
+
+    /// The host's DH-HMAC-CHAP keys, if it must authenticate; Err names the field at fault
+    /// (`dhchap_key` or `dhchap_ctrl_key`) and why, without the secret.
+    pub fn keys(&self) -> Result<Option<HostKeys>, (&'static str, String)> {
+        let HostEntry::WithKeys(table) = self else {
+            return Ok(None);
+        };
+        let parse = |field: &'static str, text: &str| {
+            DhchapSecret::parse(text).map_err(|e| (field, e.to_string()))
+        };
+        let ctrl = table
+            .dhchap_ctrl_key
+            .as_deref()
+            .map(|k| parse("dhchap_ctrl_key", k))
+            .transpose()?;
+        match table.dhchap_key.as_deref() {
+            Some(key) => Ok(Some(HostKeys {
+                host: parse("dhchap_key", key)?,
+                ctrl,
+            })),
+            None if ctrl.is_some() => Err((
+                "dhchap_ctrl_key",
+                "needs dhchap_key: the gateway proves itself only to a host that authenticates"
+                    .into(),
+            )),
+            None => Ok(None),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubsystemConfig {
@@ -271,8 +420,9 @@ pub struct SubsystemConfig {
     pub model: Option<String>,
     #[serde(default)]
     pub allow_any_host: bool,
+    /// The hosts allowed: NQNs, or tables that also give the host's DH-HMAC-CHAP keys.
     #[serde(default)]
-    pub hosts: Vec<String>,
+    pub hosts: Vec<HostEntry>,
     #[serde(default, rename = "namespace")]
     pub namespaces: Vec<NamespaceConfig>,
 }

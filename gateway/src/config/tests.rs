@@ -462,3 +462,122 @@ fn unknown_keys_are_refused() {
     let err = parse(&GOOD.replace("port = 4420", "port = 4420\nprot = 1")).unwrap_err();
     assert!(err.to_string().contains("prot"), "{err}");
 }
+
+const SPEC_KEY: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+
+fn with_hosts(hosts: &str, gateway: &str) -> String {
+    format!(
+        r#"
+        [gateway]
+        {gateway}
+
+        [[listener]]
+        transport = "tcp"
+        address = "127.0.0.1"
+        port = 4420
+
+        [[subsystem]]
+        nqn = "nqn.2016-06.io.example:demo"
+        hosts = [{hosts}]
+        "#
+    )
+}
+
+#[test]
+fn hosts_may_carry_dhchap_keys_which_the_target_requires() {
+    let text = with_hosts(
+        &format!(
+            r#""nqn.2014-08.org.example:plain",
+               {{ nqn = "nqn.2014-08.org.example:keyed", dhchap_key = "{SPEC_KEY}" }},
+               {{ nqn = "nqn.2014-08.org.example:both", dhchap_key = "{SPEC_KEY}", dhchap_ctrl_key = "{SPEC_KEY}" }}"#
+        ),
+        r#"dhchap_hashes = ["sha256"]
+           dhchap_dhgroups = ["ffdhe3072", "null"]"#,
+    );
+    let c = parse(&text).unwrap();
+    let target = c.build_target().unwrap();
+    assert_eq!(
+        target.auth_policy(),
+        &crate::core::AuthPolicy {
+            hashes: vec![crate::auth::HashFunction::Sha256],
+            dhgroups: vec![crate::auth::DhGroup::Ffdhe3072, crate::auth::DhGroup::Null],
+        }
+    );
+    let sub = target.subsystem("nqn.2016-06.io.example:demo").unwrap();
+    for host in ["plain", "keyed", "both"] {
+        assert!(sub.allows_host(&format!("nqn.2014-08.org.example:{host}")));
+    }
+    assert!(sub.host_keys("nqn.2014-08.org.example:plain").is_none());
+    let keyed = sub.host_keys("nqn.2014-08.org.example:keyed").unwrap();
+    assert!(keyed.ctrl.is_none());
+    assert!(sub
+        .host_keys("nqn.2014-08.org.example:both")
+        .unwrap()
+        .ctrl
+        .is_some());
+    // The keys never show in the configuration's Debug output.
+    assert!(!format!("{c:?}").contains("ia6z"));
+}
+
+#[test]
+fn bad_keys_and_preferences_name_the_field_without_the_secret() {
+    let bad_key = with_hosts(
+        r#"{ nqn = "nqn.2014-08.org.example:h", dhchap_key = "DHHC-1:00:ia7zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:" }"#,
+        "",
+    );
+    let e = parse(&bad_key).unwrap_err().to_string();
+    assert!(e.starts_with("subsystem[0].hosts[0].dhchap_key: "), "{e}");
+    assert!(e.contains("CRC"), "{e}");
+    assert!(
+        !e.contains("ia7z"),
+        "the secret stays out of the message: {e}"
+    );
+
+    let ctrl_only = with_hosts(
+        &format!(r#"{{ nqn = "nqn.2014-08.org.example:h", dhchap_ctrl_key = "{SPEC_KEY}" }}"#),
+        "",
+    );
+    let e = parse(&ctrl_only).unwrap_err().to_string();
+    assert!(
+        e.starts_with("subsystem[0].hosts[0].dhchap_ctrl_key: needs dhchap_key"),
+        "{e}"
+    );
+
+    let typo = with_hosts(
+        r#"{ nqn = "nqn.2014-08.org.example:h", dhchap_secret = "x" }"#,
+        "",
+    );
+    let e = parse(&typo).unwrap_err().to_string();
+    assert!(e.contains("unknown field `dhchap_secret`"), "{e}");
+
+    let twice = with_hosts(
+        r#""nqn.2014-08.org.example:h", { nqn = "nqn.2014-08.org.example:h" }"#,
+        "",
+    );
+    let e = parse(&twice).unwrap_err().to_string();
+    assert!(e.starts_with("subsystem[0].hosts[1]: "), "{e}");
+
+    for (prefs, expect) in [
+        (
+            r#"dhchap_hashes = ["md5"]"#,
+            "gateway.dhchap_hashes: \"md5\" is not one of",
+        ),
+        (
+            r#"dhchap_hashes = []"#,
+            "gateway.dhchap_hashes: must name at least one",
+        ),
+        (
+            r#"dhchap_dhgroups = ["null", "null"]"#,
+            "gateway.dhchap_dhgroups: \"null\" is listed twice",
+        ),
+        (
+            r#"dhchap_dhgroups = ["modp2048"]"#,
+            "gateway.dhchap_dhgroups: \"modp2048\" is not one of",
+        ),
+    ] {
+        let e = parse(&with_hosts(r#""nqn.2014-08.org.example:h""#, prefs))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with(expect), "{prefs}: {e}");
+    }
+}

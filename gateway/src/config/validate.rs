@@ -86,6 +86,7 @@ fn validate_ceph(ceph: &CephSection) -> Result<(), ConfigError> {
 impl Config {
     /// Checks everything that can be checked without opening devices or sockets.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.gateway.auth_policy()?;
         if let Some(g) = &self.group {
             if g.control_plane.is_empty() {
                 return Err(invalid(
@@ -219,8 +220,15 @@ impl Config {
                     "allow_any_host = true and a host list contradict each other",
                 ));
             }
+            let mut seen_hosts = BTreeSet::new();
             for (h, host) in s.hosts.iter().enumerate() {
-                check_nqn(&format!("{field}.hosts[{h}]"), host)?;
+                let hfield = format!("{field}.hosts[{h}]");
+                check_nqn(&hfield, host.nqn())?;
+                if !seen_hosts.insert(host.nqn()) {
+                    return Err(invalid(hfield, format!("{:?} is listed twice", host.nqn())));
+                }
+                host.keys()
+                    .map_err(|(key, problem)| invalid(format!("{hfield}.{key}"), problem))?;
             }
             if let Some(serial) = &s.serial {
                 if serial.is_empty() || serial.len() > 20 || !serial.is_ascii() {

@@ -90,6 +90,11 @@ impl Command {
         self.opcode() == fabrics::OPCODE
     }
 
+    /// Authentication Send or Receive, whose key exchange may take milliseconds of CPU.
+    pub fn is_authentication(&self) -> bool {
+        self.is_fabrics() && matches!(self.fctype(), fabrics::AUTH_SEND | fabrics::AUTH_RECEIVE)
+    }
+
     /// Command dword `n` (0..=15).
     pub fn cdw(&self, n: usize) -> u32 {
         self.u32_at(n * 4)

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use super::auth::HostKeys;
 use super::command::{Completion, Status};
 use super::subsystem::Subsystem;
 use super::target::{Target, TransportCaps, TransportType};
@@ -65,6 +66,8 @@ pub enum TeardownReason {
     HostRemoved,
     /// The subsystem was removed from this gateway.
     SubsystemRemoved,
+    /// A queue failed in-band authentication (or re-authentication).
+    AuthenticationFailed,
 }
 
 pub struct Controller {
@@ -81,6 +84,9 @@ pub struct Controller {
     notifiers: Mutex<Vec<Weak<dyn QueueNotifier>>>,
     /// The gateway address the host dialled for the admin queue, if the transport said.
     pub local_address: Option<(TransportType, IpAddr)>,
+    /// The host's DH-HMAC-CHAP keys when it must authenticate: taken at the admin queue's
+    /// Connect and at each admin queue Negotiate, used by every queue of the controller.
+    auth_keys: Mutex<Option<Arc<HostKeys>>>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -121,7 +127,20 @@ impl Controller {
             state: Mutex::new(state),
             notifiers: Mutex::new(Vec::new()),
             local_address: None,
+            auth_keys: Mutex::new(None),
         }
+    }
+
+    /// The keys the host authenticates its queues with (`None`: it need not).
+    pub fn auth_keys(&self) -> Option<Arc<HostKeys>> {
+        self.auth_keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_auth_keys(&self, keys: Option<Arc<HostKeys>>) {
+        *self.auth_keys.lock().unwrap_or_else(|e| e.into_inner()) = keys;
     }
 
     /// Records the address the host reached the admin queue at (see

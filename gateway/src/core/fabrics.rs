@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use rbd_backend::IoBuf;
 
+use super::auth::QueueAuth;
 use super::command::{Command, Status};
 use super::controller::{Controller, MAX_IO_QUEUES};
 use super::queue::{Action, Binding, Queue, Response, MAX_QUEUE_ENTRIES};
@@ -127,9 +128,14 @@ impl Queue {
             }
             match result {
                 Ok(cntlid) => {
+                    let authreq = if self.auth.is_some() {
+                        fabrics::CONNECT_AUTHREQ_ATR
+                    } else {
+                        0
+                    };
                     let mut completion = self
                         .completion(cmd.cid(), Status::SUCCESS)
-                        .with_result(u64::from(cntlid));
+                        .with_result(u64::from(u32::from(cntlid) | authreq));
                     if self.sq_flow_control_disabled {
                         // FFFFh in this one SQHD tells the host its request was accepted.
                         completion.sq_head = fabrics::SQHD_FLOW_CONTROL_DISABLED;
@@ -148,13 +154,20 @@ impl Queue {
             }
             return;
         }
-        if let Some(buf) = data {
-            self.recycle(buf);
-        }
         let Some(binding) = self.binding.clone() else {
+            if let Some(buf) = data {
+                self.recycle(buf);
+            }
             self.respond(out, cmd.cid(), Status::error(sc::CMD_SEQ_ERROR));
             return;
         };
+        if matches!(fctype, fabrics::AUTH_SEND | fabrics::AUTH_RECEIVE) {
+            self.execute_auth(&binding, cmd, data, out);
+            return;
+        }
+        if let Some(buf) = data {
+            self.recycle(buf);
+        }
         match (fctype, binding.qid) {
             (fabrics::PROPERTY_GET, 0) => match property_get(&binding.controller, &cmd) {
                 Ok(value) => {
@@ -199,6 +212,10 @@ impl Queue {
             self.connect_io(&subsystem, &req)?
         };
         let cntlid = controller.cntlid;
+        if req.qid == 0 {
+            controller.set_auth_keys(controller.subsystem.host_keys(&req.hostnqn));
+        }
+        self.auth = controller.auth_keys().map(QueueAuth::new);
         controller.register_notifier(self.notifier.clone());
         self.sq_entries = u32::from(req.sqsize) + 1;
         self.sq_flow_control_disabled = req.disable_sq_flow_control;

@@ -2,6 +2,7 @@
 //! I/O and no clock. Transports (NVMe/TCP, NVMe/RDMA) drive it through [`queue::Queue`].
 
 pub mod admin;
+pub mod auth;
 pub mod budget;
 pub mod buffers;
 pub mod command;
@@ -15,6 +16,7 @@ pub mod subsystem;
 pub mod target;
 mod wire;
 
+pub use auth::{AuthCounters, AuthPolicy, HostKeys};
 pub use budget::DataBudget;
 pub use buffers::{BufferSource, RecycledBuffers};
 pub use command::{Command, Completion, Status};
@@ -25,5 +27,7 @@ pub use target::{
     ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType, UnavailableNamespace,
 };
 
+#[cfg(test)]
+mod auth_tests;
 #[cfg(test)]
 pub(crate) mod tests;

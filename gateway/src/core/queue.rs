@@ -12,6 +12,7 @@ use std::sync::{Arc, Weak};
 
 use rbd_backend::{BlockDevice, IoBuf, IoOp};
 
+use super::auth::{allowed_before_authentication, QueueAuth};
 use super::buffers::{BufferSource, RecycledBuffers};
 use super::command::{Command, Completion, Status};
 use super::controller::{Controller, QueueNotifier, TeardownReason};
@@ -106,6 +107,8 @@ pub struct Queue {
     pub(crate) notifier: Weak<dyn QueueNotifier>,
     /// The local address the host reached this queue at (see [`Queue::set_local_address`]).
     pub(crate) local_address: Option<(TransportType, IpAddr)>,
+    /// In-band authentication, when the host must authenticate this queue.
+    pub(crate) auth: Option<QueueAuth>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -138,6 +141,7 @@ impl Queue {
             buffers: Box::new(RecycledBuffers::default()),
             notifier,
             local_address: None,
+            auth: None,
         }
     }
 
@@ -174,6 +178,11 @@ impl Queue {
         } else {
             self.sq_head
         }
+    }
+
+    /// Whether the host must still authenticate this queue before other commands.
+    pub fn awaits_authentication(&self) -> bool {
+        self.auth.as_ref().is_some_and(|a| !a.is_authenticated())
     }
 
     /// Commands waiting for a device.
@@ -274,6 +283,16 @@ impl Queue {
     pub fn execute(&mut self, cmd: Command, data: Option<IoBuf>, out: &mut Vec<Action>) {
         if self.sq_entries > 0 {
             self.sq_head = ((u32::from(self.sq_head) + 1) % self.sq_entries) as u16;
+        }
+        if self.auth.as_ref().is_some_and(|a| !a.is_authenticated())
+            && !allowed_before_authentication(&cmd)
+        {
+            // Not even a Keep Alive counts before the host has proven who it is.
+            if let Some(buf) = data {
+                self.recycle(buf);
+            }
+            self.respond(out, cmd.cid(), Status::error(sc::AUTH_REQUIRED));
+            return;
         }
         if let Some(ctrl) = self.controller() {
             ctrl.keep_alive();

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use rbd_backend::BlockDevice;
 
+use super::auth::HostKeys;
 use super::controller::{Controller, TeardownReason};
 use crate::spec::{ana, cntlid};
 
@@ -94,6 +95,8 @@ pub struct Subsystem {
     /// The hosts allowed now: `spec.access` at start, replaced by [`Self::set_access`]
     /// (`nvmeofctl host add/del` on a running gateway).
     access: RwLock<HostAccess>,
+    /// DH-HMAC-CHAP keys of the allowed hosts that must authenticate, by host NQN.
+    host_keys: RwLock<BTreeMap<String, Arc<HostKeys>>>,
 }
 
 impl std::fmt::Debug for Subsystem {
@@ -121,7 +124,27 @@ impl Subsystem {
             next_cntlid: Mutex::new(first),
             ana_groups: RwLock::new(BTreeMap::new()),
             ana_change_count: AtomicU64::new(1),
+            host_keys: RwLock::new(BTreeMap::new()),
         }
+    }
+
+    /// Replaces the hosts' DH-HMAC-CHAP keys. Connected hosts keep their controllers; their
+    /// next (re-)authentication uses the new keys.
+    pub fn set_host_keys(&self, keys: BTreeMap<String, Arc<HostKeys>>) {
+        *self.host_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
+    }
+
+    /// The keys `hostnqn` must authenticate with here, if any. The discovery subsystem asks
+    /// no host to authenticate.
+    pub fn host_keys(&self, hostnqn: &str) -> Option<Arc<HostKeys>> {
+        if self.is_discovery() {
+            return None;
+        }
+        self.host_keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(hostnqn)
+            .cloned()
     }
 
     pub fn nqn(&self) -> &str {

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use super::auth::{AuthCounters, AuthPolicy};
 use super::controller::TeardownReason;
 use super::subsystem::{HostAccess, Subsystem, SubsystemKind, SubsystemSpec};
 use crate::spec::{cntlid, DISCOVERY_NQN};
@@ -70,6 +71,8 @@ pub struct Target {
     discovery_generation: AtomicU64,
     /// (NQN, NSID) -> device of the namespaces waiting for their device.
     unavailable: RwLock<BTreeMap<(String, u32), String>>,
+    auth_policy: AuthPolicy,
+    auth_counters: AuthCounters,
 }
 
 impl std::fmt::Debug for Target {
@@ -98,7 +101,23 @@ impl Target {
             listeners: RwLock::new(Vec::new()),
             discovery_generation: AtomicU64::new(1),
             unavailable: RwLock::new(BTreeMap::new()),
+            auth_policy: AuthPolicy::default(),
+            auth_counters: AuthCounters::default(),
         }
+    }
+
+    /// Sets the hashes and DH groups in-band authentication accepts, in order of preference.
+    pub fn with_auth_policy(mut self, policy: AuthPolicy) -> Self {
+        self.auth_policy = policy;
+        self
+    }
+
+    pub fn auth_policy(&self) -> &AuthPolicy {
+        &self.auth_policy
+    }
+
+    pub fn auth_counters(&self) -> &AuthCounters {
+        &self.auth_counters
     }
 
     /// Records that namespace `nsid` of `nqn` is configured but its device (`device`) could

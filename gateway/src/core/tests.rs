@@ -10,11 +10,11 @@ use crate::spec::{self, admin_opcode, fabrics, io_opcode, sc};
 
 pub(crate) const SUBNQN: &str = "nqn.2016-06.io.test:sub";
 pub(crate) const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:host-a";
-const OTHER_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:host-b";
+pub(crate) const OTHER_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:host-b";
 const NS_BYTES: u64 = 8 << 20;
 /// CC as the Linux host writes it to enable a controller: EN with the NVM command set's
 /// entry sizes.
-const CC_ENABLED: u32 = spec::cc::ENABLE
+pub(crate) const CC_ENABLED: u32 = spec::cc::ENABLE
     | (spec::cc::NVM_IOSQES << spec::cc::IOSQES_SHIFT)
     | (spec::cc::NVM_IOCQES << spec::cc::IOCQES_SHIFT);
 /// CC.SHN: normal shutdown.
@@ -96,7 +96,7 @@ impl Fixture {
     }
 }
 
-fn sqe(opcode: u8, cid: u16, nsid: u32) -> [u8; 64] {
+pub(crate) fn sqe(opcode: u8, cid: u16, nsid: u32) -> [u8; 64] {
     let mut raw = [0u8; 64];
     raw[0] = opcode;
     raw[2..4].copy_from_slice(&cid.to_le_bytes());
@@ -104,16 +104,16 @@ fn sqe(opcode: u8, cid: u16, nsid: u32) -> [u8; 64] {
     raw
 }
 
-fn set_cdw(raw: &mut [u8; 64], n: usize, v: u32) {
+pub(crate) fn set_cdw(raw: &mut [u8; 64], n: usize, v: u32) {
     raw[n * 4..n * 4 + 4].copy_from_slice(&v.to_le_bytes());
 }
 
-fn set_data_len(raw: &mut [u8; 64], len: u32) {
+pub(crate) fn set_data_len(raw: &mut [u8; 64], len: u32) {
     raw[32..36].copy_from_slice(&len.to_le_bytes());
     raw[39] = 0x5a; // transport SGL data block
 }
 
-fn connect(qid: u16, sqsize: u16, kato: u32) -> Command {
+pub(crate) fn connect(qid: u16, sqsize: u16, kato: u32) -> Command {
     let mut raw = sqe(fabrics::OPCODE, 100 + qid, 0);
     raw[4] = fabrics::CONNECT;
     set_data_len(&mut raw, 1024);
@@ -123,7 +123,7 @@ fn connect(qid: u16, sqsize: u16, kato: u32) -> Command {
     Command::from_bytes(&raw)
 }
 
-fn connect_data(subnqn: &str, hostnqn: &str, cntlid: u16) -> IoBuf {
+pub(crate) fn connect_data(subnqn: &str, hostnqn: &str, cntlid: u16) -> IoBuf {
     let mut d = vec![0u8; 1024];
     d[0..16].copy_from_slice(&[7; 16]);
     d[16..18].copy_from_slice(&cntlid.to_le_bytes());
@@ -170,7 +170,7 @@ pub(crate) fn one(mut responses: Vec<Response>) -> Response {
     responses.remove(0)
 }
 
-fn property_set_cc(q: &mut Queue, value: u32) -> Status {
+pub(crate) fn property_set_cc(q: &mut Queue, value: u32) -> Status {
     let mut raw = sqe(fabrics::OPCODE, 1, 0);
     raw[4] = fabrics::PROPERTY_SET;
     set_cdw(&mut raw, 11, spec::reg::CC);
@@ -236,7 +236,7 @@ fn discovery_log(q: &mut Queue, len: u32) -> Vec<u8> {
         .into_vec()
 }
 
-fn io_ready(f: &Fixture, cntlid: u16, qid: u16) -> Queue {
+pub(crate) fn io_ready(f: &Fixture, cntlid: u16, qid: u16) -> Queue {
     let mut q = f.queue();
     let r = one(run(
         &mut q,
@@ -251,7 +251,7 @@ fn io_ready(f: &Fixture, cntlid: u16, qid: u16) -> Queue {
     q
 }
 
-fn identify(q: &mut Queue, cns: u8, nsid: u32) -> Response {
+pub(crate) fn identify(q: &mut Queue, cns: u8, nsid: u32) -> Response {
     let mut raw = sqe(admin_opcode::IDENTIFY, 5, nsid);
     set_cdw(&mut raw, 10, u32::from(cns));
     set_data_len(&mut raw, 4096);

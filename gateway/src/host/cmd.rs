@@ -64,8 +64,17 @@ pub mod fabrics {
     pub const CONNECT: u8 = 0x01;
     /// Property Get.
     pub const PROPERTY_GET: u8 = 0x04;
+    /// Authentication Send.
+    pub const AUTH_SEND: u8 = 0x05;
+    /// Authentication Receive.
+    pub const AUTH_RECEIVE: u8 = 0x06;
     /// Connect CATTR bit 2, disable SQ flow control (`NVME_CONNECT_DISABLE_SQFLOW`).
     pub const CONNECT_DISABLE_SQFLOW: u8 = 1 << 2;
+    /// Connect response dword 0 bit 17: authenticate this queue (`NVME_CONNECT_AUTHREQ_ATR`).
+    pub const CONNECT_AUTHREQ_ATR: u32 = 1 << 17;
+    /// SECP of DH-HMAC-CHAP Authentication Send/Receive, and its SPSP0/SPSP1.
+    pub const AUTH_SECP_DHCHAP: u8 = 0xe9;
+    pub const AUTH_SPSP: u8 = 0x01;
 }
 
 /// SQHD of a Connect response granting that SQ flow control be disabled.
@@ -266,6 +275,25 @@ impl Sqe {
     pub fn disable_sq_flow_control(mut self) -> Self {
         self.0[46] |= fabrics::CONNECT_DISABLE_SQFLOW;
         self
+    }
+
+    /// Authentication Send (DH-HMAC-CHAP) of a `len`-byte message.
+    pub fn auth_send(len: u32) -> Self {
+        Self::auth(fabrics::AUTH_SEND, len)
+    }
+
+    /// Authentication Receive (DH-HMAC-CHAP) into a `len`-byte buffer.
+    pub fn auth_receive(len: u32) -> Self {
+        Self::auth(fabrics::AUTH_RECEIVE, len)
+    }
+
+    fn auth(fctype: u8, len: u32) -> Self {
+        let mut s = Self::fabrics(fctype);
+        s.0[41] = fabrics::AUTH_SPSP; // SPSP0
+        s.0[42] = fabrics::AUTH_SPSP; // SPSP1
+        s.0[43] = fabrics::AUTH_SECP_DHCHAP;
+        s.0[44..48].copy_from_slice(&len.to_le_bytes()); // TL / AL
+        s
     }
 
     /// Property Get of a 4 or 8 byte property.

@@ -46,6 +46,9 @@ impl HostConnection {
         }
         // sqsize is 0's based: allow sqsize outstanding (one slot exists already).
         self.add_queue_slots(sqsize as usize - 1);
+        if r.cqe.dw0() & cmd::fabrics::CONNECT_AUTHREQ_ATR != 0 {
+            self.authenticate(subnqn).await?;
+        }
         Ok(r.cqe)
     }
 

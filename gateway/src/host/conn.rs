@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::cmd::{self, Completion, Sqe};
+use crate::auth::{DhGroup, DhchapSecret, HashFunction};
 use crate::tcp::digest;
 use crate::tcp::pdu::{
     self, encode_h2c_term_req, encode_icreq, DecoderConfig, IcReq, IcResp, Pdu, PduDecoder,
@@ -47,6 +48,15 @@ pub struct HostOptions {
     pub timeout: Duration,
     /// Ask at Connect to disable SQ flow control (`nvme connect --disable-sqflow`).
     pub disable_sq_flow_control: bool,
+    /// The host's DH-HMAC-CHAP secret (`nvme connect --dhchap-secret`): used when a Connect
+    /// response asks the queue to authenticate.
+    pub dhchap_secret: Option<DhchapSecret>,
+    /// The controller's secret (`--dhchap-ctrl-secret`): the host then makes the
+    /// controller prove itself too.
+    pub dhchap_ctrl_secret: Option<DhchapSecret>,
+    /// Hashes and DH groups offered in AUTH_Negotiate (default: all, as Linux offers).
+    pub dhchap_hashes: Vec<HashFunction>,
+    pub dhchap_dhgroups: Vec<DhGroup>,
 }
 
 impl HostOptions {
@@ -72,6 +82,14 @@ impl HostOptions {
             in_capsule_data_max: cmd::TCP_ADMIN_CCSZ - cmd::SQE_LEN,
             timeout: Duration::from_secs(30),
             disable_sq_flow_control: false,
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
+            dhchap_hashes: vec![
+                HashFunction::Sha256,
+                HashFunction::Sha384,
+                HashFunction::Sha512,
+            ],
+            dhchap_dhgroups: DhGroup::ALL.to_vec(),
         }
     }
 }
@@ -108,6 +126,10 @@ pub enum HostError {
     /// No completion within the timeout.
     #[error("command timed out")]
     Timeout,
+    /// In-band authentication did not succeed (the controller refused, or failed to prove
+    /// itself, or the host has no secret).
+    #[error("authentication failed: {0}")]
+    Authentication(String),
     /// Bad argument to a helper.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

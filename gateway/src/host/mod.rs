@@ -26,11 +26,13 @@
 //! For benchmarks, [`pipelined::LeanQueue`] drives one I/O queue from a blocking socket
 //! with no allocation per command.
 
+mod auth;
 pub mod cmd;
 mod commands;
 mod conn;
 pub mod pipelined;
 
+pub use auth::{AuthOutcome, HostTransaction, Refused};
 pub use cmd::{
     Completion, DiscoveryEntry, DiscoveryLog, IdentifyController, IdentifyNamespace, Sqe,
 };

@@ -56,7 +56,29 @@ pub fn render(target: &Target, gateway: &str) -> String {
     render_namespaces(&mut out, target);
     render_unavailable(&mut out, target);
     render_transports(&mut out);
+    render_authentication(&mut out, target);
     out
+}
+
+/// In-band authentication (DH-HMAC-CHAP) outcomes, per queue transaction.
+fn render_authentication(out: &mut String, target: &Target) {
+    let counters = target.auth_counters();
+    Family::new(
+        out,
+        "nvmeof_auth_successes_total",
+        "counter",
+        "Queues that authenticated (DH-HMAC-CHAP), re-authentications included.",
+    )
+    .sample(&[], counters.successes());
+    let mut failures = Family::new(
+        out,
+        "nvmeof_auth_failures_total",
+        "counter",
+        "Failed authentications, by reason (each ended its controller).",
+    );
+    for (reason, count) in counters.failures() {
+        failures.sample(&[("reason", reason)], count);
+    }
 }
 
 /// Process-wide transport counters: connections, and what went wrong on them.

@@ -557,7 +557,11 @@ impl RdmaConnection {
 
     fn execute(&mut self, cmd: Command, data: Option<IoBuf>) -> Flow {
         let mut actions = std::mem::take(&mut self.actions);
-        self.queue.execute(cmd, data, &mut actions);
+        if cmd.is_authentication() {
+            crate::blocking::cpu_heavy(|| self.queue.execute(cmd, data, &mut actions));
+        } else {
+            self.queue.execute(cmd, data, &mut actions);
+        }
         let flow = self.run_actions(&mut actions);
         self.actions = actions;
         if self.keep_alive.is_none() {

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use nvmeof_gateway::auth::DhchapSecret;
 use nvmeof_gateway::host::cmd::DiscoveryEntry;
 use nvmeof_gateway::host::{HostConnection, HostError, HostOptions};
 use nvmeof_gateway::spec::{log, DISCOVERY_NQN};
@@ -22,6 +23,10 @@ pub struct Attach {
     pub keep_alive_ms: u32,
     /// SQSIZE of the I/O queue (0's based).
     pub io_sqsize: u16,
+    /// The host's DH-HMAC-CHAP secret, and the controller's when the host asks the
+    /// gateway to prove itself (`nvme connect --dhchap-secret`, `--dhchap-ctrl-secret`).
+    pub dhchap_secret: Option<DhchapSecret>,
+    pub dhchap_ctrl_secret: Option<DhchapSecret>,
 }
 
 impl Attach {
@@ -33,12 +38,16 @@ impl Attach {
             command_timeout: Duration::from_secs(60),
             keep_alive_ms: 120_000,
             io_sqsize: 31,
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
         }
     }
 
-    fn options(&self) -> HostOptions {
+    pub fn options(&self) -> HostOptions {
         let mut o = HostOptions::new(self.host_nqn.as_str());
         o.timeout = self.command_timeout;
+        o.dhchap_secret = self.dhchap_secret.clone();
+        o.dhchap_ctrl_secret = self.dhchap_ctrl_secret.clone();
         o
     }
 }
