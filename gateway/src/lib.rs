@@ -1,6 +1,7 @@
 //! Ceph RBD to NVMe-oF gateway: the protocol core, its transports and the daemon's pieces.
 
-pub mod auth;
+/// DH-HMAC-CHAP's primitives (crate `nvme-auth`), shared with the control plane.
+pub use nvme_auth as auth;
 mod blocking;
 pub mod config;
 pub mod core;

@@ -4,7 +4,7 @@
 use ring::{digest, hmac};
 use zeroize::Zeroizing;
 
-use crate::spec::auth as ids;
+use crate::ids;
 
 /// A hash function of the DH-HMAC-CHAP protocol. The negotiated one keys every response;
 /// a secret's `DHHC-1:XX:` names the one that transforms it (see [`super::secret`]).

@@ -14,7 +14,7 @@ use crypto_bigint::{BoxedUint, Odd};
 use ring::rand::{SecureRandom, SystemRandom};
 use zeroize::Zeroizing;
 
-use crate::spec::auth as ids;
+use crate::ids;
 
 /// A Diffie-Hellman group a transaction may use; `Null` runs DH-HMAC-CHAP without one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -370,7 +370,7 @@ const FFDHE8192_P: &str = concat!(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::HashFunction;
+    use crate::HashFunction;
 
     fn unhex(hex: &str) -> Vec<u8> {
         let hex = if hex.len() % 2 == 1 {

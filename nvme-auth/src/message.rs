@@ -2,7 +2,7 @@
 //! `struct nvmf_auth_dhchap_*_data` in Linux's `include/linux/nvme.h` (all fields
 //! little-endian).
 
-use crate::spec::auth as ids;
+use crate::ids;
 
 use super::{DhGroup, HashFunction};
 

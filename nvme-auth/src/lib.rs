@@ -1,8 +1,9 @@
 //! NVMe in-band authentication with DH-HMAC-CHAP (NVMe Base 2.0 section 8.13, as Linux
 //! implements it in `drivers/nvme/common/auth.c`, `drivers/nvme/host/auth.c` and
 //! `drivers/nvme/target/fabrics-cmd-auth.c`): the secrets, hash functions, FFDHE groups,
-//! messages and response computations that the controller side (`core::auth`) and
-//! the host library share.
+//! messages and response computations that the gateway's controller side (`core::auth`),
+//! its host library and the control plane (which checks the secrets an admin gives it)
+//! share. No I/O: messages in and out, bytes in and out.
 //!
 //! One transaction: the host offers hashes and DH groups (AUTH_Negotiate); the controller
 //! picks one of each and sends a random challenge C1 with its sequence number S1 and, with a
@@ -14,6 +15,7 @@
 
 pub mod dh;
 pub mod hash;
+pub mod ids;
 pub mod message;
 pub mod secret;
 
