@@ -318,22 +318,23 @@ impl Queue {
         self.respond(out, cmd.cid(), Status::SUCCESS);
     }
 
-    /// AUTH_Negotiate: picks the hash and DH group. On the admin queue it first takes the
-    /// host's current keys (the host may be re-authenticating after a key change).
+    /// AUTH_Negotiate: picks the hash and DH group. It first takes the host's current keys
+    /// (the host may be re-authenticating after a key change): the admin queue from the
+    /// subsystem, for the controller; an I/O queue the controller's, as the host
+    /// re-authenticates its admin queue first.
     fn negotiate(&self, binding: &Binding, auth: &mut QueueAuth, negotiate: &Negotiate) -> Step {
         let t_id = negotiate.t_id;
-        if binding.qid == 0 {
-            let current = binding
-                .controller
-                .subsystem
-                .host_keys(&binding.controller.hostnqn);
-            match current {
-                Some(keys) => {
-                    binding.controller.set_auth_keys(Some(keys.clone()));
-                    auth.keys = keys;
-                }
-                None => return failure(t_id, ids::FAILURE_FAILED),
-            }
+        let ctrl = &binding.controller;
+        let current = if binding.qid == 0 {
+            let keys = ctrl.subsystem.host_keys(&ctrl.hostnqn);
+            ctrl.set_auth_keys(keys.clone());
+            keys
+        } else {
+            ctrl.auth_keys()
+        };
+        match current {
+            Some(keys) => auth.keys = keys,
+            None => return failure(t_id, ids::FAILURE_FAILED),
         }
         if negotiate.sc_c != 0 {
             return failure(t_id, ids::FAILURE_CONCAT_MISMATCH);

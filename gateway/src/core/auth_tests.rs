@@ -392,9 +392,16 @@ fn malformed_commands_get_an_nvme_status_and_leave_the_transaction_alone() {
 fn re_authentication_keeps_commands_flowing_and_takes_the_new_key() {
     let f = auth_fixture(keys(1, None), None);
     let mut admin = f.queue();
-    connect_admin(&mut admin);
+    let (_, dw0) = connect_admin(&mut admin);
     authenticate(&mut admin, &host_options(1, None)).expect("first");
     assert!(property_set_cc(&mut admin, CC_ENABLED).is_success());
+    let mut io = f.queue();
+    one(run(
+        &mut io,
+        connect(1, 127, 0),
+        Some(connect_data(SUBNQN, HOSTNQN, dw0 as u16)),
+    ));
+    authenticate(&mut io, &host_options(1, None)).expect("io queue, first");
 
     // The key changes in the configuration; the host re-authenticates with the new one.
     subsystem(&f).set_host_keys(BTreeMap::from([(
@@ -414,7 +421,10 @@ fn re_authentication_keeps_commands_flowing_and_takes_the_new_key() {
     auth_send(&mut admin, &reply);
     host.finish(auth_receive(&mut admin).0)
         .expect("new key accepted");
-    assert_eq!(f.target.auth_counters().successes(), 2);
+    // Then its I/O queues, with the key the admin queue just took.
+    authenticate(&mut io, &host_options(5, None)).expect("io queue, new key");
+    assert!(read_status(&mut io).is_success());
+    assert_eq!(f.target.auth_counters().successes(), 4);
 
     // The old key no longer does: the controller ends.
     let refused = authenticate(&mut admin, &host_options(1, None)).expect_err("old key");
