@@ -17,6 +17,15 @@
 #             when missing), the RbdDevice tests and the gateway's RBD end-to-end tests against it
 #   e2e-vm    tests/vm/run-in-vm.sh -t 900 -w target/vm-logs tests/vm/e2e-tcp.sh target/release/nvmeof-gateway
 #             (the real Linux NVMe/TCP initiator in a QEMU/TCG guest against our gateway)
+#   e2e-auth  tests/vm/get-bpo-kernel.sh (Debian's bookworm-backports kernel, 6.12, which has NVMe
+#             in-band authentication; bookworm's 6.1 has none: fetched once with apt into
+#             ~/.cache/run-in-vm/bpo-kernel, unpacked, not installed), then with that kernel
+#             tests/vm/run-in-vm.sh -t $E2E_AUTH_TIMEOUT -w target/vm-logs tests/vm/e2e-auth.sh
+#             target/release/nvmeof-gateway: DH-HMAC-CHAP with the real Linux host (nvme-cli):
+#             unidirectional and bidirectional with fio verify, wrong host key / no secret / wrong
+#             controller key refused (the gateway stays up), keys of each transform (--hmac=0..3),
+#             every hash and DH group negotiated ([gateway] dhchap_hashes / dhchap_dhgroups),
+#             re-authentication of a live controller, a host allowed without a key, digests
 #   e2e-rdma  tests/vm/e2e-rdma.sh in the VM: Soft-RoCE (rdma_rxe), the gateway inside the guest,
 #             the Linux nvme-rdma initiator (fio verify, ext4, bad connect requests, counters)
 #   e2e-rbd   tests/vm/e2e-rbd.sh target/release/nvmeof-gateway: a micro Ceph and the gateway on
@@ -40,6 +49,8 @@
 # Final line: "N passed, N failed" over the stages. Exit 0 only if none failed.
 #
 # Env: FUZZ_SECONDS (default 30 per target), E2E_TIMEOUT (default 900 s, the VM run),
+#      E2E_AUTH_TIMEOUT (default 600 s, e2e-auth's VM run), E2E_AUTH_KERNEL_TARGET=1 (e2e-auth
+#      against the kernel's nvmet instead of our gateway: proves the harness, host and script),
 #      STAGE_TIMEOUT (default 1800 s per cargo stage), CARGO_TARGET_DIR, FUZZ_DIR (default gateway),
 #      VM_* (see tests/vm/run-in-vm.sh).
 set -uo pipefail
@@ -63,6 +74,7 @@ done
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 FUZZ_DIR=${FUZZ_DIR:-gateway}  # the crate whose fuzz/ dir holds the cargo-fuzz targets
 E2E_TIMEOUT=${E2E_TIMEOUT:-900}
+E2E_AUTH_TIMEOUT=${E2E_AUTH_TIMEOUT:-600}
 STAGE_TIMEOUT=${STAGE_TIMEOUT:-1800}  # per cargo stage
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 case $TARGET_DIR in /*) ;; *) TARGET_DIR=$ROOT/$TARGET_DIR ;; esac
@@ -81,7 +93,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy doc test build ceph e2e-vm e2e-rbd e2e-group e2e-demo e2e-rdma fuzz)
+ALL_STAGES=(deps fmt clippy doc test build ceph e2e-vm e2e-auth e2e-rbd e2e-group e2e-demo e2e-rdma fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -148,6 +160,25 @@ e2e_vm() {
   # A gateway on this machine reached over the guest's IPv6 user network (fec0::2).
   echo "+ tests/vm/e2e-tcp-ipv6-slirp.sh $GATEWAY_BIN"
   E2E_LOG_DIR=$TARGET_DIR/vm-logs tests/vm/e2e-tcp-ipv6-slirp.sh "$GATEWAY_BIN" || rc=1
+  return $rc
+}
+
+# DH-HMAC-CHAP needs the bookworm-backports kernel in the guest (only for this stage: the
+# other VM stages keep bookworm's 6.1).
+e2e_auth() {
+  local target=("$GATEWAY_BIN") env
+  if [ "${E2E_AUTH_KERNEL_TARGET:-0}" = 1 ]; then target=(--kernel-target)
+  else [ -x "$GATEWAY_BIN" ] || { echo "no gateway binary at $GATEWAY_BIN"; return 1; }; fi
+  echo "+ tests/vm/get-bpo-kernel.sh"
+  env=$(tests/vm/get-bpo-kernel.sh) || { echo "could not fetch the bookworm-backports kernel (see above)"; return 1; }
+  echo "$env"
+  mkdir -p "$TARGET_DIR/vm-logs"
+  echo "+ tests/vm/run-in-vm.sh -t $E2E_AUTH_TIMEOUT -w $TARGET_DIR/vm-logs tests/vm/e2e-auth.sh ${target[*]}"
+  ( eval "$env"  # VM_KERNEL, VM_MODDIR: in this subshell only
+    E2E_LOG_DIR=$TARGET_DIR/vm-logs tests/vm/run-in-vm.sh -t "$E2E_AUTH_TIMEOUT" -w "$TARGET_DIR/vm-logs" \
+      -e E2E_LOG_DIR tests/vm/e2e-auth.sh "${target[@]}" )
+  local rc=$?
+  echo "(logs: $TARGET_DIR/vm-logs/e2e-auth/)"
   return $rc
 }
 
@@ -257,6 +288,9 @@ else stage ceph bash rbd-backend/tests/ceph-tests.sh; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-vm "--quick"
 else stage e2e-vm e2e_vm; fi
+
+if [ $QUICK = 1 ]; then skipped e2e-auth "--quick"
+else stage e2e-auth e2e_auth; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-rbd "--quick"
 else stage e2e-rbd e2e_rbd; fi
