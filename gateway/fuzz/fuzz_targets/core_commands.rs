@@ -3,8 +3,11 @@
 //! completions delivered late and out of order, namespace resizes in between.
 //!
 //! The first input byte picks the start: a fresh queue, an admin queue connected and
-//! enabled (plus I/O queue 1 of the same controller), or a discovery controller; and whether
-//! the transport offers keyed SGLs (RDMA) or in-capsule data only (TCP). The rest is a list
+//! enabled (plus I/O queue 1 of the same controller), or a discovery controller; whether
+//! the transport offers keyed SGLs (RDMA) or in-capsule data only (TCP); and whether the
+//! host has a DH-HMAC-CHAP key, so its queues must authenticate (in-band authentication
+//! messages then come from the input), and if so whether they did (a whole transaction, as
+//! the host library runs it, before the input's commands). The rest is a list
 //! of steps, each led by one byte: a command (its 64 bytes follow; host-to-controller data
 //! is taken from the input), a pending device completion delivered, a resize, a poll for
 //! events, a disconnect.
@@ -19,15 +22,18 @@
 //!   for its second (what a real controller also holds), unless the queue asked to close.
 #![no_main]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, Weak};
 
 use libfuzzer_sys::fuzz_target;
+use nvmeof_gateway::auth::{DhGroup, DhchapSecret, HashFunction, Message};
 use nvmeof_gateway::core::{
-    Action, Command, HostAccess, ListenerInfo, Namespace, Queue, QueueNotifier, Subsystem,
-    SubsystemKind, SubsystemSpec, Target, TargetIdentity, TransportCaps, TransportType,
+    Action, AuthPolicy, Command, HostAccess, HostKeys, ListenerInfo, Namespace, Queue,
+    QueueNotifier, Subsystem, SubsystemKind, SubsystemSpec, Target, TargetIdentity, TransportCaps,
+    TransportType,
 };
 use nvmeof_gateway::host::cmd::{self as hcmd, Sqe};
+use nvmeof_gateway::host::{HostOptions, HostTransaction};
 use nvmeof_gateway::spec::{self, admin_opcode, fuse};
 use rbd_backend::{BlockDevice, IoBuf, IoCompletion, IoDone, MemoryDevice};
 
@@ -36,6 +42,8 @@ const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:fuzz-host";
 const NS_BYTES: u64 = 1 << 20;
 /// The TCP transport's in-capsule data size (IOCCSZ), which the RDMA one shares.
 const IN_CAPSULE: usize = 8192;
+/// The buffer a Linux host gives each Authentication Receive.
+const RECEIVE_LEN: u32 = 4096;
 /// Largest host data buffer built per command: beyond that the data is zeros anyway.
 const MAX_FUZZ_DATA: usize = 1 << 20;
 
@@ -75,6 +83,8 @@ struct Driven {
     /// Device completions not yet handed back to the core.
     pending: Vec<IoDone>,
     closed: bool,
+    /// The data of the last response that carried some.
+    last_data: Option<Vec<u8>>,
 }
 
 impl Driven {
@@ -85,6 +95,7 @@ impl Driven {
             outstanding: Vec::new(),
             pending: Vec::new(),
             closed: false,
+            last_data: None,
         }
     }
 
@@ -118,6 +129,7 @@ impl Driven {
                     };
                     let (_, opcode, _, data_len) = self.outstanding.remove(i);
                     if let Some(data) = &r.data {
+                        self.last_data = Some(data.as_slice().to_vec());
                         assert!(
                             data.len() <= data_len as usize,
                             "opcode {opcode:#x}: {} bytes of data for a {data_len}-byte buffer",
@@ -192,8 +204,22 @@ impl Driven {
     }
 }
 
-fn target(device: &Arc<MemoryDevice>) -> Arc<Target> {
-    let target = Arc::new(Target::new(TargetIdentity::default()));
+/// The host's DH-HMAC-CHAP key, when the input asks for one.
+fn host_key() -> DhchapSecret {
+    DhchapSecret::from_bytes(&[0x42; 32], Some(HashFunction::Sha256)).expect("32 bytes")
+}
+
+/// The fuzz target's policy: the NULL group first, so most transactions cost no key
+/// exchange (ffdhe2048, ~1 ms each, only when the input offers nothing else).
+fn auth_policy() -> AuthPolicy {
+    AuthPolicy {
+        hashes: HashFunction::ALL.to_vec(),
+        dhgroups: vec![DhGroup::Null, DhGroup::Ffdhe2048],
+    }
+}
+
+fn target(device: &Arc<MemoryDevice>, keyed_host: bool) -> Arc<Target> {
+    let target = Arc::new(Target::new(TargetIdentity::default()).with_auth_policy(auth_policy()));
     let sub = Arc::new(Subsystem::new(
         SubsystemKind::Nvm,
         SubsystemSpec {
@@ -218,6 +244,13 @@ fn target(device: &Arc<MemoryDevice>) -> Arc<Target> {
     device.set_event_sink(Arc::new(nvmeof_gateway::events::NamespaceEvents::new(
         &sub, 1,
     )));
+    if keyed_host {
+        let keys = HostKeys {
+            host: host_key(),
+            ctrl: Some(host_key()),
+        };
+        sub.set_host_keys(BTreeMap::from([(HOSTNQN.to_string(), Arc::new(keys))]));
+    }
     target.add_subsystem(sub);
     target.add_listener(ListenerInfo {
         transport: TransportType::Tcp,
@@ -238,6 +271,43 @@ fn connect_command(qid: u16) -> Command {
 
 fn connect_data(subnqn: &str, cntlid: u16) -> IoBuf {
     IoBuf::from_vec(hcmd::connect_data(&[7; 16], cntlid, subnqn, HOSTNQN))
+}
+
+/// A whole DH-HMAC-CHAP transaction on `q`, as the host library runs it (both keys).
+fn authenticate(q: &mut Driven, subnqn: &str) {
+    let mut opts = HostOptions::new(HOSTNQN);
+    opts.dhchap_secret = Some(host_key());
+    opts.dhchap_ctrl_secret = Some(host_key());
+    opts.dhchap_dhgroups = vec![DhGroup::Null];
+    let Ok(mut host) = HostTransaction::new(&opts, subnqn) else {
+        return;
+    };
+    let send = |q: &mut Driven, message: Message| {
+        let bytes = message.encode();
+        let mut sqe = Sqe::auth_send(bytes.len() as u32);
+        sqe.set_cid(0x300).set_sgl_in_capsule(bytes.len() as u32);
+        q.execute(Command::from_bytes(&sqe.0), Some(IoBuf::from_vec(bytes)));
+    };
+    let receive = |q: &mut Driven| {
+        let mut sqe = Sqe::auth_receive(RECEIVE_LEN);
+        sqe.set_cid(0x301).set_sgl_transport(RECEIVE_LEN);
+        q.last_data = None;
+        q.execute(Command::from_bytes(&sqe.0), None);
+        q.last_data.take().and_then(|d| Message::decode(&d).ok())
+    };
+    send(q, host.negotiate());
+    let Some(reply) = receive(q).and_then(|c| host.reply(c).ok()) else {
+        return;
+    };
+    send(q, reply);
+    let finished = receive(q).and_then(|s| host.finish(s).ok());
+    if let Some((Some(success2), _)) = finished {
+        send(q, success2);
+    }
+    assert!(
+        !q.queue.awaits_authentication(),
+        "a whole transaction with the right keys authenticates"
+    );
 }
 
 /// CC.EN with the NVM command set's entry sizes, as the Linux host enables a controller.
@@ -304,19 +374,27 @@ fuzz_target!(|bytes: &[u8]| {
         in_capsule_data_size: IN_CAPSULE as u32,
         keyed_sgls: setup & 0x04 != 0,
     };
+    let keyed_host = setup & 0x08 != 0;
+    let authenticated = keyed_host && setup & 0x10 != 0;
     let device = Arc::new(MemoryDevice::new("fuzz", NS_BYTES));
-    let target = target(&device);
+    let target = target(&device, keyed_host);
     let notifier: Arc<dyn QueueNotifier> = Arc::new(NoWake);
     let mut queues = vec![Driven::new(&target, caps, &notifier)];
     match setup & 0x03 {
         0 => {}
         1 | 2 => {
             queues[0].execute(connect_command(0), Some(connect_data(SUBNQN, 0xffff)));
+            if authenticated {
+                authenticate(&mut queues[0], SUBNQN);
+            }
             enable(&mut queues[0]);
             if setup & 0x03 == 2 {
                 if let Some(cntlid) = queues[0].queue.controller().map(|c| c.cntlid) {
                     let mut io = Driven::new(&target, caps, &notifier);
                     io.execute(connect_command(1), Some(connect_data(SUBNQN, cntlid)));
+                    if authenticated {
+                        authenticate(&mut io, SUBNQN);
+                    }
                     queues.push(io);
                 }
             }
