@@ -8,6 +8,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         // `nvmeofctl --output json` prints the replies as they are.
         .type_attribute(".nvmeof.control.v1", "#[derive(serde::Serialize)]")
+        // A host's DH-HMAC-CHAP keys are never printed: not in JSON, and `Debug` (written in
+        // src/lib.rs) leaves them out, so no log line can carry one.
+        .field_attribute(
+            ".nvmeof.control.v1.Host.dhchap_key",
+            "#[serde(skip_serializing)]",
+        )
+        .field_attribute(
+            ".nvmeof.control.v1.Host.dhchap_ctrl_key",
+            "#[serde(skip_serializing)]",
+        )
+        .skip_debug(".nvmeof.control.v1.Host")
         .compile_fds(fds)?;
     Ok(())
 }

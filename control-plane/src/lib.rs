@@ -16,4 +16,19 @@ pub mod tls;
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod proto {
     tonic::include_proto!("nvmeof.control.v1");
+
+    /// Leaves the keys out (whether each is set shows), so a `Host`, or an `Assignment` or
+    /// `Subsystem` holding one, can be logged with `?`.
+    impl std::fmt::Debug for Host {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let set = |k: &str| if k.is_empty() { "<none>" } else { "<set>" };
+            f.debug_struct("Host")
+                .field("subsystem_nqn", &self.subsystem_nqn)
+                .field("host_nqn", &self.host_nqn)
+                .field("dhchap_key", &set(&self.dhchap_key))
+                .field("dhchap_ctrl_key", &set(&self.dhchap_ctrl_key))
+                .field("auth", &self.auth)
+                .finish()
+        }
+    }
 }

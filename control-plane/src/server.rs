@@ -524,13 +524,46 @@ impl ControlPlane {
 
 // ------------------------------------------------------------------ conversions
 
-fn subsystem_proto(st: &GroupState, s: &state::SubsystemEntry) -> proto::Subsystem {
+/// A subsystem as replies and assignments carry it: `hosts` lists the hosts without keys
+/// (what a gateway that knows no keys may let in), `host_entries` every host, with its keys
+/// only when `with_keys` (an assignment, for the gateways).
+fn subsystem_proto(
+    st: &GroupState,
+    s: &state::SubsystemEntry,
+    with_keys: bool,
+) -> proto::Subsystem {
+    let entries: Vec<proto::Host> = st
+        .host_entries_of(&s.nqn)
+        .map(|(host, auth)| host_proto(&s.nqn, host, auth, with_keys))
+        .collect();
     proto::Subsystem {
         nqn: s.nqn.clone(),
         serial: s.serial.clone(),
         allow_any_host: s.allow_any_host,
-        hosts: st.hosts_of(&s.nqn),
+        hosts: entries
+            .iter()
+            .filter(|h| h.auth == "none")
+            .map(|h| h.host_nqn.clone())
+            .collect(),
         max_namespaces: s.max_namespaces,
+        host_entries: entries,
+    }
+}
+
+fn host_proto(nqn: &str, host: &str, auth: &state::HostAuth, with_keys: bool) -> proto::Host {
+    let key = |k: &Option<String>| {
+        if with_keys {
+            k.clone().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    proto::Host {
+        subsystem_nqn: nqn.to_string(),
+        host_nqn: host.to_string(),
+        dhchap_key: key(&auth.dhchap_key),
+        dhchap_ctrl_key: key(&auth.dhchap_ctrl_key),
+        auth: auth.mode().to_string(),
     }
 }
 
@@ -603,7 +636,7 @@ impl ControlPlane {
             subsystems: st
                 .subsystems
                 .values()
-                .map(|s| subsystem_proto(&st, s))
+                .map(|s| subsystem_proto(&st, s, true))
                 .collect(),
             namespaces: st.namespaces.values().map(namespace_proto).collect(),
             listeners: st
@@ -862,7 +895,7 @@ impl proto::admin_server::Admin for AdminService {
             subsystems: st
                 .subsystems
                 .values()
-                .map(|s| subsystem_proto(&st, s))
+                .map(|s| subsystem_proto(&st, s, false))
                 .collect(),
             version: st.version,
         }))
@@ -1133,12 +1166,50 @@ impl proto::admin_server::Admin for AdminService {
 
     async fn host_add(&self, r: Request<proto::Host>) -> Result<Response<proto::Reply>, Status> {
         let h = r.into_inner();
-        let text = format!("host {} allowed on {}", h.host_nqn, h.subsystem_nqn);
-        let (_, st) = self
+        let (nqn, host) = (h.subsystem_nqn.clone(), h.host_nqn.clone());
+        let (auth, st) = self
             .0
-            .update(move |st| st.add_host(&h.subsystem_nqn, &h.host_nqn))
+            .update(move |st| {
+                st.add_host_with_keys(
+                    &h.subsystem_nqn,
+                    &h.host_nqn,
+                    &h.dhchap_key,
+                    &h.dhchap_ctrl_key,
+                )
+            })
             .await?;
+        tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), "host allowed");
+        let text = match auth.mode() {
+            "none" => format!("host {host} allowed on {nqn}"),
+            mode => format!("host {host} allowed on {nqn} (DH-HMAC-CHAP: {mode})"),
+        };
         Ok(reply(&st, text))
+    }
+
+    async fn host_change_key(
+        &self,
+        r: Request<proto::Host>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let h = r.into_inner();
+        let (nqn, host) = (h.subsystem_nqn.clone(), h.host_nqn.clone());
+        let ((auth, changed), st) = self
+            .0
+            .update(move |st| {
+                st.change_host_keys(
+                    &h.subsystem_nqn,
+                    &h.host_nqn,
+                    &h.dhchap_key,
+                    &h.dhchap_ctrl_key,
+                )
+            })
+            .await?;
+        tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), changed, "host keys set");
+        let what = match (auth.mode(), changed) {
+            (_, false) => "unchanged".to_string(),
+            ("none", true) => "cleared: it connects without authenticating".to_string(),
+            (mode, true) => format!("changed (DH-HMAC-CHAP: {mode})"),
+        };
+        Ok(reply(&st, format!("keys of host {host} on {nqn} {what}")))
     }
 
     async fn host_del(&self, r: Request<proto::Host>) -> Result<Response<proto::Reply>, Status> {
@@ -1164,11 +1235,8 @@ impl proto::admin_server::Admin for AdminService {
             hosts: st
                 .hosts
                 .iter()
-                .filter(|(n, _)| nqn.is_empty() || *n == nqn)
-                .map(|(n, h)| proto::Host {
-                    subsystem_nqn: n.clone(),
-                    host_nqn: h.clone(),
-                })
+                .filter(|((n, _), _)| nqn.is_empty() || *n == nqn)
+                .map(|((n, h), auth)| host_proto(n, h, auth, false))
                 .collect(),
             version: st.version,
         }))

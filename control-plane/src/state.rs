@@ -9,11 +9,13 @@
 //! | `subsystem/<nqn>` | JSON [`SubsystemEntry`] |
 //! | `namespace/<nqn>/<nsid, 10 digits>` | JSON [`NamespaceEntry`] |
 //! | `listener/<nqn>/<gateway>/<transport>/<address>/<port>` | JSON [`ListenerEntry`] |
-//! | `host/<nqn>/<host nqn>` | JSON `[nqn, host nqn]` |
+//! | `host/<nqn>/<host nqn>` | JSON `[nqn, host nqn]`; a host with DH-HMAC-CHAP keys: `[nqn, host nqn, {"dhchap_key": ..., "dhchap_ctrl_key": ...}]` ([`HostAuth`]) |
+//! | `groupmap` | JSON [`GroupMap`] (written by the leader) |
 //!
 //! Key parts are escaped (`%` → `%25`, `/` → `%2F`): NQNs may contain `/`. Items are decoded
-//! from their values, never from their keys.
-//! | `groupmap` | JSON [`GroupMap`] (written by the leader) |
+//! from their values, never from their keys. A host without keys is written as before keys
+//! existed, so states written by older replicas load unchanged. The keys are stored in clear
+//! text: anyone who can read the pool's omap (its cephx caps) can read them.
 //!
 //! Everything here is pure: no I/O.
 
@@ -64,7 +66,88 @@ pub struct ListenerEntry {
     pub port: u16,
 }
 
-/// Why a change is refused. Every message names the offending value.
+/// A host's DH-HMAC-CHAP keys on one subsystem, each in the canonical `DHHC-1:XX:<base64>:`
+/// text (None: not set). `Debug` leaves the keys out.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostAuth {
+    /// Proves the host: given, it must authenticate every queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_key: Option<String>,
+    /// Proves the gateway to a host that asks (bidirectional); only with `dhchap_key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrl_key: Option<String>,
+}
+
+impl std::fmt::Debug for HostAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostAuth({})", self.mode())
+    }
+}
+
+impl HostAuth {
+    /// Checks keys as an admin gives them (empty: none) with the gateway's parser: each must
+    /// parse, and a controller key needs a host key. Stored in canonical text. The error
+    /// names the field and why, never the key.
+    pub fn parse(dhchap_key: &str, dhchap_ctrl_key: &str) -> Result<HostAuth, ConfigError> {
+        let parse = |field: &'static str, text: &str| {
+            if text.is_empty() {
+                return Ok(None);
+            }
+            nvme_auth::DhchapSecret::parse(text)
+                .map(|k| Some(k.to_representation().to_string()))
+                .map_err(|e| ConfigError::BadKey {
+                    field,
+                    why: e.to_string(),
+                })
+        };
+        let auth = HostAuth {
+            dhchap_key: parse("dhchap_key", dhchap_key)?,
+            dhchap_ctrl_key: parse("dhchap_ctrl_key", dhchap_ctrl_key)?,
+        };
+        if auth.dhchap_key.is_none() && auth.dhchap_ctrl_key.is_some() {
+            return Err(ConfigError::BadKey {
+                field: "dhchap_ctrl_key",
+                why: "needs a dhchap_key: the gateway proves itself only to a host that \
+                      authenticates"
+                    .into(),
+            });
+        }
+        Ok(auth)
+    }
+
+    /// "none", "host" (the host authenticates) or "bidirectional" (the gateway too, when
+    /// the host asks).
+    pub fn mode(&self) -> &'static str {
+        match (&self.dhchap_key, &self.dhchap_ctrl_key) {
+            (None, _) => "none",
+            (Some(_), None) => "host",
+            (Some(_), Some(_)) => "bidirectional",
+        }
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.dhchap_key.is_none() && self.dhchap_ctrl_key.is_none()
+    }
+}
+
+/// A `host/...` value: `[nqn, host]`, or `[nqn, host, keys]` for a host with keys. A decoding
+/// error says only that it matched neither (serde's messages may quote a value).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StoredHost {
+    Plain(String, String),
+    Keyed(String, String, HostAuth),
+}
+
+fn host_value(nqn: &str, host: &str, auth: &HostAuth) -> Vec<u8> {
+    if auth.is_none() {
+        json(&(nqn, host))
+    } else {
+        json(&(nqn, host, auth))
+    }
+}
+
+/// Why a change is refused. Every message names the offending value (never a key).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     #[error("invalid NQN {nqn:?}: {why}")]
@@ -107,6 +190,9 @@ pub enum ConfigError {
     NoHost { nqn: String, host: String },
     #[error("stored state is corrupt: key {key}: {why}")]
     Corrupt { key: String, why: String },
+    /// A DH-HMAC-CHAP key that does not parse, or a controller key without a host key.
+    #[error("invalid {field}: {why}")]
+    BadKey { field: &'static str, why: String },
 }
 
 /// Checks NQN syntax: `nqn.yyyy-mm.reverse.domain[:anything]` or
@@ -179,7 +265,8 @@ pub struct GroupState {
     pub subsystems: BTreeMap<String, SubsystemEntry>,
     pub namespaces: BTreeMap<(String, u32), NamespaceEntry>,
     pub listeners: BTreeSet<ListenerEntry>,
-    pub hosts: BTreeSet<(String, String)>,
+    /// (subsystem NQN, host NQN) → the host's keys.
+    pub hosts: BTreeMap<(String, String), HostAuth>,
     pub map: Option<GroupMap>,
 }
 
@@ -215,9 +302,13 @@ impl GroupState {
                     serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?;
                 st.listeners.insert(l);
             } else if k.starts_with("host/") {
-                let (nqn, host): (String, String) =
-                    serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?;
-                st.hosts.insert((nqn, host));
+                let (nqn, host, auth) = match serde_json::from_slice(v)
+                    .map_err(|_| corrupt(k, "not [nqn, host] or [nqn, host, keys]".into()))?
+                {
+                    StoredHost::Plain(nqn, host) => (nqn, host, HostAuth::default()),
+                    StoredHost::Keyed(nqn, host, auth) => (nqn, host, auth),
+                };
+                st.hosts.insert((nqn, host), auth);
             }
         }
         Ok(st)
@@ -235,8 +326,8 @@ impl GroupState {
         for l in &self.listeners {
             m.insert(listener_key(l), json(l));
         }
-        for (nqn, host) in &self.hosts {
-            m.insert(host_key(nqn, host), json(&(nqn, host)));
+        for ((nqn, host), auth) in &self.hosts {
+            m.insert(host_key(nqn, host), host_value(nqn, host, auth));
         }
         if let Some(map) = &self.map {
             m.insert("groupmap".into(), json(map));
@@ -253,6 +344,7 @@ impl GroupState {
             &old.subsystems,
             &self.subsystems,
             |_, s| subsystem_key(&s.nqn),
+            |_, s| json(s),
             &mut set,
             &mut remove,
         );
@@ -260,6 +352,7 @@ impl GroupState {
             &old.namespaces,
             &self.namespaces,
             |_, n| namespace_key(n),
+            |_, n| json(n),
             &mut set,
             &mut remove,
         );
@@ -271,14 +364,14 @@ impl GroupState {
                 remove.push(listener_key(l));
             }
         }
-        if self.hosts != old.hosts {
-            for h in self.hosts.difference(&old.hosts) {
-                set.push((host_key(&h.0, &h.1), json(h)));
-            }
-            for h in old.hosts.difference(&self.hosts) {
-                remove.push(host_key(&h.0, &h.1));
-            }
-        }
+        diff_section(
+            &old.hosts,
+            &self.hosts,
+            |(nqn, host), _| host_key(nqn, host),
+            |(nqn, host), auth| host_value(nqn, host, auth),
+            &mut set,
+            &mut remove,
+        );
         // The map carries beacon times that are not stored: compare its encoding (small,
         // one entry per gateway and ANA group).
         let map_bytes = |m: &Option<GroupMap>| m.as_ref().map(json);
@@ -406,7 +499,7 @@ impl GroupState {
         self.subsystems.remove(nqn);
         self.namespaces.retain(|(n, _), _| n != nqn);
         self.listeners.retain(|l| l.subsystem_nqn != nqn);
-        self.hosts.retain(|(n, _)| n != nqn);
+        self.hosts.retain(|(n, _), _| n != nqn);
         Ok(())
     }
 
@@ -581,21 +674,62 @@ impl GroupState {
         Ok(())
     }
 
+    /// Allows `host` on subsystem `nqn`, without keys.
     pub fn add_host(&mut self, nqn: &str, host: &str) -> Result<(), ConfigError> {
+        self.add_host_with_keys(nqn, host, "", "").map(|_| ())
+    }
+
+    /// Allows `host` on subsystem `nqn` with DH-HMAC-CHAP keys (empty: none; see
+    /// [`HostAuth::parse`]). Returns the keys as stored.
+    pub fn add_host_with_keys(
+        &mut self,
+        nqn: &str,
+        host: &str,
+        dhchap_key: &str,
+        dhchap_ctrl_key: &str,
+    ) -> Result<HostAuth, ConfigError> {
         self.subsystem(nqn)?;
         check_nqn(host)?;
-        if !self.hosts.insert((nqn.into(), host.into())) {
-            return Err(ConfigError::HostExists {
+        let auth = HostAuth::parse(dhchap_key, dhchap_ctrl_key)?;
+        match self.hosts.entry((nqn.into(), host.into())) {
+            std::collections::btree_map::Entry::Occupied(_) => Err(ConfigError::HostExists {
                 nqn: nqn.into(),
                 host: host.into(),
-            });
+            }),
+            std::collections::btree_map::Entry::Vacant(v) => Ok(v.insert(auth).clone()),
         }
-        Ok(())
+    }
+
+    /// Sets, replaces or (both empty) clears the keys of a host already allowed on `nqn`;
+    /// the host stays. Returns the keys as stored and whether they changed.
+    pub fn change_host_keys(
+        &mut self,
+        nqn: &str,
+        host: &str,
+        dhchap_key: &str,
+        dhchap_ctrl_key: &str,
+    ) -> Result<(HostAuth, bool), ConfigError> {
+        self.subsystem(nqn)?;
+        let auth = HostAuth::parse(dhchap_key, dhchap_ctrl_key)?;
+        let stored = self
+            .hosts
+            .get_mut(&(nqn.to_string(), host.to_string()))
+            .ok_or_else(|| ConfigError::NoHost {
+                nqn: nqn.into(),
+                host: host.into(),
+            })?;
+        let changed = *stored != auth;
+        *stored = auth.clone();
+        Ok((auth, changed))
     }
 
     pub fn del_host(&mut self, nqn: &str, host: &str) -> Result<(), ConfigError> {
         self.subsystem(nqn)?;
-        if !self.hosts.remove(&(nqn.to_string(), host.to_string())) {
+        if self
+            .hosts
+            .remove(&(nqn.to_string(), host.to_string()))
+            .is_none()
+        {
             return Err(ConfigError::NoHost {
                 nqn: nqn.into(),
                 host: host.into(),
@@ -604,12 +738,22 @@ impl GroupState {
         Ok(())
     }
 
+    /// The hosts allowed on `nqn`.
     pub fn hosts_of(&self, nqn: &str) -> Vec<String> {
-        self.hosts
-            .iter()
-            .filter(|(n, _)| n == nqn)
-            .map(|(_, h)| h.clone())
+        self.host_entries_of(nqn)
+            .map(|(h, _)| h.to_string())
             .collect()
+    }
+
+    /// The hosts allowed on `nqn`, with their keys, in NQN order.
+    pub fn host_entries_of<'a>(
+        &'a self,
+        nqn: &'a str,
+    ) -> impl Iterator<Item = (&'a str, &'a HostAuth)> + 'a {
+        self.hosts
+            .range((nqn.to_string(), String::new())..)
+            .take_while(move |((n, _), _)| n == nqn)
+            .map(|((_, h), auth)| (h.as_str(), auth))
     }
 }
 
@@ -667,12 +811,14 @@ fn host_key(nqn: &str, host: &str) -> String {
     format!("host/{}/{}", key_part(nqn), key_part(host))
 }
 
-/// Adds to `set`/`remove` the keys of `new`'s entries that differ from `old`'s: one walk of
-/// both (sorted) maps side by side, no lookups.
-fn diff_section<K: Ord, V: PartialEq + Serialize>(
+/// Adds to `set`/`remove` the keys of `new`'s entries that differ from `old`'s (`key` names
+/// an entry's omap key, `value` encodes it): one walk of both (sorted) maps side by side, no
+/// lookups.
+fn diff_section<K: Ord, V: PartialEq>(
     old: &BTreeMap<K, V>,
     new: &BTreeMap<K, V>,
     key: impl Fn(&K, &V) -> String,
+    value: impl Fn(&K, &V) -> Vec<u8>,
     set: &mut Vec<(String, Vec<u8>)>,
     remove: &mut Vec<String>,
 ) {
@@ -685,7 +831,7 @@ fn diff_section<K: Ord, V: PartialEq + Serialize>(
                 o.next();
             }
             (None, Some((nk, nv))) => {
-                set.push((key(nk, nv), json(nv)));
+                set.push((key(nk, nv), value(nk, nv)));
                 n.next();
             }
             (Some((ok, ov)), Some((nk, nv))) => match ok.cmp(nk) {
@@ -694,12 +840,12 @@ fn diff_section<K: Ord, V: PartialEq + Serialize>(
                     o.next();
                 }
                 std::cmp::Ordering::Greater => {
-                    set.push((key(nk, nv), json(nv)));
+                    set.push((key(nk, nv), value(nk, nv)));
                     n.next();
                 }
                 std::cmp::Ordering::Equal => {
                     if ov != nv {
-                        set.push((key(nk, nv), json(nv)));
+                        set.push((key(nk, nv), value(nk, nv)));
                     }
                     o.next();
                     n.next();
@@ -1065,6 +1211,203 @@ mod tests {
         rebuilt.apply(&set, &remove).expect("apply");
         assert_eq!(rebuilt.to_omap(), new.to_omap());
         assert_eq!(new.diff(&new), (vec![], vec![]));
+    }
+
+    /// A valid key (`DHHC-1:XX:<base64>:`), different for each `byte`.
+    fn key(byte: u8, transform: Option<nvme_auth::HashFunction>) -> String {
+        nvme_auth::DhchapSecret::from_bytes(&[byte; 32], transform)
+            .expect("32 bytes")
+            .to_representation()
+            .to_string()
+    }
+
+    /// `key` with one base64 character changed: well formed, but its CRC does not match.
+    fn mistyped(key: &str) -> String {
+        let mut b = key.as_bytes().to_vec();
+        b[14] = if b[14] == b'A' { b'B' } else { b'A' };
+        String::from_utf8(b).expect("ASCII")
+    }
+
+    const H1: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000e1";
+
+    #[test]
+    fn host_keys_are_checked_stored_changed_and_cleared() {
+        let mut st = with_groups(1);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        let (k1, k2, c1) = (
+            key(0x11, Some(nvme_auth::HashFunction::Sha256)),
+            key(0x22, None),
+            key(0x33, None),
+        );
+        let hk = (NQN.to_string(), H1.to_string());
+        // Given with spaces around it (a file's newline): stored canonical.
+        let auth = st
+            .add_host_with_keys(NQN, H1, &format!(" {k1}\n"), "")
+            .expect("host with a key");
+        assert_eq!(auth.mode(), "host");
+        assert_eq!(st.hosts[&hk].dhchap_key.as_deref(), Some(k1.as_str()));
+        assert_eq!(st.hosts[&hk].dhchap_ctrl_key, None);
+        assert!(matches!(
+            st.add_host_with_keys(NQN, H1, &k2, ""),
+            Err(ConfigError::HostExists { .. })
+        ));
+
+        // Replaced, with a controller key: bidirectional.
+        let (auth, changed) = st.change_host_keys(NQN, H1, &k2, &c1).expect("change");
+        assert!(changed);
+        assert_eq!(auth.mode(), "bidirectional");
+        assert_eq!(st.hosts[&hk].dhchap_key.as_deref(), Some(k2.as_str()));
+        assert_eq!(st.hosts[&hk].dhchap_ctrl_key.as_deref(), Some(c1.as_str()));
+        let (_, changed) = st.change_host_keys(NQN, H1, &k2, &c1).expect("again");
+        assert!(!changed, "the same keys again change nothing");
+
+        // Refusals: the field and why, never the key; the state stays as it was.
+        let before = st.clone();
+        let bad = mistyped(&k1);
+        let cases = [
+            (
+                bad.as_str(),
+                "",
+                "invalid dhchap_key: the key's CRC-32 does not match",
+            ),
+            (
+                k1.as_str(),
+                bad.as_str(),
+                "invalid dhchap_ctrl_key: the key's CRC-32",
+            ),
+            (
+                "",
+                c1.as_str(),
+                "invalid dhchap_ctrl_key: needs a dhchap_key",
+            ),
+            (
+                "DHHC-1:00:AAAA:",
+                "",
+                "invalid dhchap_key: the key decodes to 3 bytes",
+            ),
+            (
+                "DHHC-1:07:AAAA:",
+                "",
+                "invalid dhchap_key: hash indicator \"07\"",
+            ),
+            (
+                "secret",
+                "",
+                "invalid dhchap_key: does not start with DHHC-1:",
+            ),
+        ];
+        for (host_key, ctrl_key, want) in cases {
+            for result in [
+                st.clone()
+                    .change_host_keys(NQN, H1, host_key, ctrl_key)
+                    .map(|_| ()),
+                st.clone()
+                    .add_host_with_keys(NQN, "nqn.2016-06.io.test:new", host_key, ctrl_key)
+                    .map(|_| ()),
+            ] {
+                let e = result.expect_err(want).to_string();
+                assert!(e.starts_with(want), "{e:?} does not start with {want:?}");
+                for k in [&k1, &k2, &c1, &bad] {
+                    assert!(!e.contains(&k[10..50]), "the message {e:?} shows a key");
+                }
+            }
+        }
+        assert!(matches!(
+            st.clone()
+                .change_host_keys(NQN, "nqn.2016-06.io.test:nobody", &k1, ""),
+            Err(ConfigError::NoHost { .. })
+        ));
+        assert_eq!(st, before);
+
+        // Cleared: the host stays, without keys.
+        let (auth, changed) = st.change_host_keys(NQN, H1, "", "").expect("clear");
+        assert!(changed);
+        assert_eq!(auth, HostAuth::default());
+        assert_eq!(st.hosts_of(NQN), vec![H1.to_string()]);
+
+        // Debug (what a log line would print) never shows a key.
+        st.change_host_keys(NQN, H1, &k1, &c1).expect("set");
+        let debug = format!("{st:?}");
+        assert!(debug.contains("HostAuth(bidirectional)"), "{debug}");
+        assert!(!debug.contains(&k1[10..50]) && !debug.contains(&c1[10..50]));
+    }
+
+    /// A state written before host keys existed (`[nqn, host]` values) loads as hosts
+    /// without keys and encodes to the same bytes; a host with keys round-trips.
+    #[test]
+    fn old_host_entries_load_unchanged() {
+        let mut st = with_groups(1);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        let mut omap = st.to_omap();
+        let old_key = format!("host/{}/{}", key_part(NQN), key_part(H1));
+        let old_value = format!("[\"{NQN}\",\"{H1}\"]").into_bytes();
+        omap.insert(old_key.clone(), old_value.clone());
+        omap.insert("version".into(), b"3".to_vec());
+        let mut back = GroupState::from_omap(&omap).expect("old state");
+        assert_eq!(back.hosts_of(NQN), vec![H1.to_string()]);
+        assert_eq!(
+            back.hosts[&(NQN.to_string(), H1.to_string())],
+            HostAuth::default()
+        );
+        assert_eq!(back.to_omap()[&old_key], old_value, "re-encoded as before");
+
+        let k = key(0x44, Some(nvme_auth::HashFunction::Sha512));
+        back.change_host_keys(NQN, H1, &k, "").expect("keys");
+        let encoded = back.to_omap();
+        let value: serde_json::Value = serde_json::from_slice(&encoded[&old_key]).expect("JSON");
+        assert_eq!(value, serde_json::json!([NQN, H1, { "dhchap_key": k }]));
+        let again = GroupState::from_omap(&encoded).expect("decode");
+        assert_eq!(again.hosts, back.hosts);
+
+        // A host value that is neither form is refused without quoting it.
+        let mut bad = Omap::new();
+        bad.insert(
+            old_key,
+            format!("[\"{NQN}\",\"{H1}\",\"{k}\"]").into_bytes(),
+        );
+        let e = GroupState::from_omap(&bad)
+            .expect_err("corrupt")
+            .to_string();
+        assert!(e.contains("not [nqn, host]"), "{e}");
+        assert!(!e.contains(&k[10..50]), "{e}");
+    }
+
+    /// Changing or clearing a host's keys writes that host's entry alone; `apply` of the
+    /// delta (another replica) gives the same keys.
+    #[test]
+    fn a_key_change_writes_only_that_host() {
+        let mut old = with_groups(1);
+        old.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        for i in 0..5 {
+            old.add_host(NQN, &format!("nqn.2016-06.io.test:h{i}"))
+                .expect("host");
+        }
+        let h2 = "nqn.2016-06.io.test:h2";
+        let k = key(0x55, None);
+        let c = key(0x66, None);
+        let mut steps = vec![];
+        let mut cur = old.clone();
+        for (host_key, ctrl_key) in [(k.as_str(), ""), (k.as_str(), c.as_str()), ("", "")] {
+            let mut next = cur.clone();
+            next.change_host_keys(NQN, h2, host_key, ctrl_key)
+                .expect("change");
+            steps.push((cur.clone(), next.clone()));
+            cur = next;
+        }
+        for (before, after) in steps {
+            let (set, remove) = after.diff(&before);
+            assert_eq!(remove, Vec::<String>::new());
+            assert_eq!(set.len(), 1, "one entry written");
+            assert_eq!(set[0].0, host_key(NQN, h2));
+            let mut omap = before.to_omap();
+            omap.extend(set.iter().cloned());
+            assert_eq!(omap, after.to_omap());
+            let mut rebuilt = before.clone();
+            rebuilt.apply(&set, &remove).expect("apply");
+            assert_eq!(rebuilt.hosts, after.hosts);
+        }
+        // Cleared: written as a host that never had keys.
+        assert_eq!(cur.to_omap(), old.to_omap());
     }
 
     #[test]

@@ -105,13 +105,27 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
     let many = std::env::temp_dir().join(format!("cli-output-{}.txt", std::process::id()));
     std::fs::write(&many, "img3 5\nimg4\n").expect("add-many file");
     let many = many.to_string_lossy().into_owned();
+    // DH-HMAC-CHAP keys: given on the command line here, masked in the transcript's command
+    // lines (KEY1, KEY2); no output may show them.
+    let keys: Vec<String> = [0x11u8, 0x22]
+        .iter()
+        .map(|&b| {
+            nvme_auth::DhchapSecret::from_bytes(&[b; 32], None)
+                .expect("32 bytes")
+                .to_representation()
+                .to_string()
+        })
+        .collect();
     let mut transcript = String::new();
     let mut ctl = |args: &[&str]| {
         let out = common::nvmeofctl(&["--server", &addr])
             .args(args)
             .output()
             .expect("run nvmeofctl");
-        let args = args.join(" ").replace(&many, "FILE");
+        let mut args = args.join(" ").replace(&many, "FILE");
+        for (i, k) in keys.iter().enumerate() {
+            args = args.replace(k.as_str(), &format!("KEY{}", i + 1));
+        }
         transcript.push_str(&format!(
             "$ nvmeofctl {args}\n{}\n[stderr] {}[exit {}]\n",
             mask_times(&String::from_utf8_lossy(&out.stdout)),
@@ -166,6 +180,10 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
     ctl(&["-o", "json", "listener", "add", "-n", NQN, "-g", "gw2", "-a", "10.0.0.2", "-p", "4421"]);
     ctl(&["host", "add", "-n", NQN, "--host", &host(1)]);
     ctl(&["host", "add", "-n", NQN, "--host", &host(2)]);
+    #[rustfmt::skip]
+    ctl(&["host", "add", "-n", NQN, "--host", &host(3), "--dhchap-key", &keys[0], "--dhchap-ctrl-key", &keys[1]]);
+    #[rustfmt::skip]
+    ctl(&["host", "change-key", "-n", NQN, "--host", &host(2), "--dhchap-key", &keys[1]]);
     for output in ["table", "json"] {
         ctl(&["-o", output, "subsystem", "list"]);
         ctl(&["-o", output, "namespace", "list"]);
@@ -191,6 +209,9 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
     ctl(&["subsystem", "del", "--nqn", &format!("{NQN}-2")]);
     ctl(&["subsystem", "list"]);
     let _ = std::fs::remove_file(&many);
+    for k in &keys {
+        assert!(!transcript.contains(k.as_str()), "a key was printed");
+    }
     if transcript != GOLDEN {
         let actual = std::env::temp_dir().join("cli_output.actual");
         std::fs::write(&actual, &transcript).expect("write the actual output");

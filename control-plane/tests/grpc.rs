@@ -171,6 +171,7 @@ async fn admin_requests_and_their_refusals() {
                 a.host_add(proto::Host {
                     subsystem_nqn: NQN.into(),
                     host_nqn: "bad host".into(),
+                    ..Default::default()
                 })
                 .await,
             ),

@@ -106,6 +106,7 @@ async fn removals_in_the_control_plane_reach_a_running_gateway() {
             .host_add(proto::Host {
                 subsystem_nqn: SUBNQN.into(),
                 host_nqn: host.into(),
+                ..Default::default()
             })
             .await
             .expect("host add");
@@ -202,6 +203,7 @@ async fn removals_in_the_control_plane_reach_a_running_gateway() {
         .host_del(proto::Host {
             subsystem_nqn: SUBNQN.into(),
             host_nqn: HOST_A.into(),
+            ..Default::default()
         })
         .await
         .expect("host del");

@@ -218,11 +218,25 @@ struct ListenerArgs {
 
 #[derive(Debug, Subcommand)]
 enum HostCmd {
+    /// Allows a host; with --dhchap-key it must authenticate (DH-HMAC-CHAP) every queue.
     Add {
         #[arg(long, short = 'n')]
         subsystem: String,
         #[arg(long)]
         host: String,
+        #[command(flatten)]
+        keys: KeyArgs,
+    },
+    /// Sets, replaces or clears a host's DH-HMAC-CHAP keys; the host stays allowed and its
+    /// connections stay (the keys apply from its next authentication). With no key given the
+    /// keys are cleared: the host then connects without authenticating.
+    ChangeKey {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        host: String,
+        #[command(flatten)]
+        keys: KeyArgs,
     },
     Del {
         #[arg(long, short = 'n')]
@@ -234,6 +248,96 @@ enum HostCmd {
         #[arg(long, short = 'n', default_value = "")]
         subsystem: String,
     },
+}
+
+/// A host's DH-HMAC-CHAP keys, `DHHC-1:XX:<base64>:` as `nvme gen-dhchap-key` prints them.
+#[derive(clap::Args)]
+struct KeyArgs {
+    /// The host's secret (`nvme connect --dhchap-secret`): given, the host must authenticate.
+    /// A key on the command line shows in the process list and the shell's history: prefer
+    /// --dhchap-key-file.
+    #[arg(long, conflicts_with = "dhchap_key_file")]
+    dhchap_key: Option<String>,
+    /// Reads --dhchap-key from this file (`-`: standard input).
+    #[arg(long)]
+    dhchap_key_file: Option<PathBuf>,
+    /// The gateway's secret, proving it to a host that asks (`nvme connect
+    /// --dhchap-ctrl-secret`; bidirectional). Needs a host key.
+    #[arg(long, conflicts_with = "dhchap_ctrl_key_file")]
+    dhchap_ctrl_key: Option<String>,
+    /// Reads --dhchap-ctrl-key from this file (`-`: standard input).
+    #[arg(long)]
+    dhchap_ctrl_key_file: Option<PathBuf>,
+}
+
+/// Says which keys are given, never what they are.
+impl std::fmt::Debug for KeyArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |k: &Option<String>| if k.is_some() { "<set>" } else { "<none>" };
+        f.debug_struct("KeyArgs")
+            .field("dhchap_key", &set(&self.dhchap_key))
+            .field("dhchap_key_file", &self.dhchap_key_file)
+            .field("dhchap_ctrl_key", &set(&self.dhchap_ctrl_key))
+            .field("dhchap_ctrl_key_file", &self.dhchap_ctrl_key_file)
+            .finish()
+    }
+}
+
+/// The keys as sent (empty: none).
+#[derive(Default)]
+struct Keys {
+    host: String,
+    ctrl: String,
+}
+
+impl KeyArgs {
+    /// The keys given, each from its option or its file (trimmed). An empty one is bad usage
+    /// (an unset shell variable must not add a host without authentication); so is reading
+    /// both from standard input. Messages never contain a key.
+    fn read(&self) -> Result<Keys, String> {
+        if self.dhchap_key_file.as_deref() == Some(std::path::Path::new("-"))
+            && self.dhchap_ctrl_key_file.as_deref() == Some(std::path::Path::new("-"))
+        {
+            return Err(
+                "--dhchap-key-file and --dhchap-ctrl-key-file cannot both be standard input".into(),
+            );
+        }
+        let one = |option: &str, text: &Option<String>, file: &Option<PathBuf>| {
+            let key = match (text, file) {
+                (Some(t), _) => t.trim().to_string(),
+                (None, Some(path)) => read_key_file(option, path)?,
+                (None, None) => return Ok(String::new()),
+            };
+            if key.is_empty() {
+                return Err(format!(
+                    "--{option}: empty (leave the option out to give no key)"
+                ));
+            }
+            Ok(key)
+        };
+        Ok(Keys {
+            host: one("dhchap-key", &self.dhchap_key, &self.dhchap_key_file)?,
+            ctrl: one(
+                "dhchap-ctrl-key",
+                &self.dhchap_ctrl_key,
+                &self.dhchap_ctrl_key_file,
+            )?,
+        })
+    }
+}
+
+/// A key file's text, trimmed (`-`: standard input). Errors name the file, not its content.
+fn read_key_file(option: &str, path: &std::path::Path) -> Result<String, String> {
+    let text = if path.as_os_str() == "-" {
+        let mut t = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut t)
+            .map_err(|e| format!("--{option}-file: cannot read standard input: {e}"))?;
+        t
+    } else {
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("--{option}-file: cannot read {}: {e}", path.display()))?
+    };
+    Ok(text.trim().to_string())
 }
 
 #[derive(Debug, Subcommand)]
@@ -385,6 +489,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             read_namespace_lines(file).map_err(Failure::Usage)?
         }
         _ => Vec::new(),
+    };
+    // So are the key files.
+    let keys = match &cli.cmd {
+        Cmd::Host(HostCmd::Add { keys, .. } | HostCmd::ChangeKey { keys, .. }) => {
+            keys.read().map_err(Failure::Usage)?
+        }
+        _ => Keys::default(),
     };
     let mut c = connect(&cli.server, tls_config.as_ref()).await?;
     let out = cli.output;
@@ -576,10 +687,34 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let r = answer(c.listener_list(request), tls_on).await?;
             print_list(out, &r, &r.listeners);
         }
-        Cmd::Host(HostCmd::Add { subsystem, host }) => done(
-            out,
-            answer(c.host_add(host_of(subsystem, host)), tls_on).await?,
-        ),
+        Cmd::Host(HostCmd::Add {
+            subsystem, host, ..
+        }) => {
+            let keyed = !keys.host.is_empty() || !keys.ctrl.is_empty();
+            let request = keyed_host(subsystem.clone(), host.clone(), keys);
+            let reply = answer(c.host_add(request), tls_on).await?;
+            if keyed {
+                check_keys_taken(&mut c, &subsystem, &host, tls_on).await?;
+            }
+            done(out, reply)
+        }
+        Cmd::Host(HostCmd::ChangeKey {
+            subsystem, host, ..
+        }) => {
+            let request = keyed_host(subsystem, host, keys);
+            match c.host_change_key(request).await {
+                Err(s) if s.code() == tonic::Code::Unimplemented => {
+                    return Err(Failure::Refused(tonic::Status::unimplemented(
+                        "this control plane does not know DH-HMAC-CHAP keys (upgrade it)",
+                    )))
+                }
+                r => done(
+                    out,
+                    r.map(tonic::Response::into_inner)
+                        .map_err(|s| classify(s, tls_on))?,
+                ),
+            }
+        }
         Cmd::Host(HostCmd::Del { subsystem, host }) => done(
             out,
             answer(c.host_del(host_of(subsystem, host)), tls_on).await?,
@@ -736,9 +871,43 @@ fn parse_namespace_lines(text: &str) -> Result<Vec<NamespaceLine>, String> {
 }
 
 fn host_of(subsystem: String, host: String) -> proto::Host {
+    keyed_host(subsystem, host, Keys::default())
+}
+
+fn keyed_host(subsystem: String, host: String, keys: Keys) -> proto::Host {
     proto::Host {
         subsystem_nqn: subsystem,
         host_nqn: host,
+        dhchap_key: keys.host,
+        dhchap_ctrl_key: keys.ctrl,
+        auth: String::new(),
+    }
+}
+
+/// After adding a host with keys: a control plane that predates keys ignores them and adds
+/// the host without; said here (exit 1) rather than left unnoticed.
+async fn check_keys_taken(
+    c: &mut AdminClient<Channel>,
+    subsystem: &str,
+    host: &str,
+    tls_on: bool,
+) -> Result<(), Failure> {
+    let request = proto::HostListRequest {
+        subsystem_nqn: subsystem.to_string(),
+    };
+    let hosts = answer(c.host_list(request), tls_on).await?.hosts;
+    let auth = hosts
+        .iter()
+        .find(|h| h.host_nqn == host)
+        .map(|h| h.auth.as_str());
+    match auth {
+        Some("host" | "bidirectional") => Ok(()),
+        _ => Err(Failure::Refused(tonic::Status::failed_precondition(
+            format!(
+                "host {host} was added to {subsystem} WITHOUT its keys: this control plane does \
+             not know DH-HMAC-CHAP keys (upgrade it); remove the host with `host del` until then"
+            ),
+        ))),
     }
 }
 

@@ -88,7 +88,9 @@ impl Listing for proto::Subsystem {
             self.nqn.clone(),
             self.serial.clone(),
             if self.allow_any_host { "yes" } else { "no" }.into(),
-            self.hosts.len().to_string(),
+            // `host_entries` has every host (`hosts` only those without keys); an older
+            // control plane sends `hosts` alone.
+            self.host_entries.len().max(self.hosts.len()).to_string(),
             self.max_namespaces.to_string(),
         ]
     }
@@ -128,10 +130,20 @@ impl Listing for proto::Listener {
     }
 }
 
+/// AUTH: "none", "host" (DH-HMAC-CHAP) or "bidirectional"; "-" from a control plane that
+/// predates keys. Never a key (the control plane sends none in lists).
 impl Listing for proto::Host {
-    const HEADERS: &'static [&'static str] = &["SUBSYSTEM", "HOST"];
+    const HEADERS: &'static [&'static str] = &["SUBSYSTEM", "HOST", "AUTH"];
     fn row(&self) -> Vec<String> {
-        vec![self.subsystem_nqn.clone(), self.host_nqn.clone()]
+        vec![
+            self.subsystem_nqn.clone(),
+            self.host_nqn.clone(),
+            if self.auth.is_empty() {
+                "-".into()
+            } else {
+                self.auth.clone()
+            },
+        ]
     }
 }
 
