@@ -19,6 +19,12 @@
 //!   namespaces are opened ([`apply_config`]); deleted ones, and host list changes, are applied
 //!   to a running gateway ([`apply_removals`]); what the gateway's own file declares is never
 //!   removed. Deleted listeners leave the discovery log ([`apply_listeners`]).
+//! - Hosts' DH-HMAC-CHAP keys come with the pushed hosts (`Subsystem.host_entries`): a new
+//!   subsystem is built with them, an existing one gets them with `Subsystem::set_host_keys`
+//!   when they change (connected hosts keep their controllers; the keys apply from their next
+//!   authentication). A host is never allowed here without the keys it was given, not even
+//!   for the moment between two calls, and a host whose pushed keys do not parse is not
+//!   allowed at all. Keys are never logged.
 //! - With `[group] tls_*` the replicas are dialled over mTLS (`control_plane::tls`).
 //! - The data path never waits for the control plane: when it is unreachable the last
 //!   applied states stay.
@@ -37,8 +43,10 @@ use rbd_backend::rbd::{ClusterPool, RbdDevice};
 use rbd_backend::{BlockDevice, DeviceEvent, DeviceEventSink};
 use tonic::transport::{Channel, ClientTlsConfig};
 
-use crate::config::{Config, HostEntry, NamespaceConfig, SubsystemConfig};
-use crate::core::{HostAccess, ListenerInfo, Namespace, Subsystem, Target, TransportType};
+use crate::config::{Config, HostEntry, HostTable, NamespaceConfig, SubsystemConfig};
+use crate::core::{
+    HostAccess, HostKeys, ListenerInfo, Namespace, Subsystem, Target, TransportType,
+};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
 
@@ -103,7 +111,8 @@ pub fn own_listeners(a: &Assignment, gateway: &str) -> BTreeSet<PushedListener> 
         .collect()
 }
 
-/// What the agent remembers about each ANA group's cluster clients between assignments.
+/// What the agent remembers between assignments: each ANA group's cluster clients, and the
+/// hosts of each pushed subsystem that it gave keys.
 #[derive(Default)]
 pub struct GroupClientsState {
     /// The settings of the process's image connections (None: nothing to reopen). The pool is
@@ -116,15 +125,22 @@ pub struct GroupClientsState {
     /// The configuration state version of the last assignment applied (beaconed: a
     /// namespace move waits for the old group's gateway to reach it).
     applied_state: AtomicU64,
+    /// Subsystem NQN → the hosts whose keys the agent installed there: the subsystem is
+    /// asked about them when the keys are compared (a host removed from a subsystem open to
+    /// any host is in no host list any more).
+    keyed_hosts: Mutex<BTreeMap<String, BTreeSet<String>>>,
 }
 
 impl GroupClientsState {
     pub fn new(ceph: Option<rbd_backend::rbd::CephSettings>) -> Self {
         Self {
             ceph,
-            lost: Mutex::new(BTreeSet::new()),
-            applied_state: AtomicU64::new(0),
+            ..Self::default()
         }
+    }
+
+    fn keyed_hosts(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, BTreeSet<String>>> {
+        self.keyed_hosts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn pool(&self) -> Option<Arc<ClusterPool>> {
@@ -525,7 +541,7 @@ async fn assignment_loop(
                                 m = stream.message() => break m,
                                 _ = tokio::time::sleep(REMOVALS_RECHECK) => {
                                     if let (Some(config), Some(a)) = (&settings.config, &last) {
-                                        apply_removals(&target, config, a).await;
+                                        apply_removals(&target, config, a, &clients).await;
                                     }
                                 }
                             }
@@ -537,8 +553,8 @@ async fn assignment_loop(
                     match next {
                         Ok(Some(a)) => {
                             if let Some(config) = &settings.config {
-                                apply_config(&target, config, &a).await;
-                                apply_removals(&target, config, &a).await;
+                                apply_config(&target, config, &a, &clients).await;
+                                apply_removals(&target, config, &a, &clients).await;
                                 apply_listeners(&target, &a);
                                 let own = Some(own_listeners(&a, &settings.gateway));
                                 listeners.send_if_modified(|l| {
@@ -630,16 +646,162 @@ pub fn apply_listeners(target: &Target, a: &Assignment) {
     }
 }
 
+/// The hosts of a pushed subsystem as this gateway applies them.
+#[derive(Debug, Default)]
+struct PushedHosts {
+    /// The hosts allowed, with their keys.
+    entries: Vec<HostEntry>,
+    /// The keys of those that must authenticate, by host NQN.
+    keys: BTreeMap<String, Arc<HostKeys>>,
+}
+
+impl PushedHosts {
+    fn nqns(&self) -> BTreeSet<String> {
+        self.entries.iter().map(|h| h.nqn().to_string()).collect()
+    }
+
+    fn access(&self, allow_any_host: bool) -> HostAccess {
+        if allow_any_host {
+            HostAccess::AnyHost
+        } else {
+            HostAccess::Only(self.nqns())
+        }
+    }
+}
+
+/// The hosts of a pushed subsystem: `host_entries`, with their keys; from a control plane
+/// that predates keys, `hosts`. A host whose keys do not parse here (the control plane
+/// checks them with the same parser, so only a corrupt state or a newer format gets here) is
+/// left out, logged with the field and why but not the key: it cannot connect here, which
+/// is better than connecting without authenticating.
+fn pushed_hosts(s: &control_plane::proto::Subsystem) -> PushedHosts {
+    let mut out = PushedHosts::default();
+    if s.host_entries.is_empty() {
+        out.entries = s.hosts.iter().cloned().map(HostEntry::Nqn).collect();
+        return out;
+    }
+    let given = |k: &str| (!k.is_empty()).then(|| k.to_string());
+    for h in &s.host_entries {
+        let entry = if h.dhchap_key.is_empty() && h.dhchap_ctrl_key.is_empty() {
+            HostEntry::Nqn(h.host_nqn.clone())
+        } else {
+            HostEntry::WithKeys(HostTable {
+                nqn: h.host_nqn.clone(),
+                dhchap_key: given(&h.dhchap_key),
+                dhchap_ctrl_key: given(&h.dhchap_ctrl_key),
+            })
+        };
+        match entry.keys() {
+            Ok(keys) => {
+                if let Some(keys) = keys {
+                    out.keys.insert(h.host_nqn.clone(), Arc::new(keys));
+                }
+                out.entries.push(entry);
+            }
+            Err((field, why)) => tracing::error!(
+                nqn = %s.nqn,
+                host = %h.host_nqn,
+                "pushed host not allowed here: its {field} is refused ({why})"
+            ),
+        }
+    }
+    out
+}
+
+/// "none", "host" or "bidirectional": what a host's keys make it do, for the logs.
+fn auth_mode(keys: Option<&Arc<HostKeys>>) -> &'static str {
+    match keys {
+        None => "none",
+        Some(k) if k.ctrl.is_none() => "host",
+        Some(_) => "bidirectional",
+    }
+}
+
+/// Makes a pushed subsystem's allowed hosts and their keys the assignment's. A host is
+/// never allowed here without the keys it is given: the keys of the hosts allowed from now on
+/// are installed before the new host list, and the keys of hosts leaving the list are
+/// dropped only after it (their controllers are closed by [`Subsystem::set_access`]).
+/// Connected hosts whose keys change keep their controllers.
+fn apply_hosts(
+    sub: &Subsystem,
+    pushed: &control_plane::proto::Subsystem,
+    keyed: &GroupClientsState,
+) {
+    let hosts = pushed_hosts(pushed);
+    let access = hosts.access(pushed.allow_any_host);
+    // Every host that may have keys here now: those this agent gave keys, the ones allowed
+    // now, and the ones pushed.
+    let mut candidates = keyed
+        .keyed_hosts()
+        .get(sub.nqn())
+        .cloned()
+        .unwrap_or_default();
+    if let HostAccess::Only(allowed) = sub.access() {
+        candidates.extend(allowed);
+    }
+    candidates.extend(hosts.nqns());
+    let current: BTreeMap<String, Arc<HostKeys>> = candidates
+        .iter()
+        .filter_map(|h| sub.host_keys(h).map(|k| (h.clone(), k)))
+        .collect();
+    let keys_changed = current != hosts.keys;
+    if keys_changed {
+        let mut interim = hosts.keys.clone();
+        for (h, k) in &current {
+            if !access.allows(h) {
+                interim.entry(h.clone()).or_insert_with(|| k.clone());
+            }
+        }
+        sub.set_host_keys(interim);
+    }
+    if sub.access() != access {
+        let revoked = sub.set_access(access);
+        tracing::info!(
+            nqn = %sub.nqn(),
+            any_host = pushed.allow_any_host,
+            hosts = hosts.entries.len(),
+            controllers_closed = revoked.len(),
+            "allowed hosts changed in the control plane"
+        );
+    }
+    if keys_changed {
+        sub.set_host_keys(hosts.keys.clone());
+        let changed: BTreeSet<&String> = current.keys().chain(hosts.keys.keys()).collect();
+        for h in changed {
+            let (old, new) = (current.get(h), hosts.keys.get(h));
+            if old != new {
+                tracing::info!(
+                    nqn = %sub.nqn(),
+                    host = %h,
+                    auth = auth_mode(new),
+                    was = auth_mode(old),
+                    "DH-HMAC-CHAP keys changed in the control plane (in force from the host's \
+                     next authentication; its connections stay)"
+                );
+            }
+        }
+    }
+    keyed
+        .keyed_hosts()
+        .insert(sub.nqn().to_string(), hosts.keys.into_keys().collect());
+}
+
 /// Applies what the control plane removed (`nvmeofctl subsystem/namespace/host del`) to the
 /// subsystems and namespaces it pushed: a subsystem no longer in the assignment is removed
 /// (its controllers torn down, discovery log changed); a namespace no longer in it is taken
 /// out, every controller of its subsystem gets Namespace Attribute Changed (the Changed
 /// Namespace List names it) and its commands in flight finish before the assignment is
-/// acknowledged (the device closes with the last of them); the allowed hosts follow the
-/// assignment (see [`Subsystem::set_access`] for the controllers of a removed host).
-/// Subsystems and namespaces of the gateway's own file are never removed, and an assignment
-/// built from no state at all (`state_version` 0) removes nothing.
-pub async fn apply_removals(target: &Target, base: &Config, a: &Assignment) {
+/// acknowledged (the device closes with the last of them); the allowed hosts and their
+/// DH-HMAC-CHAP keys follow the assignment ([`apply_hosts`]; see [`Subsystem::set_access`]
+/// for the controllers of a removed host). Subsystems and namespaces of the gateway's own
+/// file are never removed, and an assignment built from no state at all (`state_version` 0)
+/// removes nothing.
+pub async fn apply_removals(
+    target: &Target,
+    base: &Config,
+    a: &Assignment,
+    clients: &GroupClientsState,
+) {
     if a.state_version == 0 {
         return;
     }
@@ -676,21 +838,7 @@ pub async fn apply_removals(target: &Target, base: &Config, a: &Assignment) {
             }
         }
         if file.is_none() {
-            let access = if pushed.allow_any_host {
-                HostAccess::AnyHost
-            } else {
-                HostAccess::Only(pushed.hosts.iter().cloned().collect())
-            };
-            if sub.access() != access {
-                let revoked = sub.set_access(access);
-                tracing::info!(
-                    nqn = %sub.nqn(),
-                    any_host = pushed.allow_any_host,
-                    hosts = pushed.hosts.len(),
-                    controllers_closed = revoked.len(),
-                    "allowed hosts changed in the control plane"
-                );
-            }
+            apply_hosts(&sub, pushed, clients);
         }
     }
     // Their commands in flight finish before the assignment is acknowledged.
@@ -881,8 +1029,14 @@ pub async fn refresh_group_clients(target: &Target, pool: &Arc<ClusterPool>, gro
 /// Adds the subsystems and namespaces of an assignment that this gateway does not serve yet
 /// (opening their RBD images off the runtime). Nothing is removed or changed: subsystems and
 /// namespaces from the gateway's own file stay, and a pushed namespace whose NSID is taken is
-/// left out. New ANA groups start inaccessible; [`apply`] then sets the pushed states.
-pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
+/// left out. New ANA groups start inaccessible; [`apply`] then sets the pushed states. A new
+/// subsystem has its hosts' DH-HMAC-CHAP keys before it is served.
+pub async fn apply_config(
+    target: &Arc<Target>,
+    base: &Config,
+    a: &Assignment,
+    clients: &GroupClientsState,
+) {
     move_namespaces(target, a).await;
     let mut wanted = Vec::new();
     for s in &a.subsystems {
@@ -921,7 +1075,14 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
                 serial: (!s.serial.is_empty()).then(|| s.serial.clone()),
                 model: None,
                 allow_any_host: s.allow_any_host,
-                hosts: s.hosts.iter().cloned().map(HostEntry::Nqn).collect(),
+                // With their keys (the build sets them). A subsystem open to any host has no
+                // host list in a configuration (refused as contradictory): its hosts' keys
+                // are set below.
+                hosts: if s.allow_any_host {
+                    Vec::new()
+                } else {
+                    pushed_hosts(s).entries
+                },
                 namespaces,
             });
         }
@@ -975,6 +1136,11 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
             None => {
                 for ns in sub.namespaces() {
                     sub.set_ana_state(ns.ana_group, ana::INACCESSIBLE);
+                }
+                if let Some(pushed) = a.subsystems.iter().find(|s| s.nqn == sub.nqn()) {
+                    // Keys of hosts of a subsystem open to any host (built without a host
+                    // list), and the record of the keyed hosts; the rest is as built.
+                    apply_hosts(&sub, pushed, clients);
                 }
                 tracing::info!(
                     nqn = %sub.nqn(),
@@ -1263,20 +1429,27 @@ ana_group = 2
         let file_sub = target.subsystem("nqn.2016-06.io.test:group").expect("file");
         let pushed = target.subsystem(PUSHED).expect("pushed");
 
+        let clients = GroupClientsState::default();
         // Built from no state: nothing removed although nothing is listed.
-        apply_removals(&target, &base, &Assignment::default()).await;
+        apply_removals(&target, &base, &Assignment::default(), &clients).await;
         assert_eq!(pushed.namespaces().len(), 2);
         assert!(target.subsystem(PUSHED).is_some());
 
         // Namespace 2 deleted: it goes, namespace 1 and the file's subsystem stay.
-        apply_removals(&target, &base, &pushed_assignment(5, &[1], &[])).await;
+        apply_removals(&target, &base, &pushed_assignment(5, &[1], &[]), &clients).await;
         let nsids: Vec<u32> = pushed.namespaces().iter().map(|n| n.nsid).collect();
         assert_eq!(nsids, vec![1]);
         assert_eq!(file_sub.namespaces().len(), 2, "the file's namespaces stay");
 
         // Host list from the control plane.
         let host = "nqn.2014-08.org.nvmexpress:uuid:allowed";
-        apply_removals(&target, &base, &pushed_assignment(6, &[1], &[host])).await;
+        apply_removals(
+            &target,
+            &base,
+            &pushed_assignment(6, &[1], &[host]),
+            &clients,
+        )
+        .await;
         assert!(pushed.allows_host(host));
         assert!(!pushed.allows_host("nqn.2014-08.org.nvmexpress:uuid:other"));
         assert!(file_sub.allows_host("nqn.2014-08.org.nvmexpress:uuid:other"));
@@ -1290,11 +1463,220 @@ ana_group = 2
                 state_version: 7,
                 ..Assignment::default()
             },
+            &clients,
         )
         .await;
         assert!(target.subsystem(PUSHED).is_none());
         assert!(target.subsystem("nqn.2016-06.io.test:group").is_some());
         assert!(target.discovery_generation() > generation);
+    }
+
+    const PLAIN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000c1";
+    const KEYED: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000c2";
+
+    fn secret(byte: u8) -> crate::auth::DhchapSecret {
+        crate::auth::DhchapSecret::from_bytes(&[byte; 32], None).expect("32 bytes")
+    }
+
+    fn text(key: &crate::auth::DhchapSecret) -> String {
+        key.to_representation().to_string()
+    }
+
+    /// A pushed subsystem `nqn` as a control plane that knows keys sends it: `hosts` has the
+    /// hosts without keys, `host_entries` every host (host NQN, host key, controller key).
+    fn keyed_subsystem(
+        nqn: &str,
+        allow_any_host: bool,
+        hosts: &[(&str, Option<&str>, Option<&str>)],
+    ) -> control_plane::proto::Subsystem {
+        control_plane::proto::Subsystem {
+            nqn: nqn.into(),
+            allow_any_host,
+            hosts: hosts
+                .iter()
+                .filter(|(_, k, _)| k.is_none())
+                .map(|(h, _, _)| h.to_string())
+                .collect(),
+            host_entries: hosts
+                .iter()
+                .map(|&(h, k, c)| control_plane::proto::Host {
+                    subsystem_nqn: nqn.into(),
+                    host_nqn: h.into(),
+                    dhchap_key: k.unwrap_or_default().into(),
+                    dhchap_ctrl_key: c.unwrap_or_default().into(),
+                    auth: String::new(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn keyed_assignment(
+        state_version: u64,
+        subsystems: Vec<control_plane::proto::Subsystem>,
+    ) -> Assignment {
+        Assignment {
+            version: state_version,
+            state_version,
+            subsystems,
+            ..Assignment::default()
+        }
+    }
+
+    /// What the gateway logs while the test runs (on this thread), to check no key shows.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().expect("log")).into_owned()
+        }
+    }
+
+    fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (captured, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// Pushed keys on a running gateway: a subsystem built from an assignment has them; on
+    /// an existing one they are set, replaced and cleared as the control plane says, for a
+    /// host list and for a subsystem open to any host; a host whose keys do not parse is not
+    /// let in; a control plane without keys (`hosts` only) still works; nothing logged shows
+    /// a key.
+    #[tokio::test]
+    async fn pushed_host_keys_are_enforced_and_follow_changes() {
+        let (logs, _guard) = capture_logs();
+        let base = Config::from_toml_str(TOML).expect("config");
+        let target = base.build_target().expect("target");
+        let clients = GroupClientsState::default();
+        let (k1, c1, k2) = (secret(0x11), secret(0x22), secret(0x33));
+        let (k1t, c1t, k2t) = (text(&k1), text(&c1), text(&k2));
+        const OPEN: &str = "nqn.2016-06.io.test:open";
+
+        // New subsystems from an assignment: a host list, and one open to any host.
+        let a = keyed_assignment(
+            1,
+            vec![
+                keyed_subsystem(
+                    PUSHED,
+                    false,
+                    &[(PLAIN, None, None), (KEYED, Some(&k1t), Some(&c1t))],
+                ),
+                keyed_subsystem(OPEN, true, &[(KEYED, Some(&k1t), None)]),
+            ],
+        );
+        apply_config(&target, &base, &a, &clients).await;
+        apply_removals(&target, &base, &a, &clients).await;
+        let pushed = target.subsystem(PUSHED).expect("built");
+        let open = target.subsystem(OPEN).expect("built");
+        assert!(pushed.allows_host(PLAIN) && pushed.allows_host(KEYED));
+        assert!(!pushed.allows_host("nqn.2016-06.io.test:other"));
+        assert_eq!(pushed.host_keys(PLAIN), None);
+        let keys = pushed.host_keys(KEYED).expect("KEYED must authenticate");
+        assert_eq!((&keys.host, keys.ctrl.as_ref()), (&k1, Some(&c1)));
+        assert!(open.allows_host("nqn.2016-06.io.test:other"));
+        assert_eq!(
+            open.host_keys(KEYED).map(|k| k.host.clone()),
+            Some(k1.clone())
+        );
+        assert_eq!(open.host_keys("nqn.2016-06.io.test:other"), None);
+
+        // Replaced (host key only now), on both; PLAIN given a key.
+        let a = keyed_assignment(
+            2,
+            vec![
+                keyed_subsystem(
+                    PUSHED,
+                    false,
+                    &[(PLAIN, Some(&k1t), None), (KEYED, Some(&k2t), None)],
+                ),
+                keyed_subsystem(OPEN, true, &[(KEYED, Some(&k2t), None)]),
+            ],
+        );
+        apply_config(&target, &base, &a, &clients).await;
+        apply_removals(&target, &base, &a, &clients).await;
+        let keys = pushed.host_keys(KEYED).expect("still keyed");
+        assert_eq!((&keys.host, keys.ctrl.as_ref()), (&k2, None));
+        assert_eq!(
+            pushed.host_keys(PLAIN).map(|k| k.host.clone()),
+            Some(k1.clone())
+        );
+        assert_eq!(
+            open.host_keys(KEYED).map(|k| k.host.clone()),
+            Some(k2.clone())
+        );
+        let logged = logs.text();
+        assert!(
+            logged.contains("DH-HMAC-CHAP keys changed in the control plane")
+                && logged.contains(KEYED)
+                && logged.contains("auth=\"host\" was=\"bidirectional\""),
+            "{logged}"
+        );
+
+        // Cleared on PUSHED (the host stays); KEYED removed from the open subsystem: its key
+        // goes although no host list names it.
+        let a = keyed_assignment(
+            3,
+            vec![
+                keyed_subsystem(PUSHED, false, &[(PLAIN, None, None), (KEYED, None, None)]),
+                keyed_subsystem(OPEN, true, &[]),
+            ],
+        );
+        apply_removals(&target, &base, &a, &clients).await;
+        assert!(pushed.allows_host(KEYED) && pushed.allows_host(PLAIN));
+        assert_eq!(pushed.host_keys(KEYED), None);
+        assert_eq!(pushed.host_keys(PLAIN), None);
+        assert_eq!(open.host_keys(KEYED), None);
+
+        // A key that does not parse: that host is not let in at all; the others are.
+        let mut bad = k1t.clone().into_bytes();
+        bad[14] = if bad[14] == b'A' { b'B' } else { b'A' };
+        let bad = String::from_utf8(bad).expect("ASCII");
+        let a = keyed_assignment(
+            4,
+            vec![
+                keyed_subsystem(
+                    PUSHED,
+                    false,
+                    &[(PLAIN, None, None), (KEYED, Some(&bad), None)],
+                ),
+                keyed_subsystem(OPEN, true, &[]),
+            ],
+        );
+        apply_removals(&target, &base, &a, &clients).await;
+        assert!(pushed.allows_host(PLAIN));
+        assert!(!pushed.allows_host(KEYED), "let in without its key");
+        assert!(logs
+            .text()
+            .contains("pushed host not allowed here: its dhchap_key is refused"));
+
+        // A control plane that predates keys: `hosts` alone.
+        let mut old = keyed_subsystem(PUSHED, false, &[(PLAIN, None, None), (KEYED, None, None)]);
+        old.host_entries.clear();
+        apply_removals(&target, &base, &keyed_assignment(5, vec![old]), &clients).await;
+        assert!(pushed.allows_host(KEYED) && pushed.allows_host(PLAIN));
+        assert_eq!(pushed.host_keys(KEYED), None);
+
+        let logged = logs.text();
+        for k in [&k1t, &c1t, &k2t, &bad] {
+            assert!(!logged.contains(&k[10..50]), "a key in the log:\n{logged}");
+        }
     }
 
     #[tokio::test]
