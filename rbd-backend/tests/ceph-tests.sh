@@ -14,6 +14,8 @@
 #                                  bounds the buffers, every write lands once it resumes)
 #   - gateway/tests/fenced_group.rs (one ANA group's client blocklisted: only it stops)
 #   - gateway/tests/group_removals.rs (namespace/host/subsystem del applied on a running gateway)
+#   - gateway/tests/group_auth.rs (DH-HMAC-CHAP keys given with nvmeofctl, enforced by the
+#                                  group's gateway; runs the nvmeofctl binary, built first)
 #   - tests/micro-ceph-ports.sh   (micro-ceph.sh when the mon's port is taken: retry, or exit 75)
 # and stops the cluster whatever happened. Exit code: non-zero if any test failed.
 #
@@ -57,5 +59,7 @@ bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_down_start -- --igno
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_stall_budget -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test fenced_group -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_removals -- --ignored "$@" || rc=1
+{ bounded "${CARGO:-cargo}" build -p control-plane --bin nvmeofctl &&
+  bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_auth -- --ignored "$@"; } || rc=1
 bash "$root/tests/micro-ceph-ports.sh" || rc=1
 exit $rc

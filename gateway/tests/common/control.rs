@@ -83,3 +83,40 @@ pub async fn add_namespace_once_its_group_exists(
     )
     .await
 }
+
+/// The `nvmeofctl` binary: `$NVMEOFCTL`, else the one next to the gateway binary built for
+/// the tests (`cargo build -p control-plane --bin nvmeofctl` builds it there; the Ceph test
+/// script does). Panics with that hint when it is missing.
+pub fn nvmeofctl_binary() -> std::path::PathBuf {
+    let path = std::env::var_os("NVMEOFCTL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_BIN_EXE_nvmeof-gateway")).with_file_name("nvmeofctl")
+        });
+    assert!(
+        path.exists(),
+        "{} not found: build it with `cargo build -p control-plane --bin nvmeofctl` (or set \
+         NVMEOFCTL)",
+        path.display()
+    );
+    path
+}
+
+/// Runs `nvmeofctl --server ADDR ARGS` (see [`nvmeofctl_binary`]), with nothing taken from
+/// the environment: its exit code (-1: killed by a signal), standard output and error.
+pub fn nvmeofctl(addr: &str, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(nvmeofctl_binary())
+        .args(["--server", addr])
+        .args(args)
+        .env_remove("NVMEOFCTL_TLS_CA")
+        .env_remove("NVMEOFCTL_TLS_CERT")
+        .env_remove("NVMEOFCTL_TLS_KEY")
+        .env_remove("NVMEOFCTL_SERVER")
+        .output()
+        .expect("run nvmeofctl");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
