@@ -111,8 +111,7 @@ pub fn own_listeners(a: &Assignment, gateway: &str) -> BTreeSet<PushedListener> 
         .collect()
 }
 
-/// What the agent remembers between assignments: each ANA group's cluster clients, and the
-/// hosts of each pushed subsystem that it gave keys.
+/// What the agent remembers about each ANA group's cluster clients between assignments.
 #[derive(Default)]
 pub struct GroupClientsState {
     /// The settings of the process's image connections (None: nothing to reopen). The pool is
@@ -125,10 +124,6 @@ pub struct GroupClientsState {
     /// The configuration state version of the last assignment applied (beaconed: a
     /// namespace move waits for the old group's gateway to reach it).
     applied_state: AtomicU64,
-    /// Subsystem NQN → the hosts whose keys the agent installed there: the subsystem is
-    /// asked about them when the keys are compared (a host removed from a subsystem open to
-    /// any host is in no host list any more).
-    keyed_hosts: Mutex<BTreeMap<String, BTreeSet<String>>>,
 }
 
 impl GroupClientsState {
@@ -137,10 +132,6 @@ impl GroupClientsState {
             ceph,
             ..Self::default()
         }
-    }
-
-    fn keyed_hosts(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, BTreeSet<String>>> {
-        self.keyed_hosts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn pool(&self) -> Option<Arc<ClusterPool>> {
@@ -541,7 +532,7 @@ async fn assignment_loop(
                                 m = stream.message() => break m,
                                 _ = tokio::time::sleep(REMOVALS_RECHECK) => {
                                     if let (Some(config), Some(a)) = (&settings.config, &last) {
-                                        apply_removals(&target, config, a, &clients).await;
+                                        apply_removals(&target, config, a).await;
                                     }
                                 }
                             }
@@ -553,8 +544,8 @@ async fn assignment_loop(
                     match next {
                         Ok(Some(a)) => {
                             if let Some(config) = &settings.config {
-                                apply_config(&target, config, &a, &clients).await;
-                                apply_removals(&target, config, &a, &clients).await;
+                                apply_config(&target, config, &a).await;
+                                apply_removals(&target, config, &a).await;
                                 apply_listeners(&target, &a);
                                 let own = Some(own_listeners(&a, &settings.gateway));
                                 listeners.send_if_modified(|l| {
@@ -722,28 +713,10 @@ fn auth_mode(keys: Option<&Arc<HostKeys>>) -> &'static str {
 /// are installed before the new host list, and the keys of hosts leaving the list are
 /// dropped only after it (their controllers are closed by [`Subsystem::set_access`]).
 /// Connected hosts whose keys change keep their controllers.
-fn apply_hosts(
-    sub: &Subsystem,
-    pushed: &control_plane::proto::Subsystem,
-    keyed: &GroupClientsState,
-) {
+fn apply_hosts(sub: &Subsystem, pushed: &control_plane::proto::Subsystem) {
     let hosts = pushed_hosts(pushed);
     let access = hosts.access(pushed.allow_any_host);
-    // Every host that may have keys here now: those this agent gave keys, the ones allowed
-    // now, and the ones pushed.
-    let mut candidates = keyed
-        .keyed_hosts()
-        .get(sub.nqn())
-        .cloned()
-        .unwrap_or_default();
-    if let HostAccess::Only(allowed) = sub.access() {
-        candidates.extend(allowed);
-    }
-    candidates.extend(hosts.nqns());
-    let current: BTreeMap<String, Arc<HostKeys>> = candidates
-        .iter()
-        .filter_map(|h| sub.host_keys(h).map(|k| (h.clone(), k)))
-        .collect();
+    let current = sub.all_host_keys();
     let keys_changed = current != hosts.keys;
     if keys_changed {
         let mut interim = hosts.keys.clone();
@@ -781,9 +754,6 @@ fn apply_hosts(
             }
         }
     }
-    keyed
-        .keyed_hosts()
-        .insert(sub.nqn().to_string(), hosts.keys.into_keys().collect());
 }
 
 /// Applies what the control plane removed (`nvmeofctl subsystem/namespace/host del`) to the
@@ -796,12 +766,7 @@ fn apply_hosts(
 /// for the controllers of a removed host). Subsystems and namespaces of the gateway's own
 /// file are never removed, and an assignment built from no state at all (`state_version` 0)
 /// removes nothing.
-pub async fn apply_removals(
-    target: &Target,
-    base: &Config,
-    a: &Assignment,
-    clients: &GroupClientsState,
-) {
+pub async fn apply_removals(target: &Target, base: &Config, a: &Assignment) {
     if a.state_version == 0 {
         return;
     }
@@ -838,7 +803,7 @@ pub async fn apply_removals(
             }
         }
         if file.is_none() {
-            apply_hosts(&sub, pushed, clients);
+            apply_hosts(&sub, pushed);
         }
     }
     // Their commands in flight finish before the assignment is acknowledged.
@@ -1031,12 +996,7 @@ pub async fn refresh_group_clients(target: &Target, pool: &Arc<ClusterPool>, gro
 /// namespaces from the gateway's own file stay, and a pushed namespace whose NSID is taken is
 /// left out. New ANA groups start inaccessible; [`apply`] then sets the pushed states. A new
 /// subsystem has its hosts' DH-HMAC-CHAP keys before it is served.
-pub async fn apply_config(
-    target: &Arc<Target>,
-    base: &Config,
-    a: &Assignment,
-    clients: &GroupClientsState,
-) {
+pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
     move_namespaces(target, a).await;
     let mut wanted = Vec::new();
     for s in &a.subsystems {
@@ -1140,7 +1100,7 @@ pub async fn apply_config(
                 if let Some(pushed) = a.subsystems.iter().find(|s| s.nqn == sub.nqn()) {
                     // Keys of hosts of a subsystem open to any host (built without a host
                     // list), and the record of the keyed hosts; the rest is as built.
-                    apply_hosts(&sub, pushed, clients);
+                    apply_hosts(&sub, pushed);
                 }
                 tracing::info!(
                     nqn = %sub.nqn(),
@@ -1428,28 +1388,20 @@ ana_group = 2
             .expect("target");
         let file_sub = target.subsystem("nqn.2016-06.io.test:group").expect("file");
         let pushed = target.subsystem(PUSHED).expect("pushed");
-
-        let clients = GroupClientsState::default();
         // Built from no state: nothing removed although nothing is listed.
-        apply_removals(&target, &base, &Assignment::default(), &clients).await;
+        apply_removals(&target, &base, &Assignment::default()).await;
         assert_eq!(pushed.namespaces().len(), 2);
         assert!(target.subsystem(PUSHED).is_some());
 
         // Namespace 2 deleted: it goes, namespace 1 and the file's subsystem stay.
-        apply_removals(&target, &base, &pushed_assignment(5, &[1], &[]), &clients).await;
+        apply_removals(&target, &base, &pushed_assignment(5, &[1], &[])).await;
         let nsids: Vec<u32> = pushed.namespaces().iter().map(|n| n.nsid).collect();
         assert_eq!(nsids, vec![1]);
         assert_eq!(file_sub.namespaces().len(), 2, "the file's namespaces stay");
 
         // Host list from the control plane.
         let host = "nqn.2014-08.org.nvmexpress:uuid:allowed";
-        apply_removals(
-            &target,
-            &base,
-            &pushed_assignment(6, &[1], &[host]),
-            &clients,
-        )
-        .await;
+        apply_removals(&target, &base, &pushed_assignment(6, &[1], &[host])).await;
         assert!(pushed.allows_host(host));
         assert!(!pushed.allows_host("nqn.2014-08.org.nvmexpress:uuid:other"));
         assert!(file_sub.allows_host("nqn.2014-08.org.nvmexpress:uuid:other"));
@@ -1463,7 +1415,6 @@ ana_group = 2
                 state_version: 7,
                 ..Assignment::default()
             },
-            &clients,
         )
         .await;
         assert!(target.subsystem(PUSHED).is_none());
@@ -1564,7 +1515,6 @@ ana_group = 2
         let (logs, _guard) = capture_logs();
         let base = Config::from_toml_str(TOML).expect("config");
         let target = base.build_target().expect("target");
-        let clients = GroupClientsState::default();
         let (k1, c1, k2) = (secret(0x11), secret(0x22), secret(0x33));
         let (k1t, c1t, k2t) = (text(&k1), text(&c1), text(&k2));
         const OPEN: &str = "nqn.2016-06.io.test:open";
@@ -1581,8 +1531,8 @@ ana_group = 2
                 keyed_subsystem(OPEN, true, &[(KEYED, Some(&k1t), None)]),
             ],
         );
-        apply_config(&target, &base, &a, &clients).await;
-        apply_removals(&target, &base, &a, &clients).await;
+        apply_config(&target, &base, &a).await;
+        apply_removals(&target, &base, &a).await;
         let pushed = target.subsystem(PUSHED).expect("built");
         let open = target.subsystem(OPEN).expect("built");
         assert!(pushed.allows_host(PLAIN) && pushed.allows_host(KEYED));
@@ -1609,8 +1559,8 @@ ana_group = 2
                 keyed_subsystem(OPEN, true, &[(KEYED, Some(&k2t), None)]),
             ],
         );
-        apply_config(&target, &base, &a, &clients).await;
-        apply_removals(&target, &base, &a, &clients).await;
+        apply_config(&target, &base, &a).await;
+        apply_removals(&target, &base, &a).await;
         let keys = pushed.host_keys(KEYED).expect("still keyed");
         assert_eq!((&keys.host, keys.ctrl.as_ref()), (&k2, None));
         assert_eq!(
@@ -1638,7 +1588,7 @@ ana_group = 2
                 keyed_subsystem(OPEN, true, &[]),
             ],
         );
-        apply_removals(&target, &base, &a, &clients).await;
+        apply_removals(&target, &base, &a).await;
         assert!(pushed.allows_host(KEYED) && pushed.allows_host(PLAIN));
         assert_eq!(pushed.host_keys(KEYED), None);
         assert_eq!(pushed.host_keys(PLAIN), None);
@@ -1659,7 +1609,7 @@ ana_group = 2
                 keyed_subsystem(OPEN, true, &[]),
             ],
         );
-        apply_removals(&target, &base, &a, &clients).await;
+        apply_removals(&target, &base, &a).await;
         assert!(pushed.allows_host(PLAIN));
         assert!(!pushed.allows_host(KEYED), "let in without its key");
         assert!(logs
@@ -1669,7 +1619,7 @@ ana_group = 2
         // A control plane that predates keys: `hosts` alone.
         let mut old = keyed_subsystem(PUSHED, false, &[(PLAIN, None, None), (KEYED, None, None)]);
         old.host_entries.clear();
-        apply_removals(&target, &base, &keyed_assignment(5, vec![old]), &clients).await;
+        apply_removals(&target, &base, &keyed_assignment(5, vec![old])).await;
         assert!(pushed.allows_host(KEYED) && pushed.allows_host(PLAIN));
         assert_eq!(pushed.host_keys(KEYED), None);
 

@@ -134,6 +134,14 @@ impl Subsystem {
         *self.host_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
     }
 
+    /// Every host's keys, by host NQN (what [`Self::set_host_keys`] last set).
+    pub fn all_host_keys(&self) -> BTreeMap<String, Arc<HostKeys>> {
+        self.host_keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The keys `hostnqn` must authenticate with here, if any. The discovery subsystem asks
     /// no host to authenticate.
     pub fn host_keys(&self, hostnqn: &str) -> Option<Arc<HostKeys>> {
