@@ -48,6 +48,9 @@
 #                      passes --dhchap-secret: no authentication (no ATR), fio verify 8M
 #   j.digests-auth     --hdr-digest --data-digest with bidirectional auth: every queue's ICResp
 #                      grants both digests (captured on lo), fio verify 8M
+#   r.rdma-bidirectional  nvme-rdma over Soft-RoCE (rxe0 on eth0, $RDMA_ADDR; the gateway's
+#                      rdma listener), bidirectional: every queue authenticated, fio verify 8M
+#                      (kernel target: skipped)
 #   k.sigterm          the gateway exits 0 on SIGTERM (kernel target: nvmet torn down)
 # Last line: "N passed, N failed". Exit 0 only if nothing failed.
 #
@@ -67,6 +70,8 @@ if [ "$MODE" = gateway ]; then
 fi
 
 ADDR=127.0.0.1
+RDMA_ADDR=10.0.2.15  # the guest's eth0, where Soft-RoCE (rxe0) runs for step r
+RXE_OK=0
 PORT=${E2E_PORT:-4420}
 NPORT=$((PORT + 1))  # the negotiation cases' target
 NQN=nqn.2016-06.io.ceph-nvmeof-rs:auth
@@ -180,6 +185,7 @@ write_config() { # file port mode(main|neg) [hash dhgroup]
   {
     [ "$3" = neg ] && printf '[gateway]\ndhchap_hashes = ["%s"]\ndhchap_dhgroups = ["%s"]\n\n' "$4" "$5"
     printf '[[listener]]\ntransport = "tcp"\naddress = "%s"\nport = %s\n\n' "$ADDR" "$2"
+    [ "$3" = main ] && [ "$RXE_OK" = 1 ] && printf '[[listener]]\ntransport = "rdma"\naddress = "%s"\nport = %s\n\n' "$RDMA_ADDR" "$2"
     printf '[[subsystem]]\nnqn = "%s"\nallow_any_host = false\nhosts = [\n' "$NQN"
     if [ "$3" = main ]; then
       host_entry "$H_MAIN" "$K_MAIN" "$C_MAIN"
@@ -293,7 +299,7 @@ host_ctrl() { # subnqn hostnqn port: the controller connected with these
 connect() {
   local sub=$1 port=$2 h=$3 hid=$4 out rc; shift 4
   mark "${AUTH_LOG:-$GWLOG}"
-  out=$(timeout -k 5 90 nvme connect -t tcp -a $ADDR -s "$port" --ctrl-loss-tmo=5 --reconnect-delay=1 \
+  out=$(timeout -k 5 90 nvme connect -t "${CONN_T:-tcp}" -a "${CONN_A:-$ADDR}" -s "$port" --ctrl-loss-tmo=5 --reconnect-delay=1 \
           -n "$sub" --hostnqn="$h" --hostid="$hid" "$@" 2>&1)
   rc=$?
   [ -n "$out" ] && echo "$out" | sed 's/^/    /'
@@ -401,6 +407,24 @@ b_connect() {
   host_auth_check $DEF_HASH $DEF_DHGROUP true || return 1
   gw_auth_check $DEF_HASH $DEF_DHGROUP true
 }
+rxe_setup() { # Soft-RoCE on eth0 for the RDMA step (the gateway's rdma listener waits for it)
+  modprobe -a ib_uverbs rdma_ucm nvme-rdma rdma_rxe || return 1
+  rdma link add rxe0 type rxe netdev eth0 || return 1
+  for _ in $(seq 50); do rdma link show rxe0/1 2>/dev/null | grep -q ACTIVE && { RXE_OK=1; return 0; }; sleep 0.1; done
+  say "rxe0 port not ACTIVE"; return 1
+}
+rdma_check() { # bidirectional over nvme-rdma: the transaction rides keyed SGLs / RDMA READ and WRITE
+  if [ "$MODE" = kernel ]; then skip_gw "nvme-rdma (the kernel target serves TCP only here)"; return 0; fi
+  [ "$RXE_OK" = 1 ] || { say "no rxe device (step setup.rxe failed)"; return 1; }
+  grep -q "NVMe/RDMA listener ready addr=$RDMA_ADDR:$PORT" "$GWLOG" ||
+    { say "the gateway log has no 'NVMe/RDMA listener ready addr=$RDMA_ADDR:$PORT'"; return 1; }
+  CONN_T=rdma CONN_A=$RDMA_ADDR connect $NQN "$PORT" "$H_MAIN" $ID_MAIN --dhchap-secret="$K_MAIN" --dhchap-ctrl-secret="$C_MAIN" || return 1
+  [ "$(cat /sys/class/nvme/$CTRL/transport)" = rdma ] || { say "$CTRL is not an rdma controller"; disconnect; return 1; }
+  host_auth_check $DEF_HASH $DEF_DHGROUP true || { disconnect; return 1; }
+  gw_auth_check $DEF_HASH $DEF_DHGROUP true || { disconnect; return 1; }
+  fio_small rdma-4k 8M || { disconnect; return 1; }
+  disconnect
+}
 DD=/proc/dynamic_debug/control
 reauth_check() { # the same secret again: the host re-authenticates every queue of the live controller
   local n0 n1 new q missing st dd=0
@@ -505,7 +529,11 @@ neg_check() { # hash dhgroup: the target restricted to them, the host offering e
     echo "hmac($1)" > $CFG/hosts/$H_NEG/dhchap_hash && echo "$2" > $CFG/hosts/$H_NEG/dhchap_dhgroup || return 1
   fi
   AUTH_LOG=$NGWLOG
-  if connect $NQN "$NPORT" "$H_NEG" $ID_NEG --dhchap-secret="$K_NEG" --dhchap-ctrl-secret="$C_NEG" -i 1; then
+  # A keep-alive timeout of 30 s, not the default 5: the controller's keep-alive timer runs
+  # from Connect (as in nvmet), and under TCG emulation on a loaded machine the host's own
+  # ffdhe8192 exponentiations take over 10 s between the challenge and its reply (a real CPU
+  # takes milliseconds), so the default once expired mid-transaction.
+  if connect $NQN "$NPORT" "$H_NEG" $ID_NEG --dhchap-secret="$K_NEG" --dhchap-ctrl-secret="$C_NEG" -i 1 --keep-alive-tmo=30; then
     host_auth_check "$1" "$2" true && gw_auth_check "$1" "$2" true "$NGWLOG" || rc=1
     timeout -k 5 60 dd if="$DEV" of=/dev/null bs=64k count=4 iflag=direct 2>/dev/null || { say "read failed"; rc=1; }
     disconnect || rc=1
@@ -607,7 +635,7 @@ ALL=(keys target.start a.connect-unidirectional a.fio-verify a.list-subsys-sysfs
   b.connect-bidirectional b.fio-verify c.reauth b.disconnect d.wrong-host-key d2.good-host-after
   e.no-secret f.wrong-ctrl-key x1.no-ctrl-key g.hmac-0 g.hmac-1 g.hmac-2 g.hmac-3)
 for c in "${NEG_CASES[@]}"; do ALL+=("n.${c/ /-}"); done
-ALL+=(i.no-auth-host j.digests-auth k.sigterm)
+ALL+=(i.no-auth-host j.digests-auth r.rdma-bidirectional k.sigterm)
 
 step setup.modprobe "load nvme-tcp$([ $MODE = kernel ] && echo ', nvmet-tcp, null_blk')" \
   eval 'modprobe -a nvme-core nvme-tcp && { [ $MODE = gateway ] || { modprobe -a nvmet nvmet-tcp && modprobe null_blk nr_devices=0; }; }'
@@ -615,7 +643,8 @@ if ! step kernel.auth "the guest kernel has NVMe in-band authentication (DH-HMAC
   skip_from keys "the guest kernel has no NVMe auth"
 elif ! step keys "nvme gen-dhchap-key: host and ctrl keys, --hmac=0..3" gen_keys; then
   skip_from target.start "no keys"
-elif ! step target.start "start the target on $ADDR:$PORT (hosts with keys)" start_target; then
+elif ! { { [ "$MODE" = kernel ] || step setup.rxe "Soft-RoCE for step r: rdma link add rxe0 type rxe netdev eth0" rxe_setup; }
+         step target.start "start the target on $ADDR:$PORT (hosts with keys)" start_target; }; then
   skip_from a.connect-unidirectional "the target did not start"
 else
   if step a.connect-unidirectional "connect with --dhchap-secret: authenticated (hmac($DEF_HASH), $DEF_DHGROUP), controller not" a_connect; then
@@ -652,6 +681,7 @@ else
   done
   step i.no-auth-host "a host allowed without a key ($OPEN_NQN) with --dhchap-secret: no authentication, fio verify 8M" open_check
   step j.digests-auth "header + data digests with bidirectional auth, fio verify 8M" digest_check
+  step r.rdma-bidirectional "nvme-rdma over Soft-RoCE, bidirectional auth on every queue, fio verify 8M" rdma_check
   step k.sigterm "SIGTERM: the gateway exits 0" stop_target
 fi
 
