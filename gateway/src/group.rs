@@ -762,7 +762,7 @@ fn apply_hosts(sub: &Subsystem, pushed: &control_plane::proto::Subsystem) {
 /// out, every controller of its subsystem gets Namespace Attribute Changed (the Changed
 /// Namespace List names it) and its commands in flight finish before the assignment is
 /// acknowledged (the device closes with the last of them); the allowed hosts and their
-/// DH-HMAC-CHAP keys follow the assignment ([`apply_hosts`]; see [`Subsystem::set_access`]
+/// DH-HMAC-CHAP keys follow the assignment (`apply_hosts`; see [`Subsystem::set_access`]
 /// for the controllers of a removed host). Subsystems and namespaces of the gateway's own
 /// file are never removed, and an assignment built from no state at all (`state_version` 0)
 /// removes nothing.
