@@ -4,7 +4,7 @@
 use tokio::runtime::{Handle, RuntimeFlavor};
 
 /// Runs `work` where it may take milliseconds: in-band authentication's key exchange costs
-/// ~1 ms of CPU with ffdhe2048 and ~35 ms with ffdhe8192, which would otherwise hold up the
+/// ~1 ms of CPU with ffdhe2048 and ~31 ms with ffdhe8192, which would otherwise hold up the
 /// I/O of every queue sharing the worker. On the multi-threaded runtime the worker hands
 /// its other tasks over (`block_in_place`) first; elsewhere (a current-thread runtime in
 /// tests, no runtime) the work just runs.

@@ -65,7 +65,7 @@ pub struct AuthPolicy {
 
 impl Default for AuthPolicy {
     /// The strongest hash, and the cheapest DH group (a transaction with ffdhe2048 costs the
-    /// gateway ~1 ms of CPU, with ffdhe8192 ~35 ms; every queue of every host runs one);
+    /// gateway ~1 ms of CPU, with ffdhe8192 ~31 ms; every queue of every host runs one);
     /// NULL last, for hosts that offer no group.
     fn default() -> Self {
         Self {
