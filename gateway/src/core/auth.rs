@@ -327,7 +327,12 @@ impl Queue {
         let ctrl = &binding.controller;
         let current = if binding.qid == 0 {
             let keys = ctrl.subsystem.host_keys(&ctrl.hostnqn);
-            ctrl.set_auth_keys(keys.clone());
+            // Keys gone fail this transaction (and end the controller) below; they never
+            // leave the controller without keys, which would let its next I/O queue in
+            // unasked meanwhile.
+            if keys.is_some() {
+                ctrl.set_auth_keys(keys.clone());
+            }
             keys
         } else {
             ctrl.auth_keys()

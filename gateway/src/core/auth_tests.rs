@@ -479,9 +479,28 @@ fn hosts_without_a_key_and_the_discovery_controller_do_not_authenticate() {
 fn re_authentication_after_the_key_was_removed_fails() {
     let f = auth_fixture(keys(1, None), None);
     let mut admin = f.queue();
-    connect_admin(&mut admin);
+    let (_, dw0) = connect_admin(&mut admin);
     authenticate(&mut admin, &host_options(1, None)).expect("first");
+    assert!(property_set_cc(&mut admin, CC_ENABLED).is_success());
     subsystem(&f).set_host_keys(BTreeMap::new());
-    let refused = authenticate(&mut admin, &host_options(1, None)).expect_err("no keys now");
-    assert!(refused.what.contains("failed"), "{}", refused.what);
+    let host = HostTransaction::new(&host_options(1, None), SUBNQN).expect("secret");
+    assert_eq!(
+        auth_send(&mut admin, &host.negotiate()),
+        (Status::SUCCESS, false)
+    );
+    // Before the host hears of the failure, an I/O queue of the controller is still asked.
+    let mut io = f.queue();
+    let r = one(run(
+        &mut io,
+        connect(1, 127, 0),
+        Some(connect_data(SUBNQN, HOSTNQN, dw0 as u16)),
+    ));
+    assert_ne!(
+        r.completion.result as u32 & spec::fabrics::CONNECT_AUTHREQ_ATR,
+        0
+    );
+    assert!(is_auth_required(read_status(&mut io)));
+    let (failure, closed) = auth_receive(&mut admin);
+    assert!(matches!(failure, Message::Failure1(f) if f.reason == spec::auth::FAILURE_FAILED));
+    assert!(closed);
 }
