@@ -42,6 +42,54 @@ pub mod io_opcode {
     pub const COMPARE: u8 = 0x05;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DSM: u8 = 0x09;
+    pub const RESV_REGISTER: u8 = 0x0d;
+    pub const RESV_REPORT: u8 = 0x0e;
+    pub const RESV_ACQUIRE: u8 = 0x11;
+    pub const RESV_RELEASE: u8 = 0x15;
+}
+
+/// Reservations (NVMe Base 2.0 section 8.19): command fields, types, notices
+/// (`enum nvme_pr_type`, `NVME_PR_*` in Linux's `include/linux/nvme.h`).
+pub mod pr {
+    /// CDW10 bits 2:0 of Register, Acquire and Release: the action.
+    pub const ACTION_MASK: u32 = 0x7;
+    /// Reservation Register actions (RREGA).
+    pub const REGISTER_ACT_REG: u32 = 0;
+    pub const REGISTER_ACT_UNREG: u32 = 1;
+    pub const REGISTER_ACT_REPLACE: u32 = 2;
+    /// Reservation Acquire actions (RACQA).
+    pub const ACQUIRE_ACT_ACQUIRE: u32 = 0;
+    pub const ACQUIRE_ACT_PREEMPT: u32 = 1;
+    pub const ACQUIRE_ACT_PREEMPT_AND_ABORT: u32 = 2;
+    /// Reservation Release actions (RRELA).
+    pub const RELEASE_ACT_RELEASE: u32 = 0;
+    pub const RELEASE_ACT_CLEAR: u32 = 1;
+    /// CDW10 bit 3: ignore the current key (IEKEY).
+    pub const IGNORE_KEY: u32 = 1 << 3;
+    /// CDW10 bits 15:8 of Acquire and Release: the reservation type (RTYPE).
+    pub const RTYPE_SHIFT: u32 = 8;
+    /// Reservation types.
+    pub const WRITE_EXCLUSIVE: u8 = 1;
+    pub const EXCLUSIVE_ACCESS: u8 = 2;
+    pub const WRITE_EXCLUSIVE_REG_ONLY: u8 = 3;
+    pub const EXCLUSIVE_ACCESS_REG_ONLY: u8 = 4;
+    pub const WRITE_EXCLUSIVE_ALL_REGS: u8 = 5;
+    pub const EXCLUSIVE_ACCESS_ALL_REGS: u8 = 6;
+    /// Reservation Report CDW11 bit 0: the extended data structure (128-bit host IDs).
+    pub const EXTENDED_DATA_STRUCT: u32 = 1 << 0;
+    /// Identify Namespace RESCAP (`enum nvme_pr_capabilities`): bit n for type n (1..=6),
+    /// bit 0 persist through power loss, bit 7 IEKEY as NVMe 1.3 defines it.
+    pub const RESCAP_PTPL: u8 = 1 << 0;
+    pub const RESCAP_IEKEY_VER_1_3_DEF: u8 = 1 << 7;
+    /// Reservation Notification log entry types (`NVME_PR_LOG_*`).
+    pub const LOG_EMPTY: u8 = 0;
+    pub const LOG_REGISTRATION_PREEMPTED: u8 = 1;
+    pub const LOG_RESERVATION_RELEASED: u8 = 2;
+    pub const LOG_RESERVATION_PREEMPTED: u8 = 3;
+    /// Reservation Notification Mask feature bits (a set bit suppresses that notice).
+    pub const NOTIFY_MASK_REG_PREEMPTED: u32 = 1 << 1;
+    pub const NOTIFY_MASK_RESV_RELEASED: u32 = 1 << 2;
+    pub const NOTIFY_MASK_RESV_PREEMPTED: u32 = 1 << 3;
 }
 
 /// The fabrics opcode and its command types (`nvmf_capsule_command`).
@@ -151,6 +199,8 @@ pub mod log {
     pub const CMD_EFFECTS: u8 = 0x05;
     pub const ANA: u8 = 0x0c;
     pub const DISC: u8 = 0x70;
+    /// Reservation Notification (`NVME_LOG_RESERVATION`).
+    pub const RESERVATION: u8 = 0x80;
     /// ANA log specific field: return groups only (`NVME_ANA_LOG_RGO`).
     pub const ANA_LSP_RGO: u8 = 1 << 0;
     /// Supported log pages entry: LSUPP (`NVME_LIDS_LSUPP`).
@@ -182,11 +232,19 @@ pub mod feat {
     pub const ASYNC_EVENT: u8 = 0x0b;
     pub const KATO: u8 = 0x0f;
     pub const HOST_ID: u8 = 0x81;
+    /// Reservation Notification Mask (`NVME_FEAT_RESV_MASK`).
+    pub const RESV_MASK: u8 = 0x82;
+    /// Reservation Persistence (`NVME_FEAT_RESV_PERSIST`).
+    pub const RESV_PERSIST: u8 = 0x83;
 }
 
 /// Asynchronous event types, infos and enable bits (`NVME_AER_*`, `NVME_AEN_*`).
 pub mod aer {
     pub const TYPE_NOTICE: u8 = 2;
+    /// I/O command specific status (`NVME_AER_CSS`), whose info 0 is "reservation log page
+    /// available" (`NVME_AEN_RESV_LOG_PAGE_AVALIABLE`).
+    pub const TYPE_CSS: u8 = 6;
+    pub const CSS_RESV_LOG_PAGE_AVAILABLE: u8 = 0x00;
     pub const NOTICE_NS_CHANGED: u8 = 0x00;
     pub const NOTICE_ANA: u8 = 0x03;
     pub const NOTICE_DISC_CHANGED: u8 = 0xf0;
@@ -212,6 +270,7 @@ pub mod ctrl {
     pub const ONCS_COMPARE: u16 = 1 << 0;
     pub const ONCS_DSM: u16 = 1 << 2;
     pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+    pub const ONCS_RESERVATIONS: u16 = 1 << 5;
     pub const VWC_PRESENT: u8 = 1 << 0;
     /// VWC bits 2:1 = 10b: the Flush command does not support NSID FFFFFFFFh.
     pub const VWC_NO_BROADCAST_FLUSH: u8 = 0b10 << 1;
@@ -329,6 +388,12 @@ pub mod sc {
     pub const CONNECT_CTRL_BUSY: u16 = 0x181;
     pub const CONNECT_INVALID_PARAM: u16 = 0x182;
     pub const CONNECT_INVALID_HOST: u16 = 0x184;
+    /// A reservation refuses the command, or the key does not match
+    /// (`NVME_SC_RESERVATION_CONFLICT`).
+    pub const RESERVATION_CONFLICT: u16 = 0x83;
+    /// Reservation Report without the extended data structure, where host IDs are 128-bit
+    /// (`NVME_SC_HOST_ID_INCONSIST`).
+    pub const HOST_ID_INCONSIST: u16 = 0x18;
     /// A command other than Authentication Send / Receive on a queue that has not
     /// authenticated (`NVME_SC_AUTH_REQUIRED`).
     pub const AUTH_REQUIRED: u16 = 0x191;

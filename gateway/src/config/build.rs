@@ -289,8 +289,12 @@ impl Config {
         let mut rbd_devices = self.open_rbd_devices();
         let mut skipped = Vec::new();
         let identity = TargetIdentity::default();
-        let target =
-            Arc::new(Target::new(identity.clone()).with_auth_policy(self.gateway.auth_policy()?));
+        let reservations = self.gateway.reservations.unwrap_or(self.group.is_none());
+        let target = Arc::new(
+            Target::new(identity.clone())
+                .with_auth_policy(self.gateway.auth_policy()?)
+                .with_reservations(reservations),
+        );
         let (cntlid_min, cntlid_max) = self.cntlid_range();
         for (i, s) in self.subsystems.iter().enumerate() {
             let access = if s.allow_any_host {

@@ -87,6 +87,11 @@ pub struct GatewaySection {
     /// `null` out to require a key exchange.
     #[serde(default)]
     pub dhchap_dhgroups: Option<Vec<String>>,
+    /// Namespaces offer reservations (Register, Acquire, Release, Report): default true,
+    /// except in a gateway group, which cannot have them yet (each gateway would keep its
+    /// own, and a host failing over would find its reservation gone).
+    #[serde(default)]
+    pub reservations: Option<bool>,
 }
 
 impl GatewaySection {

@@ -581,3 +581,29 @@ fn bad_keys_and_preferences_name_the_field_without_the_secret() {
         assert!(e.starts_with(expect), "{prefs}: {e}");
     }
 }
+
+#[test]
+fn reservations_are_on_alone_and_refused_in_a_group() {
+    let target = parse(GOOD).unwrap().build_target().unwrap();
+    assert!(target.reservations_enabled());
+    let off = GOOD.replace(
+        "[[listener]]",
+        "[gateway]\nreservations = false\n\n[[listener]]",
+    );
+    assert!(!parse(&off)
+        .unwrap()
+        .build_target()
+        .unwrap()
+        .reservations_enabled());
+    let grouped = format!(
+        "[gateway]\nname = \"gw1\"\nreservations = true\n\n[group]\ncontrol_plane = [\"127.0.0.1:5500\"]\n{GOOD}"
+    );
+    let e = parse(&grouped).unwrap_err().to_string();
+    assert!(
+        e.starts_with("gateway.reservations: not available in a gateway group"),
+        "{e}"
+    );
+    let grouped_default = grouped.replace("reservations = true\n", "");
+    let target = parse(&grouped_default).unwrap().build_target().unwrap();
+    assert!(!target.reservations_enabled(), "off by default in a group");
+}

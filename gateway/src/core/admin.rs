@@ -63,7 +63,7 @@ impl Queue {
     }
 
     /// Sends `len` bytes of `fill`ed data, trimmed or zero-padded to the host's buffer.
-    fn respond_with_data(
+    pub(crate) fn respond_with_data(
         &mut self,
         cmd: &Command,
         out: &mut Vec<Action>,
@@ -212,6 +212,10 @@ impl Queue {
                 // The host ID arrives with Connect on fabrics and cannot change afterwards.
                 Status::error(sc::CMD_SEQ_ERROR)
             }
+            feat::RESV_MASK if ctrl.target.reservations_enabled() => {
+                ctrl.set_reservation_notice_mask(cdw11);
+                Status::SUCCESS
+            }
             feat::POWER_MGMT if cdw11 & 0x1f != 0 => {
                 // Only power state 0 exists (NPSS = 0).
                 Status::error(sc::INVALID_FIELD)
@@ -251,7 +255,8 @@ impl Queue {
                         | feat::IRQ_COALESCE
                         | feat::IRQ_CONFIG
                         | feat::WRITE_ATOMIC
-                ));
+                ))
+            || (!discovery && fid == feat::RESV_MASK && ctrl.target.reservations_enabled());
         if !known {
             self.respond(out, cmd.cid(), Status::error(sc::INVALID_FIELD));
             return;
@@ -271,6 +276,7 @@ impl Queue {
                 n | (n << 16)
             }
             feat::VOLATILE_WC => u64::from(ctrl.volatile_write_cache()),
+            feat::RESV_MASK => u64::from(ctrl.reservation_notice_mask()),
             feat::TEMP_THRESH => match ctrl.stored_feature(fid) {
                 // Default over-temperature threshold: the warning temperature.
                 0 => u64::from(identify::WARNING_TEMPERATURE_KELVIN),
@@ -308,6 +314,7 @@ pub(crate) fn supported_log_pages(discovery: bool) -> &'static [u8] {
             log::CHANGED_NS,
             log::CMD_EFFECTS,
             log::ANA,
+            log::RESERVATION,
         ]
     }
 }

@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::auth::HostKeys;
 use super::command::{Completion, Status};
+use super::pr::NoticeLog;
 use super::subsystem::Subsystem;
 use super::target::{Target, TransportCaps, TransportType};
-use crate::spec::{aer, cc, csts, log};
+use crate::spec::{aer, cc, csts, log, pr};
 
 /// Asynchronous Event Request commands a host may keep outstanding: AERL + 1.
 pub const MAX_OUTSTANDING_AERS: usize = 4;
@@ -54,6 +55,10 @@ struct ControllerState {
     ready_completions: VecDeque<Completion>,
     changed_namespaces: BTreeSet<u32>,
     changed_namespaces_overflow: bool,
+    /// Reservation notices for this host not read yet (log page 80h).
+    reservation_notices: NoticeLog,
+    /// Reservation Notification Mask (feature 82h): a set bit suppresses that notice.
+    reservation_notice_mask: u32,
 }
 
 /// Why a controller stopped.
@@ -360,9 +365,12 @@ impl Controller {
         delivered
     }
 
-    fn post_event(&self, enable_bit: u32, event: AsyncEvent) {
+    /// Queues `event` unless the host disabled it (`enable_bit` in Asynchronous Event
+    /// Configuration; `None` for events that setting does not govern) or one of its kind
+    /// waits for its log page to be read.
+    fn post_event(&self, enable_bit: Option<u32>, event: AsyncEvent) {
         let mut st = self.state();
-        if st.async_event_config & enable_bit == 0
+        if enable_bit.is_some_and(|bit| st.async_event_config & bit == 0)
             || st.masked_log_pages.contains(&event.log_page)
             || st.pending_events.contains(&event)
         {
@@ -387,7 +395,7 @@ impl Controller {
             }
         }
         self.post_event(
-            aer::CFG_NS_ATTR,
+            Some(aer::CFG_NS_ATTR),
             AsyncEvent {
                 event_type: aer::TYPE_NOTICE,
                 info: aer::NOTICE_NS_CHANGED,
@@ -398,7 +406,7 @@ impl Controller {
 
     pub fn notify_ana_change(&self) {
         self.post_event(
-            aer::CFG_ANA_CHANGE,
+            Some(aer::CFG_ANA_CHANGE),
             AsyncEvent {
                 event_type: aer::TYPE_NOTICE,
                 info: aer::NOTICE_ANA,
@@ -409,7 +417,7 @@ impl Controller {
 
     pub fn notify_discovery_change(&self) {
         self.post_event(
-            aer::CFG_DISC_CHANGE,
+            Some(aer::CFG_DISC_CHANGE),
             AsyncEvent {
                 event_type: aer::TYPE_NOTICE,
                 info: aer::NOTICE_DISC_CHANGED,
@@ -428,6 +436,48 @@ impl Controller {
             st.changed_namespaces_overflow = false;
         }
         (list, overflow)
+    }
+
+    /// A reservation notice (`pr::LOG_*`) for namespace `nsid`: logged for the host to read
+    /// and announced by an asynchronous event, unless the host masked that kind.
+    pub fn notify_reservation(&self, kind: u8, nsid: u32) {
+        let mask_bit = match kind {
+            pr::LOG_REGISTRATION_PREEMPTED => pr::NOTIFY_MASK_REG_PREEMPTED,
+            pr::LOG_RESERVATION_RELEASED => pr::NOTIFY_MASK_RESV_RELEASED,
+            pr::LOG_RESERVATION_PREEMPTED => pr::NOTIFY_MASK_RESV_PREEMPTED,
+            _ => return,
+        };
+        {
+            let mut st = self.state();
+            if st.reservation_notice_mask & mask_bit != 0 {
+                return;
+            }
+            st.reservation_notices.push(kind, nsid);
+        }
+        self.post_event(
+            None,
+            AsyncEvent {
+                event_type: aer::TYPE_CSS,
+                info: aer::CSS_RESV_LOG_PAGE_AVAILABLE,
+                log_page: log::RESERVATION,
+            },
+        );
+    }
+
+    /// The Reservation Notification log page: the oldest notice, taken out unless `retain`.
+    pub fn reservation_log_page(&self, retain: bool) -> Vec<u8> {
+        self.state().reservation_notices.page(retain)
+    }
+
+    pub fn reservation_notice_mask(&self) -> u32 {
+        self.state().reservation_notice_mask
+    }
+
+    pub fn set_reservation_notice_mask(&self, mask: u32) {
+        self.state().reservation_notice_mask = mask
+            & (pr::NOTIFY_MASK_REG_PREEMPTED
+                | pr::NOTIFY_MASK_RESV_RELEASED
+                | pr::NOTIFY_MASK_RESV_PREEMPTED);
     }
 
     /// A log page was read with RAE = 0: its event type may fire again.

@@ -8,7 +8,7 @@ use super::fabrics::NVME_VERSION;
 use super::queue::{MAX_QUEUE_ENTRIES, MDTS_SHIFT};
 use super::subsystem::Namespace;
 use super::wire::{put_u16, put_u32, put_u64};
-use crate::spec::{aer, ctrl as c, nidt, ns as n, CSI_NVM};
+use crate::spec::{aer, ctrl as c, nidt, ns as n, pr, CSI_NVM};
 
 /// Composite temperature thresholds (Kelvin): WCTEMP and CCTEMP must be non-zero.
 pub const WARNING_TEMPERATURE_KELVIN: u16 = 343;
@@ -41,8 +41,10 @@ pub enum IdentifyData {
 pub fn fill(what: &IdentifyData, ctrl: &Controller, buf: &mut [u8]) {
     match what {
         IdentifyData::Controller => controller(ctrl, buf),
-        IdentifyData::Namespace(ns) => namespace(ns, buf),
-        IdentifyData::NamespaceIndependent(ns) => namespace_independent(ns, buf),
+        IdentifyData::Namespace(ns) => namespace(ns, reservation_capabilities(ctrl), buf),
+        IdentifyData::NamespaceIndependent(ns) => {
+            namespace_independent(ns, reservation_capabilities(ctrl), buf)
+        }
         IdentifyData::ActiveNamespaces { after } => active_namespaces(ctrl, *after, buf),
         IdentifyData::Descriptors(ns) => descriptors(ns, buf),
         IdentifyData::Zeroes => {}
@@ -115,11 +117,11 @@ fn controller(ctrl: &Controller, buf: &mut [u8]) {
     put_u16(buf, 514, MAX_QUEUE_ENTRIES as u16); // MAXCMD
     if !discovery {
         put_u32(buf, 516, MAX_NAMESPACES); // NN
-        put_u16(
-            buf,
-            520,
-            c::ONCS_COMPARE | c::ONCS_DSM | c::ONCS_WRITE_ZEROES,
-        );
+        let mut oncs = c::ONCS_COMPARE | c::ONCS_DSM | c::ONCS_WRITE_ZEROES;
+        if ctrl.target.reservations_enabled() {
+            oncs |= c::ONCS_RESERVATIONS;
+        }
+        put_u16(buf, 520, oncs);
         put_u16(buf, 522, c::FUSES_COMPARE_AND_WRITE);
         buf[525] = c::VWC_PRESENT | c::VWC_NO_BROADCAST_FLUSH;
         put_u32(buf, 540, MAX_NAMESPACES); // MNAN
@@ -150,7 +152,17 @@ fn controller(ctrl: &Controller, buf: &mut [u8]) {
     put_u32(buf, 2056, 4);
 }
 
-fn namespace(ns: &Namespace, buf: &mut [u8]) {
+/// RESCAP: every reservation type, IEKEY as NVMe 1.3 defines it, no persistence through
+/// power loss; nothing when the gateway offers no reservations.
+fn reservation_capabilities(ctrl: &Controller) -> u8 {
+    if !ctrl.target.reservations_enabled() {
+        return 0;
+    }
+    let types = (pr::WRITE_EXCLUSIVE..=pr::EXCLUSIVE_ACCESS_ALL_REGS).fold(0, |m, t| m | (1 << t));
+    types | pr::RESCAP_IEKEY_VER_1_3_DEF
+}
+
+fn namespace(ns: &Namespace, rescap: u8, buf: &mut [u8]) {
     let lbas = ns.size_in_lbas();
     put_u64(buf, 0, lbas); // NSZE
     put_u64(buf, 8, lbas); // NCAP
@@ -159,6 +171,7 @@ fn namespace(ns: &Namespace, buf: &mut [u8]) {
     buf[25] = 0; // NLBAF: one format (0's based)
     buf[26] = 0; // FLBAS: format 0, no metadata
     buf[30] = n::NMIC_SHARED;
+    buf[31] = rescap;
     buf[33] = n::DLFEAT_READ_ZEROES | n::DLFEAT_WRITE_ZEROES_DEAC;
     put_u32(buf, 92, ns.ana_group);
     if ns.read_only {
@@ -171,9 +184,10 @@ fn namespace(ns: &Namespace, buf: &mut [u8]) {
     buf[131] = 0;
 }
 
-fn namespace_independent(ns: &Namespace, buf: &mut [u8]) {
+fn namespace_independent(ns: &Namespace, rescap: u8, buf: &mut [u8]) {
     buf[0] = n::FEAT_THIN;
     buf[1] = n::NMIC_SHARED;
+    buf[2] = rescap;
     put_u32(buf, 4, ns.ana_group);
     if ns.read_only {
         buf[8] = n::ATTR_RO;

@@ -6,6 +6,7 @@ use rbd_backend::{IoBuf, IoDone, IoError, IoOp};
 
 use super::command::{Command, Status};
 use super::controller::Controller;
+use super::pr::Access;
 use super::queue::{Action, InFlight, Queue, MAX_DATA_LEN};
 use super::subsystem::Namespace;
 use crate::spec::{ana, io_opcode, rw, sc, NSID_ALL};
@@ -101,7 +102,13 @@ impl Queue {
         });
     }
 
-    fn fail(&mut self, out: &mut Vec<Action>, cid: u16, status: Status, data: Option<IoBuf>) {
+    pub(crate) fn fail(
+        &mut self,
+        out: &mut Vec<Action>,
+        cid: u16,
+        status: Status,
+        data: Option<IoBuf>,
+    ) {
         if let Some(buf) = data {
             self.recycle(buf);
         }
@@ -130,6 +137,19 @@ impl Queue {
         );
         if writes && ns.read_only {
             return self.fail(out, cid, Status::error(sc::READ_ONLY), data);
+        }
+        let access = match cmd.opcode() {
+            io_opcode::READ | io_opcode::COMPARE => Some(Access::Read),
+            io_opcode::WRITE | io_opcode::WRITE_ZEROES | io_opcode::DSM | io_opcode::FLUSH => {
+                Some(Access::Write)
+            }
+            _ => None,
+        };
+        if let Some(access) = access {
+            let reservations = &ctrl.subsystem.reservations;
+            if let Err(status) = reservations.check(ns.nsid, &ctrl.hostid, access) {
+                return self.fail(out, cid, status, data);
+            }
         }
         match cmd.opcode() {
             io_opcode::READ => {
@@ -212,6 +232,14 @@ impl Queue {
                 }
             }
             io_opcode::DSM => self.dataset_management(&ns, &cmd, data, out),
+            io_opcode::RESV_REGISTER
+            | io_opcode::RESV_REPORT
+            | io_opcode::RESV_ACQUIRE
+            | io_opcode::RESV_RELEASE
+                if self.target.reservations_enabled() =>
+            {
+                self.execute_reservation(ctrl, &ns, &cmd, data, out)
+            }
             _ => self.fail(out, cid, Status::error(sc::INVALID_OPCODE), data),
         }
     }
@@ -302,6 +330,9 @@ impl Queue {
             if ns.read_only {
                 return Err(Status::error(sc::READ_ONLY));
             }
+            ctrl.subsystem
+                .reservations
+                .check(ns.nsid, &ctrl.hostid, Access::Write)?;
             let range = lba_range(&ns, &first)?;
             check_transfer(&first, &range)?;
             check_transfer(&second, &range)?;

@@ -33,6 +33,7 @@ pub fn build(ctrl: &Controller, lid: u8, lsp: u8, retain_event: bool) -> Result<
         log::CMD_EFFECTS => command_effects(),
         log::ANA => ana(ctrl, lsp & log::ANA_LSP_RGO != 0),
         log::DISC => discovery_log(ctrl),
+        log::RESERVATION => ctrl.reservation_log_page(retain_event),
         _ => return Err(Status::error(sc::INVALID_LOG_PAGE)),
     })
 }
@@ -84,6 +85,10 @@ fn command_effects() -> Vec<u8> {
         (io_opcode::COMPARE, effects::CSUPP),
         (io_opcode::WRITE_ZEROES, effects::CSUPP | effects::LBCC),
         (io_opcode::DSM, effects::CSUPP | effects::LBCC),
+        (io_opcode::RESV_REGISTER, effects::CSUPP),
+        (io_opcode::RESV_REPORT, effects::CSUPP),
+        (io_opcode::RESV_ACQUIRE, effects::CSUPP),
+        (io_opcode::RESV_RELEASE, effects::CSUPP),
     ] {
         put_u32(&mut page, io + usize::from(op) * 4, bits);
     }

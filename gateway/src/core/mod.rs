@@ -11,6 +11,7 @@ pub mod fabrics;
 pub mod identify;
 pub mod io;
 pub mod log_page;
+pub mod pr;
 pub mod queue;
 pub mod subsystem;
 pub mod target;
@@ -29,5 +30,7 @@ pub use target::{
 
 #[cfg(test)]
 mod auth_tests;
+#[cfg(test)]
+mod pr_tests;
 #[cfg(test)]
 pub(crate) mod tests;

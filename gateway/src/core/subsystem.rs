@@ -8,6 +8,7 @@ use rbd_backend::BlockDevice;
 
 use super::auth::HostKeys;
 use super::controller::{Controller, TeardownReason};
+use super::pr::{Notice, Reservations};
 use crate::spec::{ana, cntlid};
 
 /// One namespace: a block device with the identity the host sees.
@@ -97,6 +98,8 @@ pub struct Subsystem {
     access: RwLock<HostAccess>,
     /// DH-HMAC-CHAP keys of the allowed hosts that must authenticate, by host NQN.
     host_keys: RwLock<BTreeMap<String, Arc<HostKeys>>>,
+    /// Every namespace's reservations.
+    pub reservations: Reservations,
 }
 
 impl std::fmt::Debug for Subsystem {
@@ -125,6 +128,7 @@ impl Subsystem {
             ana_groups: RwLock::new(BTreeMap::new()),
             ana_change_count: AtomicU64::new(1),
             host_keys: RwLock::new(BTreeMap::new()),
+            reservations: Reservations::default(),
         }
     }
 
@@ -181,10 +185,15 @@ impl Subsystem {
     /// is closed when the last of them finishes and the caller drops the returned one. The
     /// caller tells the hosts ([`Self::notify_namespace_changed`]).
     pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
-        self.namespaces
+        let gone = self
+            .namespaces
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&nsid)
+            .remove(&nsid);
+        if gone.is_some() {
+            self.reservations.forget(nsid);
+        }
+        gone
     }
 
     /// The hosts allowed to connect now.
@@ -325,6 +334,18 @@ impl Subsystem {
             .values()
             .filter_map(Weak::upgrade)
             .collect()
+    }
+
+    /// Delivers reservation notices for `nsid` to every controller of each host named.
+    pub fn notify_reservation(&self, nsid: u32, notices: &[Notice]) {
+        if notices.is_empty() {
+            return;
+        }
+        for ctrl in self.controllers() {
+            for notice in notices.iter().filter(|n| n.host == ctrl.hostid) {
+                ctrl.notify_reservation(notice.kind, nsid);
+            }
+        }
     }
 
     pub fn remove_controller(&self, cntlid: u16) {

@@ -73,6 +73,8 @@ pub struct Target {
     unavailable: RwLock<BTreeMap<(String, u32), String>>,
     auth_policy: AuthPolicy,
     auth_counters: AuthCounters,
+    /// Whether namespaces offer reservations (see `core::pr`).
+    reservations: bool,
 }
 
 impl std::fmt::Debug for Target {
@@ -103,7 +105,19 @@ impl Target {
             unavailable: RwLock::new(BTreeMap::new()),
             auth_policy: AuthPolicy::default(),
             auth_counters: AuthCounters::default(),
+            reservations: true,
         }
+    }
+
+    /// Whether namespaces offer reservations: on by default; off for a gateway of a group,
+    /// whose gateways keep reservations each in its own memory (see `core::pr`).
+    pub fn with_reservations(mut self, enabled: bool) -> Self {
+        self.reservations = enabled;
+        self
+    }
+
+    pub fn reservations_enabled(&self) -> bool {
+        self.reservations
     }
 
     /// Sets the hashes and DH groups in-band authentication accepts, in order of preference.

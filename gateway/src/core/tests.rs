@@ -139,7 +139,7 @@ pub(crate) fn run(q: &mut Queue, cmd: Command, data: Option<IoBuf>) -> Vec<Respo
     settle(q, actions)
 }
 
-fn settle(q: &mut Queue, mut actions: Vec<Action>) -> Vec<Response> {
+pub(crate) fn settle(q: &mut Queue, mut actions: Vec<Action>) -> Vec<Response> {
     let mut responses = Vec::new();
     while !actions.is_empty() {
         let mut next = Vec::new();
@@ -258,7 +258,7 @@ pub(crate) fn identify(q: &mut Queue, cns: u8, nsid: u32) -> Response {
     one(run(q, Command::from_bytes(&raw), None))
 }
 
-fn get_log(q: &mut Queue, lid: u8, len: u32, offset: u64, rae: bool) -> Response {
+pub(crate) fn get_log(q: &mut Queue, lid: u8, len: u32, offset: u64, rae: bool) -> Response {
     let mut raw = sqe(admin_opcode::GET_LOG_PAGE, 6, spec::NSID_ALL);
     let numd = len / 4 - 1;
     set_cdw(
@@ -1149,7 +1149,7 @@ fn features_required_by_the_host_answer() {
 }
 
 /// Enables the given asynchronous events and parks one AER (cid 21).
-fn arm_aer(q: &mut Queue, events: u32) {
+pub(crate) fn arm_aer(q: &mut Queue, events: u32) {
     let mut aec = sqe(admin_opcode::SET_FEATURES, 20, 0);
     set_cdw(&mut aec, 10, u32::from(spec::feat::ASYNC_EVENT));
     set_cdw(&mut aec, 11, events);
@@ -1166,7 +1166,7 @@ fn arm_aer(q: &mut Queue, events: u32) {
 }
 
 /// The AER completion the queue has to send now (none: panics).
-fn fired_aer(q: &mut Queue) -> Completion {
+pub(crate) fn fired_aer(q: &mut Queue) -> Completion {
     let mut actions = Vec::new();
     q.poll_events(&mut actions);
     one(settle(q, actions)).completion
