@@ -13,6 +13,7 @@
 #   doc       RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace (no broken doc links)
 #   test      cargo test --workspace
 #   build     cargo build --release -p nvmeof-gateway -p control-plane --bins (+ the rdma_cm probe)
+#   helm      tests/helm/run.sh: the chart helm/nvmeof-gateway linted, rendered and checked offline (pytest in a venv)
 #   ceph      rbd-backend/tests/ceph-tests.sh: a throwaway micro Ceph (Ceph packages apt-installed
 #             when missing), the RbdDevice tests and the gateway's RBD end-to-end tests against it
 #   e2e-vm    tests/vm/run-in-vm.sh -t 900 -w target/vm-logs tests/vm/e2e-tcp.sh target/release/nvmeof-gateway
@@ -93,7 +94,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy doc test build ceph e2e-vm e2e-auth e2e-rbd e2e-group e2e-demo e2e-rdma fuzz)
+ALL_STAGES=(deps fmt clippy doc test build helm ceph e2e-vm e2e-auth e2e-rbd e2e-group e2e-demo e2e-rdma fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -283,6 +284,7 @@ stage clippy cargo clippy --workspace --all-targets -- -D warnings
 stage doc env RUSTDOCFLAGS="-D warnings" timeout -k 30 "$STAGE_TIMEOUT" cargo doc --no-deps --workspace
 stage test cargo test --workspace
 stage build build_release
+stage helm tests/helm/run.sh
 if [ $QUICK = 1 ]; then skipped ceph "--quick"
 else stage ceph bash rbd-backend/tests/ceph-tests.sh; fi
 
