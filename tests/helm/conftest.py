@@ -52,6 +52,7 @@ VALUE_SETS = {
                                                           "nvmeFrom": [{"ipBlock": {"cidr": "198.51.100.0/24"}}]}}),
     "existing-ceph-configmap": {"ceph": {"existingConfigMap": "rook-ceph-config", "existingConfigMapKey": "config",
                                          "keyringSecret": {"name": "rook-nvmeof-keyring"}}},
+    "rook-mon-host-secret": {"ceph": {"monHostSecret": {"name": "rook-ceph-config"}}},
     "inline-keyring": merged({"ceph": {"keyringSecret": {"cephxKey": "AQBvaBFZAAAAABAA9VHgwCgQxwc4Wf8ddGsOeA=="}}}),
     "scaled": merged({"controlPlane": {"replicas": 3, "graceMs": 1500},
                       "gateway": {"replicas": 4, "beaconIntervalMs": 250, "workerThreads": 4,

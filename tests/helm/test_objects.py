@@ -123,7 +123,7 @@ def test_statefulsets_follow_the_contract(rendered, name):
     c = container(pod, "gateway")
     assert c["command"] == ["/usr/bin/nvmeof-gateway"]
     assert c["args"] == ["--config", "/etc/nvmeof/$(POD_NAME).toml"]
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "fieldRef" in e.get("valueFrom", {})}
     assert env == {"POD_NAME": "metadata.name", "HOST_IP": "status.hostIP", "POD_IP": "status.podIP"}
 
     cp = sts(r, CONTROL)["spec"]
@@ -253,6 +253,25 @@ def test_ceph_conf_carries_the_monitors(rendered):
     conf = rendered["defaults"].one("ConfigMap", f"{FULLNAME}-ceph-conf")["data"]["ceph.conf"]
     assert "[global]" in conf
     assert "mon_host = [v2:192.0.2.1:3300,v1:192.0.2.1:6789]" in conf
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_monitors_from_a_secret_reach_both_containers(rendered, name):
+    r = rendered[name]
+    secret = r.values["ceph"].get("monHostSecret", {}).get("name")
+    for owner in (CONTROL, GATEWAY):
+        env = sts(r, owner)["spec"]["template"]["spec"]["containers"][0]["env"]
+        by_name = {e["name"]: e for e in env}
+        if secret:
+            assert by_name["CEPH_MON_HOST"]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": "mon_host"}
+            assert by_name["CEPH_ARGS"]["value"] == "-m $(CEPH_MON_HOST)"
+            # the variable is defined before the one that refers to it
+            assert list(by_name).index("CEPH_MON_HOST") < list(by_name).index("CEPH_ARGS")
+        else:
+            assert "CEPH_ARGS" not in by_name and "CEPH_MON_HOST" not in by_name
+    conf = r.one("ConfigMap", f"{FULLNAME}-ceph-conf")["data"]["ceph.conf"] if not r.values["ceph"].get(
+        "existingConfigMap") else ""
+    assert ("mon_host = " in conf) is bool(r.values["ceph"].get("monHost"))
 
 
 def test_keyring_secret_only_from_an_inline_key(rendered):

@@ -106,6 +106,20 @@ where the keyring should be.
               path: keyring
 {{- end }}
 
+{{/* The monitors from a Secret (Rook's rook-ceph-config): librados reads $CEPH_ARGS after
+the conf file, so "-m" there wins over any mon_host in it. */}}
+{{- define "nvmeof.cephEnv" -}}
+{{- with .Values.ceph.monHostSecret.name }}
+- name: CEPH_MON_HOST
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.ceph.monHostSecret.key }}
+- name: CEPH_ARGS
+  value: "-m $(CEPH_MON_HOST)"
+{{- end }}
+{{- end }}
+
 {{/* Scratch directories for a read-only root file system (librados' admin socket, temp files). */}}
 {{- define "nvmeof.scratchVolumes" -}}
 - name: tmp
@@ -160,8 +174,8 @@ where the keyring should be.
 
 {{/* Preflight checks: values the schema cannot express. */}}
 {{- define "nvmeof.preflight" -}}
-{{- if and (not .Values.ceph.existingConfigMap) (not .Values.ceph.monHost) }}
-{{- fail "ceph.monHost is required unless ceph.existingConfigMap names a ConfigMap holding ceph.conf" }}
+{{- if not (or .Values.ceph.monHost .Values.ceph.monHostSecret.name .Values.ceph.existingConfigMap) }}
+{{- fail "ceph.monHost is required unless ceph.monHostSecret.name names a Secret holding mon_host or ceph.existingConfigMap names a ConfigMap holding ceph.conf" }}
 {{- end }}
 {{- if and .Values.tls.certManager.enabled (not .Values.tls.enabled) }}
 {{- fail "tls.certManager.enabled needs tls.enabled: true" }}
