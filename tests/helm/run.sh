@@ -5,7 +5,9 @@
 # Makes (once) a Python venv with the pinned test tools, then runs pytest on tests/helm/.
 # Needs python3 with venv and network access to PyPI the first time only.
 #
-# Env: HELM_TEST_VENV (default ~/.cache/nvmeof-helm-venv), PYTHON (default python3).
+# Env: HELM_TEST_VENV (default ~/.cache/nvmeof-helm-venv), PYTHON (default python3),
+#      HELM_TEST_GATEWAY_BIN (a built nvmeof-gateway: every rendered gateway TOML is also given
+#      to its --check; unset: those tests are skipped, this script compiles nothing).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
