@@ -1,4 +1,5 @@
-"""README.md's values table is generated from values.yaml's comments and must be current."""
+"""README.md's values table (from values.yaml's comments) and values.schema.json (from
+helm/gen-values-schema.py) are generated and must be current."""
 import shutil
 import subprocess
 import sys
@@ -43,3 +44,9 @@ def test_every_table_row_is_a_schema_key():
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert len(rows) > 100
     assert any(r.startswith("| `gateway.rdma.resourceName` | string |") for r in rows)
+
+
+def test_values_schema_is_generated_from_its_source():
+    proc = subprocess.run([sys.executable, str(ROOT / "helm" / "gen-values-schema.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr + "\n(edit helm/gen-values-schema.py, run it, commit both)"
