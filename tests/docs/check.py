@@ -351,7 +351,7 @@ size = "16MiB"
                 continue
             text = f.read_text()
             # Family::new(out, "name", "kind", ...): the name and kind, wherever the call wraps
-            for m in re.finditer(r'Family::new\(\s*[^,]+,\s*"([a-z_:][a-z0-9_:]*)",\s*"(\w+)"', text):
+            for m in re.finditer(r'Family::new\(\s*[^,]+,\s*"(nvmeof_[a-z0-9_]*)",\s*"(\w+)"', text):
                 literal.add(m.group(1))
                 found.setdefault(m.group(1), m.group(2))
             # in the metrics modules, every "nvmeof_..." literal is a metric name (tables of
