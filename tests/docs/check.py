@@ -19,7 +19,9 @@ Checks (each one line PASS/FAIL, the reasons under it; closing line "N passed, N
               none they lack. The structs' field lists come from the binary itself: each
               section is given an unknown key, and serde's error names the expected fields.
   cli         docs/cli.md is what tests/docs/gen-cli.sh prints for these binaries
-              (regenerate: tests/docs/gen-cli.sh target/release > docs/cli.md)
+              (regenerate: tests/docs/gen-cli.sh target/release > docs/cli.md), and every
+              `nvmeofctl CMD SUB --opt ...` line in the docs' shell blocks names a real
+              subcommand and options its --help lists
   metrics     the metric families a running gateway (memory backend) and a control plane
               (--store memory) export, plus every "nvmeof_..." name literal in the metrics
               source, are each documented in docs/metrics.md, and every metric name
@@ -263,6 +265,77 @@ def check_config_ref(gateway, tmp):
 
 
 # ----------------------------------------------------------------------- cli --
+def cli_helps():
+    """'nvmeofctl CMD SUB' (and 'nvmeofctl') -> its --help text, from docs/cli.md."""
+    helps, heading = {}, None
+    for is_code, _, _, lines in split_code((ROOT / "docs/cli.md").read_text()):
+        if is_code and heading:
+            helps[heading] = "\n".join(lines)
+        elif not is_code:
+            for line in lines:
+                m = re.match(r"^#{2,4}\s+(nvmeofctl.*?)\s*$", line)
+                if m:
+                    heading = m.group(1)
+    return helps
+
+
+def check_cli_examples():
+    """Every nvmeofctl command line in the docs' shell blocks names a real subcommand and
+    only options its --help (or nvmeofctl's global help) lists."""
+    import shlex
+    helps = cli_helps()
+    glob = helps.get("nvmeofctl", "")
+    errors, count = [], 0
+    for doc in DOC_FILES:
+        if doc.name == "cli.md":
+            continue
+        for is_code, info, start, lines in split_code(doc.read_text()):
+            if not is_code or info.split()[:1] not in (["sh"], ["bash"], ["console"]):
+                continue
+            text = "\n".join(lines).replace("\\\n", " ")
+            for line in text.splitlines():
+                if line.lstrip().startswith("#"):
+                    continue
+                for part in re.split(r"[|;]|&&", line):
+                    m = re.search(r"(?:^|[\s/])nvmeofctl\s+(.*)", part)
+                    if not m:
+                        continue
+                    try:
+                        words = shlex.split(m.group(1), comments=True)
+                    except ValueError:
+                        continue
+                    opts, pos, i = [], [], 0
+                    while i < len(words):
+                        w = words[i]
+                        if w == "-":  # standard input as a file argument
+                            pass
+                        elif w.startswith("-"):
+                            opts.append(w.split("=")[0])
+                            # global options with a value (the value is not a subcommand)
+                            if not pos and w in ("-s", "--server", "-o", "--output", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name"):
+                                i += 1
+                        elif len(pos) < 2:
+                            pos.append(w)
+                        i += 1
+                    if len(pos) < 2 or "|" in pos[0] or pos[0].startswith("$"):
+                        continue  # not a full command (prose, a placeholder)
+                    count += 1
+                    where = f"{doc.relative_to(ROOT)}:{start}"
+                    key = f"nvmeofctl {pos[0]} {pos[1]}"
+                    if key not in helps:
+                        errors.append(f"{where}: `{key}` is not a nvmeofctl command (docs/cli.md)")
+                        continue
+                    for o in opts:
+                        if o in ("-h", "--help"):
+                            continue
+                        if not re.search(r"(^|[\s,])" + re.escape(o) + r"([\s,=<]|$)", helps[key] + "\n" + glob, re.M):
+                            errors.append(f"{where}: `{key}` has no option {o}")
+    if count == 0:
+        errors.append("no nvmeofctl command found in the docs' shell blocks")
+    log(f"{count} nvmeofctl command lines checked")
+    return errors
+
+
 def check_cli(bindir):
     r = subprocess.run(["bash", str(ROOT / "tests/docs/gen-cli.sh"), str(bindir)],
                        capture_output=True, text=True, timeout=60)
@@ -270,7 +343,7 @@ def check_cli(bindir):
         return [f"tests/docs/gen-cli.sh failed: {r.stderr.strip()}"]
     have = (ROOT / "docs/cli.md").read_text()
     if have == r.stdout:
-        return []
+        return check_cli_examples()
     import difflib
     diff = list(difflib.unified_diff(have.splitlines(), r.stdout.splitlines(),
                                      "docs/cli.md", "generated", lineterm="", n=1))
