@@ -2,7 +2,7 @@
 # tests/run.sh - the project's single test command.
 #
 # usage: tests/run.sh [--quick] [--no-fuzz] [--only LIST] [-h]
-#   --quick     skip the Ceph and VM end-to-end tests (and fuzzing): fmt, clippy, unit tests, build
+#   --quick     skip the Ceph and VM end-to-end tests (and fuzzing): fmt, clippy, unit tests, build, docs
 #   --no-fuzz   skip the short cargo-fuzz run
 #   --only LIST run only these stages (comma-separated, e.g. --only build,e2e-vm)
 #
@@ -14,6 +14,8 @@
 #   test      cargo test --workspace
 #   build     cargo build --release -p nvmeof-gateway -p control-plane --bins (+ the rdma_cm probe)
 #   helm      tests/helm/run.sh: the chart helm/nvmeof-gateway linted, rendered and checked offline (pytest in a venv)
+#   docs      tests/docs/check.py: README.md and docs/ against the built binaries (links, config
+#             examples through --check, the config and CLI references, metrics and dashboard)
 #   ceph      rbd-backend/tests/ceph-tests.sh: a throwaway micro Ceph (Ceph packages apt-installed
 #             when missing), the RbdDevice tests and the gateway's RBD end-to-end tests against it
 #   e2e-vm    tests/vm/run-in-vm.sh -t 900 -w target/vm-logs tests/vm/e2e-tcp.sh target/release/nvmeof-gateway
@@ -94,7 +96,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy doc test build helm ceph e2e-vm e2e-auth e2e-rbd e2e-group e2e-demo e2e-rdma fuzz)
+ALL_STAGES=(deps fmt clippy doc test build helm docs ceph e2e-vm e2e-auth e2e-rbd e2e-group e2e-demo e2e-rdma fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -285,6 +287,7 @@ stage doc env RUSTDOCFLAGS="-D warnings" timeout -k 30 "$STAGE_TIMEOUT" cargo do
 stage test cargo test --workspace
 stage build build_release
 stage helm tests/helm/run.sh
+stage docs python3 tests/docs/check.py --bin "$TARGET_DIR/release"
 if [ $QUICK = 1 ]; then skipped ceph "--quick"
 else stage ceph bash rbd-backend/tests/ceph-tests.sh; fi
 
