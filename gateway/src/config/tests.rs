@@ -607,3 +607,19 @@ fn reservations_are_on_alone_and_refused_in_a_group() {
     let target = parse(&grouped_default).unwrap().build_target().unwrap();
     assert!(!target.reservations_enabled(), "off by default in a group");
 }
+
+#[test]
+fn only_a_group_gateway_may_have_no_listener() {
+    let no_listener = "[gateway]\nname = \"gw1\"\n";
+    let e = parse(no_listener).expect_err("a standalone gateway needs a listener");
+    assert!(
+        e.to_string()
+            .contains("at least one [[listener]] is required"),
+        "{e}"
+    );
+    let c = parse(&format!(
+        "{no_listener}\n[group]\ncontrol_plane = [\"127.0.0.1:5500\"]\n"
+    ))
+    .expect("a group gateway gets its listeners from the control plane");
+    assert!(c.listeners.is_empty());
+}

@@ -117,8 +117,14 @@ impl Config {
                 }
             }
         }
-        if self.listeners.is_empty() {
-            return Err(invalid("listener", "at least one [[listener]] is required"));
+        // A gateway of a group may start with none: the control plane pushes its listeners
+        // (`nvmeofctl listener add -g NAME`), and on Kubernetes the chart cannot know the
+        // node's address when it renders the file.
+        if self.listeners.is_empty() && self.group.is_none() {
+            return Err(invalid(
+                "listener",
+                "at least one [[listener]] is required (a gateway in a [group] may have none)",
+            ));
         }
         let mut seen: Vec<(&str, SocketAddr)> = Vec::new();
         for (i, l) in self.listeners.iter().enumerate() {
