@@ -286,7 +286,7 @@ stage clippy cargo clippy --workspace --all-targets -- -D warnings
 stage doc env RUSTDOCFLAGS="-D warnings" timeout -k 30 "$STAGE_TIMEOUT" cargo doc --no-deps --workspace
 stage test cargo test --workspace
 stage build build_release
-stage helm tests/helm/run.sh
+stage helm env HELM_TEST_GATEWAY_BIN="$GATEWAY_BIN" tests/helm/run.sh
 stage docs python3 tests/docs/check.py --bin "$TARGET_DIR/release"
 if [ $QUICK = 1 ]; then skipped ceph "--quick"
 else stage ceph bash rbd-backend/tests/ceph-tests.sh; fi
