@@ -289,8 +289,8 @@ act_kill_gw() {
   local p=${GW[$1]}
   running "$p" || { echo fail; echo "$p is not running"; return; }
   echo "    host: docker kill $p at $(date -u +%T.%N | cut -c1-12)" >&3
-  rr kill "$p" || { echo fail; return; }
-  echo ok
+  if rr kill "$p" > "$WORK/kill.out" 2>&1; then echo ok; else echo fail; fi
+  cat "$WORK/kill.out"
 }
 act_start_gw() { # the StatefulSet recreates the pod: same spec, ready before the answer
   local p=${GW[$1]} t0; t0=$(now)
