@@ -63,6 +63,7 @@ cs_now() { local u _r; read -r u _r < /proc/uptime; CS=$(( ${u%.*} * 100 + 10#${
 subsys_dir() {
   local s n
   for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+    [ -e "$s/subsysnqn" ] || continue  # no subsystem left (after the disconnect)
     n=""; read -r n < "$s/subsysnqn" 2>/dev/null
     [ "$n" = "$NQN" ] && { echo "$s"; return 0; }
   done
