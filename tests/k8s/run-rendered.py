@@ -54,8 +54,10 @@ environment variables, liveness/startup restarts, service account tokens.
 """
 
 import argparse
+import base64
 import ipaddress
 import json
+import math
 import os
 import re
 import shutil
@@ -210,8 +212,6 @@ def configmap_data(st, sdir, name):
     o = find_obj(st, "ConfigMap", name)
     if o is not None:
         out = {k: v.encode() for k, v in (o.get("data") or {}).items()}
-        import base64
-
         out.update({k: base64.b64decode(v) for k, v in (o.get("binaryData") or {}).items()})
         return out
     d = os.path.join(sdir, "configmaps", name)
@@ -255,11 +255,7 @@ def resource_value(container, ref):
     if q is None:  # no limit: the node's allocatable
         q = os.cpu_count() if what == "cpu" else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if what == "cpu":
-        import math
-
         return str(math.ceil(cpu_cores(q) / cpu_cores(div)))
-    import math
-
     return str(math.ceil(quantity_bytes(q) / quantity_bytes(div)))
 
 
@@ -332,7 +328,7 @@ def keyed_files(data, items, default_mode, what):
     return {k: (v, default_mode) for k, v in data.items()}
 
 
-def materialize_volume(st, sdir, pod, vol, voldir, gid, tmpfs):
+def materialize_volume(st, sdir, pod, vol, voldir, gid):
     """Writes the volume's content into voldir; returns True when it is a tmpfs emptyDir."""
     dm = vol.get(next(k for k in vol if k != "name"), {}) or {}
     default_mode = dm.get("defaultMode", 0o644) if isinstance(dm, dict) else 0o644
@@ -464,7 +460,7 @@ def docker_run_args(st, sdir, pod, c, init=False):
             raise StartError(f"volumeMount {m['name']} names no volume")
         vd = os.path.join(vroot, v["name"])
         if v["name"] not in made:
-            made[v["name"]] = materialize_volume(st, sdir, pod, v, vd, fsgroup, None)
+            made[v["name"]] = materialize_volume(st, sdir, pod, v, vd, fsgroup)
         if made[v["name"]]:  # emptyDir medium Memory: a tmpfs of its sizeLimit
             limit = (v["emptyDir"] or {}).get("sizeLimit")
             size = f",size={int(quantity_bytes(limit))}" if limit else ""
