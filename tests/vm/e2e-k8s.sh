@@ -375,7 +375,7 @@ stop_gateways() { # the release uninstalled: each gateway pod deleted exits 0 wi
 
 # ------------------------------------------------------------------ main --
 echo "e2e-k8s: image $IMAGE, chart $CHART, network $NET $SUBNET, shared dir $SH, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-if step preflight "docker up, image $IMAGE present, chart, Helm venv" preflight &&
+if step preflight "docker up, image $IMAGE present (ldd of each binary inside), chart, Helm venv, tests/k8s" preflight &&
    step cluster "docker network $NET ($SUBNET); micro Ceph on its gateway address; cephx user $CLIENT; images" cluster &&
    step render "helm install --dry-run=client (Helm library): release $RELEASE in namespace $NS" render &&
    { step missing-secret "pods started without the keyring Secret: running, not ready, a log line names the keyring" missing_secret
