@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# micro-ceph.sh - throwaway single-node Ceph (1 mon, 1 OSD, optional mgr) on 127.0.0.1,
+# micro-ceph.sh - throwaway single-node Ceph (1 mon, 1 OSD, optional mgr) on 127.0.0.1
+# (or on MICRO_CEPH_IP),
 # for the gateway's tests and demo. Adapted from shared/reference/ceph/micro-ceph.sh.
 #
 #   micro-ceph.sh start [--store memstore|bluestore] [--mgr] [--image NAME] [--size SIZE]
@@ -26,10 +27,12 @@
 #   MICRO_CEPH_MEMSTORE_SIZE (bytes of RAM the memstore OSD may use, default 4 GiB),
 #   MICRO_CEPH_EXTRA_CONF (raw text appended to ceph.conf, with its own [section]),
 #   MICRO_CEPH_KEEP=1 (on a failed start, leave the daemons and DIR for debugging),
+#   MICRO_CEPH_IP (the local IPv4 address every daemon binds, default 127.0.0.1; e.g. a docker
+#   network's gateway address, so that containers on that network reach the cluster),
 #   MICRO_CEPH_FIRST_PORT (the port the first attempt tries instead of a picked one, as if
 #   it had been taken after the pick; tests/micro-ceph-ports.sh checks the retry with it).
 #
-# Every daemon binds 127.0.0.1 only. The mon listens on a non-default port
+# Every daemon binds 127.0.0.1 (MICRO_CEPH_IP) only. The mon listens on a non-default port
 # (msgr2 on PORT, msgr1 on PORT+1; picked in 10000-19999 unless --port is given, and
 # picked again if the mon finds it taken). Daemons run in the foreground (-f) under
 # setsid so that $! is the daemon's own PID; those PIDs go into DIR/pids.
@@ -71,6 +74,10 @@ mon_bind_failed() { grep -q 'unable to bind' "$DIR/log/mon.a.log" 2>/dev/null; }
 # mon_bound_or_failed PID PORT: the mon PID listens on PORT (not some other process), or
 # it could not bind.
 mon_bound_or_failed() { mon_bind_failed || ss -Hltnp "sport = :$2" | grep -q "pid=$1,"; }
+
+# the address every daemon binds; only a local IPv4 address makes sense
+IP=${MICRO_CEPH_IP:-127.0.0.1}
+[[ $IP =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "MICRO_CEPH_IP must be an IPv4 address, not '$IP'"
 
 default_dir() { echo "${MICRO_CEPH_DIR:-${TMPDIR:-/tmp}/nvmeof-micro-ceph}"; }
 
@@ -250,9 +257,9 @@ do_start() {
     cat >"$conf" <<EOF
 [global]
 fsid = $fsid
-mon_host = [v2:127.0.0.1:$port,v1:127.0.0.1:$((port + 1))]
-public_addr = 127.0.0.1
-cluster_addr = 127.0.0.1
+mon_host = [v2:$IP:$port,v1:$IP:$((port + 1))]
+public_addr = $IP
+cluster_addr = $IP
 auth_cluster_required = $auth
 auth_service_required = $auth
 auth_client_required = $auth
@@ -342,16 +349,16 @@ EOF
     ceph-authtool "$mk" --import-keyring "$DIR/mgr/keyring"
     } >/dev/null
     monmaptool --create --fsid "$fsid" \
-        --addv a "[v2:127.0.0.1:$port,v1:127.0.0.1:$((port + 1))]" "$DIR/monmap" >/dev/null
+        --addv a "[v2:$IP:$port,v1:$IP:$((port + 1))]" "$DIR/monmap" >/dev/null
     step "keys + monmap"
 
     ceph-mon --mkfs -i a --monmap "$DIR/monmap" --keyring "$mk"
     step "mon mkfs"
     start_daemon mon.a ceph-mon -f -i a
     # $!: start_daemon's setsid, which is the mon itself
-    wait_for 60 "mon.a to listen on 127.0.0.1:$port" mon_bound_or_failed "$!" "$port"
+    wait_for 60 "mon.a to listen on $IP:$port" mon_bound_or_failed "$!" "$port"
     if mon_bind_failed; then
-        echo "micro-ceph: mon.a could not bind 127.0.0.1:$port (taken after it was picked)" >&2
+        echo "micro-ceph: mon.a could not bind $IP:$port (taken after it was picked)" >&2
         exit "$BIND_FAILED"
     fi
     # 'ceph osd new' is the first mon round trip; it also proves the mon is up
@@ -440,5 +447,5 @@ case "$cmd" in
         else echo "micro-ceph: not running (dir $d)" >&2; exit 1; fi ;;
     install) ensure_packages ;;
     restart-osd) do_restart_osd "$@" ;;
-    *) sed -n '2,34p' "$0"; exit 2 ;;
+    *) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2 ;;
 esac

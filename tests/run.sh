@@ -46,6 +46,14 @@
 #             namespace, two paths, optimized on gw1), 4 MiB O_DIRECT equal in `rbd export`,
 #             kill -9 of gw1: I/O goes on through gw2; `demo.sh stop` leaves no process and no
 #             DEMO_DIR. Builds the gateway and nvmeof-control/nvmeofctl first.
+#   e2e-k8s   scripts/build-image.sh (the image from the release binaries, whose build is a no-op
+#             after the build stage; dockerd started when none runs), then tests/vm/e2e-k8s.sh:
+#             the Helm chart rendered with the Helm library, its control-plane and gateway pods
+#             run as containers of the image
+#             (exactly the rendered command, args, env, volumes, security context), the Linux
+#             initiator in the VM under fio verify: docker kill of a gateway, a rolling update,
+#             the leading control-plane replica killed, a pod without its keyring Secret.
+#             Prints the image size and each pause.
 #   fuzz      if gateway/fuzz exists: cargo-fuzz (installed if missing), cargo fuzz build on stable
 #             with RUSTC_BOOTSTRAP=1 (nightly as fallback; skipped with a message if neither works),
 #             then cargo fuzz run <each target> -- -max_total_time=$FUZZ_SECONDS
@@ -96,7 +104,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy doc test build helm docs ceph e2e-vm e2e-auth e2e-rbd e2e-group e2e-demo e2e-rdma fuzz)
+ALL_STAGES=(deps fmt clippy doc test build helm docs ceph e2e-vm e2e-auth e2e-rbd e2e-group e2e-demo e2e-k8s e2e-rdma fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -221,6 +229,19 @@ e2e_demo() {
   return $rc
 }
 
+e2e_k8s() {
+  # the image from the release binaries (its cargo build is a no-op when the build stage just
+  # ran), then what the chart renders
+  echo "+ scripts/build-image.sh"
+  timeout -k 30 "$STAGE_TIMEOUT" scripts/build-image.sh || return 1
+  mkdir -p "$TARGET_DIR/vm-logs"
+  echo "+ tests/vm/e2e-k8s.sh  (E2E_LOG_DIR=$TARGET_DIR/vm-logs, E2E_TIMEOUT=$E2E_TIMEOUT)"
+  E2E_LOG_DIR=$TARGET_DIR/vm-logs E2E_TIMEOUT=$E2E_TIMEOUT tests/vm/e2e-k8s.sh
+  local rc=$?
+  echo "(logs: $TARGET_DIR/vm-logs/e2e-k8s/)"
+  return $rc
+}
+
 e2e_rdma() {
   local probe=$TARGET_DIR/release/examples/cm_probe
   [ -x "$GATEWAY_BIN" ] || { echo "no gateway binary at $GATEWAY_BIN"; return 1; }
@@ -305,6 +326,9 @@ else stage e2e-group e2e_group; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-demo "--quick"
 else stage e2e-demo e2e_demo; fi
+
+if [ $QUICK = 1 ]; then skipped e2e-k8s "--quick"
+else stage e2e-k8s e2e_k8s; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-rdma "--quick"
 else stage e2e-rdma e2e_rdma; fi
