@@ -1,6 +1,8 @@
 //! NVMe/RDMA: the same protocol core as NVMe/TCP, over reliable-connected queue pairs.
 //!
 //! - `wire`: the `rdma_cm` private data of connect requests, replies and rejects.
+//! - `close`: when a closing queue pair may be disconnected (after the sends it posted, so a
+//!   response sent just before a close reaches the host).
 //! - `connection`: one queue pair (one NVMe queue) on a tokio task: capsules by SEND/RECV
 //!   with receives pre-posted, keyed SGL data by RDMA READ (host to controller) and RDMA
 //!   WRITE (controller to host) from registered buffers, SEND with Invalidate when the host
@@ -36,6 +38,7 @@
 //! connected controller. Polling threads were not chosen: they would spend a core per
 //! worker when idle and, on this 2-core machine, take it from the host and librbd.
 
+mod close;
 pub mod connection;
 pub mod server;
 pub mod wire;
