@@ -203,7 +203,7 @@ impl RdmaConnection {
         let recv_len = RECV_LEN;
         let qp = id.qp().ok_or("no queue pair")?;
         for i in 0..count {
-            let Some((buf, lkey)) = device.recv_pool.take(recv_len) else {
+            let Some((buf, lkey)) = device.recv_pool.take_for_setup(recv_len) else {
                 return Err("no registered memory for the receive buffers".into());
             };
             if let Err((e, buf)) = qp.post_recv(tag(TAG_RECV, u64::from(i)), Lent { buf, lkey }) {
@@ -619,9 +619,8 @@ impl RdmaConnection {
                     Some(k) => Some(k),
                     None => {
                         // Not registered memory: copy into a registered buffer.
-                        match self.device.pool.take(v.len()) {
-                            Some((mut reg, k)) => {
-                                reg.copy_from_slice(&v);
+                        match self.device.pool.take_copy_of(&v) {
+                            Some((reg, k)) => {
                                 stats()
                                     .payload_copies
                                     .fetch_add(v.len() as u64, Ordering::Relaxed);

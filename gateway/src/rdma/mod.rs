@@ -171,7 +171,7 @@ impl Device {
         };
         let mut posted = 0;
         while srq.posted() < srq.capacity() as usize {
-            let Some((buf, lkey)) = self.recv_pool.take(RECV_LEN) else {
+            let Some((buf, lkey)) = self.recv_pool.take_for_setup(RECV_LEN) else {
                 tracing::warn!("no registered memory for the shared receive queue");
                 break;
             };
