@@ -60,7 +60,7 @@
 # Final line: "N passed, N failed" over the stages. Exit 0 only if none failed.
 #
 # Env: FUZZ_SECONDS (default 30 per target), E2E_TIMEOUT (default 900 s, the VM run),
-#      E2E_AUTH_TIMEOUT (default 600 s, e2e-auth's VM run), E2E_AUTH_KERNEL_TARGET=1 (e2e-auth
+#      E2E_AUTH_TIMEOUT (default 900 s, e2e-auth's VM run), E2E_AUTH_KERNEL_TARGET=1 (e2e-auth
 #      against the kernel's nvmet instead of our gateway: proves the harness, host and script),
 #      STAGE_TIMEOUT (default 1800 s per cargo stage), CARGO_TARGET_DIR, FUZZ_DIR (default gateway),
 #      VM_* (see tests/vm/run-in-vm.sh).
@@ -85,7 +85,7 @@ done
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 FUZZ_DIR=${FUZZ_DIR:-gateway}  # the crate whose fuzz/ dir holds the cargo-fuzz targets
 E2E_TIMEOUT=${E2E_TIMEOUT:-900}
-E2E_AUTH_TIMEOUT=${E2E_AUTH_TIMEOUT:-600}
+E2E_AUTH_TIMEOUT=${E2E_AUTH_TIMEOUT:-900}
 STAGE_TIMEOUT=${STAGE_TIMEOUT:-1800}  # per cargo stage
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 case $TARGET_DIR in /*) ;; *) TARGET_DIR=$ROOT/$TARGET_DIR ;; esac

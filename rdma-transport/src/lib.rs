@@ -20,5 +20,6 @@ pub use ffi::{
     QpInfo, QueuePair, Remote, SharedReceiveQueue, WcOpcode, WorkCompletion,
 };
 pub use pool::{
-    BufferPool, PoolConfig, PoolCounters, PoolStats, Registrar, Registration, VerbsRegistrar, Waker,
+    registrations, BufferPool, PoolConfig, PoolCounters, PoolStats, Registrar, Registration,
+    RegistrationCounters, RegistrationStats, VerbsRegistrar, Waker,
 };

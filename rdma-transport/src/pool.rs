@@ -13,6 +13,13 @@
 //! Buffers are plain `Vec<u8>`s whose heap allocation was registered; the pool recognises a
 //! returned buffer by that address and knows its key. The registration itself is behind the
 //! [`Registrar`] trait, so the pool is tested without RDMA hardware.
+//!
+//! Besides its own counters (one pool's, for its log line), every pool adds to process-wide
+//! [`RegistrationCounters`] (what a metrics exporter reads): registrations, deregistrations and
+//! registered bytes, with those made while serving apart from those of setup. Creating a pool,
+//! [`BufferPool::take_for_setup`] and dropping a pool are setup; [`BufferPool::take`] and
+//! [`BufferPool::take_copy_of`] serve (the data path: a registration there is a cost paid per
+//! I/O), and only they count hits, misses and copies.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,6 +97,103 @@ pub struct PoolCounters {
     pub exhaustion: AtomicU64,
 }
 
+/// Registrations of every pool in the process, for metrics (monotonic unless noted).
+#[derive(Debug, Default)]
+pub struct RegistrationCounters {
+    /// Memory registrations made (setup and serving).
+    pub registrations: AtomicU64,
+    /// Of `registrations`: made by a request while serving (a registration-cache miss).
+    pub registrations_serving: AtomicU64,
+    /// Memory registrations released (cache evictions, pools dropped).
+    pub deregistrations: AtomicU64,
+    /// Of `deregistrations`: evictions made by a request while serving.
+    pub deregistrations_serving: AtomicU64,
+    /// Bytes registered now (a gauge).
+    pub registered_bytes: AtomicU64,
+    /// Requests while serving that got memory already registered (a size-class buffer or an
+    /// idle registration-cache buffer).
+    pub hits: AtomicU64,
+    /// Requests while serving that registered a new buffer.
+    pub misses: AtomicU64,
+    /// Payloads copied into a registered buffer because they were not in one.
+    pub copies: AtomicU64,
+}
+
+impl RegistrationCounters {
+    pub const fn new() -> Self {
+        Self {
+            registrations: AtomicU64::new(0),
+            registrations_serving: AtomicU64::new(0),
+            deregistrations: AtomicU64::new(0),
+            deregistrations_serving: AtomicU64::new(0),
+            registered_bytes: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            copies: AtomicU64::new(0),
+        }
+    }
+
+    pub fn snapshot(&self) -> RegistrationStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RegistrationStats {
+            registrations: g(&self.registrations),
+            registrations_serving: g(&self.registrations_serving),
+            deregistrations: g(&self.deregistrations),
+            deregistrations_serving: g(&self.deregistrations_serving),
+            registered_bytes: g(&self.registered_bytes),
+            hits: g(&self.hits),
+            misses: g(&self.misses),
+            copies: g(&self.copies),
+        }
+    }
+
+    fn registered(&self, bytes: usize, phase: Phase) {
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+        if phase == Phase::Serving {
+            self.registrations_serving.fetch_add(1, Ordering::Relaxed);
+        }
+        self.registered_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    fn deregistered(&self, bytes: usize, phase: Phase) {
+        self.deregistrations.fetch_add(1, Ordering::Relaxed);
+        if phase == Phase::Serving {
+            self.deregistrations_serving.fetch_add(1, Ordering::Relaxed);
+        }
+        self.registered_bytes
+            .fetch_sub(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of [`RegistrationCounters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegistrationStats {
+    pub registrations: u64,
+    pub registrations_serving: u64,
+    pub deregistrations: u64,
+    pub deregistrations_serving: u64,
+    pub registered_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub copies: u64,
+}
+
+static REGISTRATIONS: RegistrationCounters = RegistrationCounters::new();
+
+/// The registrations of every pool in this process (pools made with [`BufferPool::new`]).
+pub fn registrations() -> &'static RegistrationCounters {
+    &REGISTRATIONS
+}
+
+/// Why a pool registers: to get ready (pool creation, receives posted for a new connection)
+/// or for a request on the data path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Setup,
+    Serving,
+}
+
 /// A snapshot of the counters plus the current state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolStats {
@@ -106,6 +210,8 @@ pub struct PoolStats {
     pub cache_bytes: usize,
     /// Registrations currently alive.
     pub live_registrations: usize,
+    /// Bytes those registrations cover.
+    pub registered_bytes: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -135,6 +241,7 @@ struct Inner {
     cache_used: usize,
     on_loan: usize,
     waiters: usize,
+    registered_bytes: usize,
 }
 
 /// Wakes whoever waits for a buffer (the transport plugs in its reactor's notifier).
@@ -147,6 +254,7 @@ pub struct BufferPool {
     registrar: Box<dyn Registrar>,
     cache_limit: usize,
     counters: PoolCounters,
+    registrations: &'static RegistrationCounters,
     waker: Mutex<Option<Arc<dyn Waker>>>,
 }
 
@@ -157,8 +265,18 @@ fn round_up(len: usize) -> usize {
 }
 
 impl BufferPool {
-    /// Allocates and registers every size-class buffer.
+    /// Allocates and registers every size-class buffer; counts in the process-wide
+    /// [`registrations`].
     pub fn new(config: &PoolConfig, registrar: Box<dyn Registrar>) -> Result<Self, ffi::Error> {
+        Self::with_counters(config, registrar, registrations())
+    }
+
+    /// Like [`BufferPool::new`], counting registrations in `registrations` instead.
+    pub fn with_counters(
+        config: &PoolConfig,
+        registrar: Box<dyn Registrar>,
+        registrations: &'static RegistrationCounters,
+    ) -> Result<Self, ffi::Error> {
         let pool = Self {
             inner: Mutex::new(Inner {
                 classes: Vec::new(),
@@ -168,10 +286,12 @@ impl BufferPool {
                 cache_used: 0,
                 on_loan: 0,
                 waiters: 0,
+                registered_bytes: 0,
             }),
             registrar,
             cache_limit: config.cache_bytes,
             counters: PoolCounters::default(),
+            registrations,
             waker: Mutex::new(None),
         };
         let mut classes: Vec<(usize, usize)> = config.classes.clone();
@@ -187,6 +307,8 @@ impl BufferPool {
                     let mut buf = vec![0u8; size];
                     let reg = pool.registrar.register(&mut buf)?;
                     pool.counters.registrations.fetch_add(1, Ordering::Relaxed);
+                    pool.registrations.registered(size, Phase::Setup);
+                    inner.registered_bytes += size;
                     inner.entries.insert(
                         buf.as_ptr() as usize,
                         Entry {
@@ -218,10 +340,30 @@ impl BufferPool {
     }
 
     /// A registered buffer of exactly `len` bytes (contents unspecified) and its key, or
-    /// `None` when the pool is exhausted: wait for a wake-up and try again.
+    /// `None` when the pool is exhausted: wait for a wake-up and try again. For requests
+    /// while serving: a registration made here is counted as one.
     pub fn take(&self, len: usize) -> Option<(Vec<u8>, u32)> {
+        self.take_in(len, Phase::Serving)
+    }
+
+    /// Like [`BufferPool::take`], while getting ready to serve (e.g. the receives of a new
+    /// connection): not counted as a registration while serving, nor as a hit or miss.
+    pub fn take_for_setup(&self, len: usize) -> Option<(Vec<u8>, u32)> {
+        self.take_in(len, Phase::Setup)
+    }
+
+    /// A registered buffer holding a copy of `data` (which is not in registered memory), and
+    /// its key; counted as a copy. `None` when the pool is exhausted.
+    pub fn take_copy_of(&self, data: &[u8]) -> Option<(Vec<u8>, u32)> {
+        let (mut buf, lkey) = self.take(data.len())?;
+        buf.copy_from_slice(data);
+        self.registrations.copies.fetch_add(1, Ordering::Relaxed);
+        Some((buf, lkey))
+    }
+
+    fn take_in(&self, len: usize, phase: Phase) -> Option<(Vec<u8>, u32)> {
         let mut inner = self.lock();
-        let got = self.take_locked(&mut inner, len);
+        let got = self.take_locked(&mut inner, len, phase);
         if got.is_none() {
             self.counters.exhaustion.fetch_add(1, Ordering::Relaxed);
             inner.waiters += 1;
@@ -229,7 +371,13 @@ impl BufferPool {
         got
     }
 
-    fn take_locked(&self, inner: &mut Inner, len: usize) -> Option<(Vec<u8>, u32)> {
+    fn hit(&self, phase: Phase) {
+        if phase == Phase::Serving {
+            self.registrations.hits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn take_locked(&self, inner: &mut Inner, len: usize, phase: Phase) -> Option<(Vec<u8>, u32)> {
         // Size classes, smallest that fits first.
         let mut from_class = None;
         for class in inner.classes.iter_mut() {
@@ -242,6 +390,7 @@ impl BufferPool {
         }
         if let Some(mut buf) = from_class {
             self.counters.class_takes.fetch_add(1, Ordering::Relaxed);
+            self.hit(phase);
             buf.resize(len, 0);
             return Some(self.lend(inner, buf));
         }
@@ -254,6 +403,7 @@ impl BufferPool {
             }
             inner.idle_lru.pop(&(buf.as_ptr() as usize));
             self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            self.hit(phase);
             buf.resize(len, 0);
             return Some(self.lend(inner, buf));
         }
@@ -270,10 +420,12 @@ impl BufferPool {
                     inner.entries.remove(&addr);
                     drop(buf);
                     inner.cache_used -= esize;
+                    inner.registered_bytes -= esize;
                     self.counters.evictions.fetch_add(1, Ordering::Relaxed);
                     self.counters
                         .deregistrations
                         .fetch_add(1, Ordering::Relaxed);
+                    self.registrations.deregistered(esize, phase);
                 }
             }
         }
@@ -287,7 +439,12 @@ impl BufferPool {
         };
         self.counters.registrations.fetch_add(1, Ordering::Relaxed);
         self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
+        self.registrations.registered(size, phase);
+        if phase == Phase::Serving {
+            self.registrations.misses.fetch_add(1, Ordering::Relaxed);
+        }
         inner.cache_used += size;
+        inner.registered_bytes += size;
         inner.entries.insert(
             buf.as_ptr() as usize,
             Entry {
@@ -367,6 +524,7 @@ impl BufferPool {
             on_loan: inner.on_loan,
             cache_bytes: inner.cache_used,
             live_registrations: inner.entries.len(),
+            registered_bytes: inner.registered_bytes,
         }
     }
 }
@@ -376,7 +534,12 @@ impl Drop for BufferPool {
         // Registrations first (Entry drops deregister), then the memory.
         let mut inner = self.lock();
         let entries = std::mem::take(&mut inner.entries);
-        drop(entries);
+        for entry in entries.into_values() {
+            let size = entry.size;
+            drop(entry);
+            self.registrations.deregistered(size, Phase::Setup);
+        }
+        inner.registered_bytes = 0;
     }
 }
 
@@ -553,6 +716,76 @@ mod tests {
         p.give_back(c.0).expect("ours");
         drop(p);
         assert_eq!(fake.live.load(Ordering::SeqCst), 0, "all deregistered");
+    }
+
+    #[test]
+    fn registrations_are_counted_for_metrics_apart_from_setup() {
+        let counters: &'static RegistrationCounters =
+            Box::leak(Box::new(RegistrationCounters::new()));
+        let fake = Arc::new(Fake::default());
+        let p = BufferPool::with_counters(
+            &PoolConfig {
+                classes: vec![(4096, 2)],
+                cache_bytes: (2 << 20) + 8192,
+            },
+            Box::new(fake.clone()),
+            counters,
+        )
+        .expect("pool");
+        let setup = RegistrationStats {
+            registrations: 2,
+            registered_bytes: 8192,
+            ..Default::default()
+        };
+        assert_eq!(counters.snapshot(), setup, "size classes: setup");
+        // A new connection's receive: registered, but not while serving.
+        let (recv, _) = p.take_for_setup(12 * 1024).expect("receive");
+        p.give_back(recv).expect("ours");
+        let after_setup = RegistrationStats {
+            registrations: 3,
+            registered_bytes: 8192 + 12 * 1024,
+            ..Default::default()
+        };
+        assert_eq!(counters.snapshot(), after_setup);
+        // Serving: a class buffer (hit), a new 1 MiB buffer (miss, registered while serving),
+        // the same size again (hit), a copy.
+        let (a, _) = p.take(512).expect("class");
+        p.give_back(a).expect("ours");
+        let (b, _) = p.take(1 << 20).expect("miss");
+        p.give_back(b).expect("ours");
+        let (c, _) = p.take(1 << 20).expect("hit");
+        p.give_back(c).expect("ours");
+        let (d, _) = p.take_copy_of(&[9u8; 100]).expect("copy");
+        assert_eq!(&d[..], &[9u8; 100][..]);
+        p.give_back(d).expect("ours");
+        // 1 MiB + 12 KiB cached of 2 MiB + 8 KiB: a 1 MiB + 4 KiB buffer evicts the least
+        // recently used idle one (the receive's) while serving, then registers.
+        let (e, _) = p.take((1 << 20) + 4096).expect("evicts");
+        p.give_back(e).expect("ours");
+        let s = counters.snapshot();
+        assert_eq!(
+            s,
+            RegistrationStats {
+                registrations: 5,
+                registrations_serving: 2,
+                deregistrations: 1,
+                deregistrations_serving: 1,
+                registered_bytes: (8192 + (1 << 20) + (1 << 20) + 4096) as u64,
+                hits: 3,
+                misses: 2,
+                copies: 1,
+            }
+        );
+        assert_eq!(p.stats().registered_bytes as u64, s.registered_bytes);
+        drop(p);
+        let gone = counters.snapshot();
+        assert_eq!(
+            gone.deregistrations, 5,
+            "a dropped pool deregisters everything"
+        );
+        assert_eq!(gone.deregistrations_serving, 1);
+        assert_eq!(gone.registered_bytes, 0);
+        assert_eq!(fake.live.load(Ordering::SeqCst), 0);
     }
 
     #[test]

@@ -51,12 +51,22 @@
 #   r.rdma-bidirectional  nvme-rdma over Soft-RoCE (rxe0 on eth0, $RDMA_ADDR; the gateway's
 #                      rdma listener), bidirectional: every queue authenticated, fio verify 8M
 #                      (kernel target: skipped)
+#   r2.rdma-failure2-repeat  over nvme-rdma, a wrong --dhchap-ctrl-secret $FAILURE2_RUNS times
+#                      (20): the host sends Failure2, the gateway ends the controller and closes
+#                      the queue pair; each connect must fail within $FAILURE2_BOUND s (30) with
+#                      "controller authentication failed", none may hang (before the gateway
+#                      waited for the send completion of the reply posted just before the close,
+#                      the disconnect could flush it: the host timed the command out after 60 s,
+#                      twice, and the connect hung ~370 s; 3 of 9 attempts in one run). Prints the
+#                      hang count and the slowest attempt; stops at the first hang unless
+#                      FAILURE2_KEEP_GOING=1 (kernel target: skipped)
 #   k.sigterm          the gateway exits 0 on SIGTERM (kernel target: nvmet torn down)
 # Last line: "N passed, N failed". Exit 0 only if nothing failed.
 #
 # Env: E2E_LOG_DIR (default ./target/vm-logs if writable, else /tmp/e2e-logs; logs in
 #      $E2E_LOG_DIR/e2e-auth), E2E_PORT (default 4420; the negotiation target uses +1),
-#      RUST_LOG (default info).
+#      RUST_LOG (default info), FAILURE2_RUNS (20), FAILURE2_BOUND (30 s), FAILURE2_KEEP_GOING=1,
+#      E2E_AUTH_RDMA_ONLY=1 (only the setup and the nvme-rdma steps r and r2, then k).
 set -u
 export LC_ALL=C
 
@@ -416,14 +426,60 @@ rxe_setup() { # Soft-RoCE on eth0 for the RDMA step (the gateway's rdma listener
 rdma_check() { # bidirectional over nvme-rdma: the transaction rides keyed SGLs / RDMA READ and WRITE
   if [ "$MODE" = kernel ]; then skip_gw "nvme-rdma (the kernel target serves TCP only here)"; return 0; fi
   [ "$RXE_OK" = 1 ] || { say "no rxe device (step setup.rxe failed)"; return 1; }
-  grep -q "NVMe/RDMA listener ready addr=$RDMA_ADDR:$PORT" "$GWLOG" ||
-    { say "the gateway log has no 'NVMe/RDMA listener ready addr=$RDMA_ADDR:$PORT'"; return 1; }
+  rdma_listener_ready || return 1
   CONN_T=rdma CONN_A=$RDMA_ADDR connect $NQN "$PORT" "$H_MAIN" $ID_MAIN --dhchap-secret="$K_MAIN" --dhchap-ctrl-secret="$C_MAIN" || return 1
   [ "$(cat /sys/class/nvme/$CTRL/transport)" = rdma ] || { say "$CTRL is not an rdma controller"; disconnect; return 1; }
   host_auth_check $DEF_HASH $DEF_DHGROUP true || { disconnect; return 1; }
   gw_auth_check $DEF_HASH $DEF_DHGROUP true || { disconnect; return 1; }
   fio_small rdma-4k 8M || { disconnect; return 1; }
   disconnect
+}
+rdma_listener_ready() { # the gateway's rdma listener is up (it retries every second until rxe0 is)
+  for _ in $(seq 150); do
+    grep -q "NVMe/RDMA listener ready addr=$RDMA_ADDR:$PORT" "$GWLOG" && return 0
+    sleep 0.1
+  done
+  say "the gateway log has no 'NVMe/RDMA listener ready addr=$RDMA_ADDR:$PORT' after 15 s"; return 1
+}
+FAILURE2_RUNS=${FAILURE2_RUNS:-20} FAILURE2_BOUND=${FAILURE2_BOUND:-30}
+rdma_failure2_repeat() { # a wrong ctrl key over nvme-rdma, repeated: every connect fails quickly
+  if [ "$MODE" = kernel ]; then skip_gw "nvme-rdma (the kernel target serves TCP only here)"; return 0; fi
+  [ "$RXE_OK" = 1 ] || { say "no rxe device (step setup.rxe failed)"; return 1; }
+  rdma_listener_ready || return 1
+  local i rc t0 ms out new hung=0 wrong=0 slowest=0 times="" n=0
+  for i in $(seq "$FAILURE2_RUNS"); do
+    # a hang costs minutes (the host times the command out after 60 s, more than once):
+    # stop at the first unless measuring the rate
+    [ $hung -gt 0 ] && [ "${FAILURE2_KEEP_GOING:-0}" != 1 ] && { say "stopping after the first hang (FAILURE2_KEEP_GOING=1 runs them all)"; break; }
+    n=$i
+    mark
+    t0=$(date +%s%N)
+    out=$(timeout -k 5 "$FAILURE2_BOUND" nvme connect -t rdma -a $RDMA_ADDR -s "$PORT" --ctrl-loss-tmo=5 --reconnect-delay=1 \
+            -n $NQN --hostnqn="$H_MAIN" --hostid=$ID_MAIN --dhchap-secret="$K_MAIN" --dhchap-ctrl-secret="$C_BAD" 2>&1)
+    rc=$?
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    times+=" $ms" && [ $ms -gt $slowest ] && slowest=$ms
+    new=$(new_dmesg | grep -E 'nvme')
+    if [ $rc -eq 0 ] || CTRL=$(host_ctrl $NQN "$H_MAIN" "$PORT"); then
+      say "attempt $i: UNEXPECTED: the connect succeeded"; disconnect; wrong=$((wrong + 1)); continue
+    fi
+    if [ $rc -eq 124 ] || [ $ms -ge $((FAILURE2_BOUND * 1000)) ]; then
+      hung=$((hung + 1))
+      say "attempt $i: HUNG: nvme connect had not failed after ${ms} ms (rc=$rc)"
+      echo "$new" | tail -n 6 | sed 's/^/    dmesg: /'
+    elif ! echo "$new" | grep -q 'qid 0: controller authentication failed'; then
+      wrong=$((wrong + 1))
+      say "attempt $i: failed in ${ms} ms (rc=$rc) without 'controller authentication failed':"
+      { echo "$out"; echo "$new"; } | tail -n 6 | sed 's/^/    /'
+    fi
+    # a hung attempt may leave the host reconnecting: wait until it gave the controller up
+    for _ in $(seq 100); do host_ctrl $NQN "$H_MAIN" "$PORT" > /dev/null || break; sleep 0.1; done
+  done
+  say "Failure2 over nvme-rdma: $n attempts, $hung hung (>= ${FAILURE2_BOUND} s), $wrong other failures; slowest ${slowest} ms; each (ms):$times"
+  gw_alive || { say "the gateway DIED (pid $GWPID)"; return 1; }
+  local waited; waited=$(sed 's/\x1b\[[0-9;]*m//g' "$GWLOG" | grep -c 'sends still not completed when closing')
+  [ "$waited" -gt 0 ] && say "gateway: $waited close(s) gave up waiting for their send completions"
+  [ $hung -eq 0 ] && [ $wrong -eq 0 ]
 }
 DD=/proc/dynamic_debug/control
 reauth_check() { # the same secret again: the host re-authenticates every queue of the live controller
@@ -635,7 +691,9 @@ ALL=(keys target.start a.connect-unidirectional a.fio-verify a.list-subsys-sysfs
   b.connect-bidirectional b.fio-verify c.reauth b.disconnect d.wrong-host-key d2.good-host-after
   e.no-secret f.wrong-ctrl-key x1.no-ctrl-key g.hmac-0 g.hmac-1 g.hmac-2 g.hmac-3)
 for c in "${NEG_CASES[@]}"; do ALL+=("n.${c/ /-}"); done
-ALL+=(i.no-auth-host j.digests-auth r.rdma-bidirectional k.sigterm)
+ALL+=(i.no-auth-host j.digests-auth r.rdma-bidirectional r2.rdma-failure2-repeat k.sigterm)
+FIRST=a.connect-unidirectional  # the first step after target.start
+[ "${E2E_AUTH_RDMA_ONLY:-0}" = 1 ] && ALL=(keys target.start r.rdma-bidirectional r2.rdma-failure2-repeat k.sigterm) FIRST=r.rdma-bidirectional
 
 step setup.modprobe "load nvme-tcp$([ $MODE = kernel ] && echo ', nvmet-tcp, null_blk')" \
   eval 'modprobe -a nvme-core nvme-tcp && { [ $MODE = gateway ] || { modprobe -a nvmet nvmet-tcp && modprobe null_blk nr_devices=0; }; }'
@@ -645,7 +703,11 @@ elif ! step keys "nvme gen-dhchap-key: host and ctrl keys, --hmac=0..3" gen_keys
   skip_from target.start "no keys"
 elif ! { { [ "$MODE" = kernel ] || step setup.rxe "Soft-RoCE for step r: rdma link add rxe0 type rxe netdev eth0" rxe_setup; }
          step target.start "start the target on $ADDR:$PORT (hosts with keys)" start_target; }; then
-  skip_from a.connect-unidirectional "the target did not start"
+  skip_from $FIRST "the target did not start"
+elif [ "${E2E_AUTH_RDMA_ONLY:-0}" = 1 ]; then
+  step r.rdma-bidirectional "nvme-rdma over Soft-RoCE, bidirectional auth on every queue, fio verify 8M" rdma_check
+  step r2.rdma-failure2-repeat "nvme-rdma, wrong ctrl key (Failure2) $FAILURE2_RUNS times: each connect fails within $FAILURE2_BOUND s, none hangs" rdma_failure2_repeat
+  step k.sigterm "SIGTERM: the gateway exits 0" stop_target
 else
   if step a.connect-unidirectional "connect with --dhchap-secret: authenticated (hmac($DEF_HASH), $DEF_DHGROUP), controller not" a_connect; then
     step a.fio-verify "fio 4K randwrite 8M + crc32c verify" fio_small uni-4k 8M
@@ -682,6 +744,7 @@ else
   step i.no-auth-host "a host allowed without a key ($OPEN_NQN) with --dhchap-secret: no authentication, fio verify 8M" open_check
   step j.digests-auth "header + data digests with bidirectional auth, fio verify 8M" digest_check
   step r.rdma-bidirectional "nvme-rdma over Soft-RoCE, bidirectional auth on every queue, fio verify 8M" rdma_check
+  step r2.rdma-failure2-repeat "nvme-rdma, wrong ctrl key (Failure2) $FAILURE2_RUNS times: each connect fails within $FAILURE2_BOUND s, none hangs" rdma_failure2_repeat
   step k.sigterm "SIGTERM: the gateway exits 0" stop_target
 fi
 

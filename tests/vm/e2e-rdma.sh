@@ -20,7 +20,9 @@
 # (gateway counters), reconnect (same process), data intact, (x2) a connect with
 # --disable-sqflow granted and fio verify over it, (p) gateway CPU
 # per I/O over RDMA vs TCP (fio 4K randread, same guest), registrations per
-# I/O, (r) bad connect requests rejected with the NVMe/RDMA status codes,
+# I/O (the log's counters, and the Prometheus metrics on 127.0.0.1:PORT+5000:
+# nvmeof_rdma_memory_registrations_while_serving_total and ..._buffer_pool_misses_total
+# flat, a pool hit per read), (r) bad connect requests rejected with the NVMe/RDMA status codes,
 # (f) fused Compare-and-Write from cm_probe's minimal host (in-capsule data),
 # (v) the host vanishing mid-I/O (controller deleted under fio): resources
 # released, gateway still serving, (m1) E2E_SRQ_CTRLS (6) controllers on the
@@ -62,6 +64,7 @@ NS_BYTES=$((256 * 1024 * 1024))
 NS_BS=512
 FIO_SIZE=${E2E_FIO_SIZE:-32M}
 PERF_SECONDS=${E2E_PERF_SECONDS:-10}
+MPORT=$((PORT + 5000))  # the gateway's Prometheus metrics (step p1 reads its registration counters)
 export RUST_LOG=${RUST_LOG:-info}
 export NO_COLOR=1
 
@@ -110,6 +113,9 @@ rxe_setup() {
 # ---------------------------------------------------------------- target --
 write_config() {
   cat > "$CONF" <<EOF
+[gateway]
+metrics_listen = "$TCPADDR:$MPORT"
+
 [[listener]]
 transport = "rdma"
 address = "$ADDR"
@@ -288,9 +294,14 @@ perf_say() { # label "iops total user sys"
   local i t u s; read -r i t u s <<< "$2"
   say "$1 4K randread QD16: $i IOPS; gateway CPU per I/O: $t us (user $u us, system $s us: system time includes Soft-RoCE's packet work done in the gateway's post/poll calls)"
 }
+metric() { # name: its value in a scrape of the gateway's metrics (empty if absent)
+  curl -s --max-time 10 "http://$TCPADDR:$MPORT/metrics" | awk -v n="$1" '$1 == n {print $2}'
+}
 perf_rdma() {
-  local r reg0 reg1 line0 line1 ios
+  local r reg0 reg1 line0 line1 ios m0 m1 h0 h1 mi0 mi1
   line0=$(last_counters)
+  m0=$(metric nvmeof_rdma_memory_registrations_while_serving_total) h0=$(metric nvmeof_rdma_buffer_pool_hits_total)
+  mi0=$(metric nvmeof_rdma_buffer_pool_misses_total)
   connect || return 1
   r=$(perf_run rdma) || { disconnect_nqn $NQN > /dev/null; return 1; }
   PERF_RDMA=$r
@@ -303,6 +314,14 @@ perf_rdma() {
   say "registrations during the run: $((reg1 - reg0)) for $ios reads; payload copies: $(counter payload_copies "$line1") bytes; unregistered buffers: $(counter unregistered_buffers "$line1")"
   [ $((reg1 - reg0)) -eq 0 ] || { say "registrations in steady state"; return 1; }
   [ "$(counter payload_copies "$line1")" = 0 ] || { say "payload copied"; return 1; }
+  # the same from the Prometheus metrics: no registration while serving, a pool hit per read
+  m1=$(metric nvmeof_rdma_memory_registrations_while_serving_total) h1=$(metric nvmeof_rdma_buffer_pool_hits_total)
+  mi1=$(metric nvmeof_rdma_buffer_pool_misses_total)
+  [ -n "$m0" ] && [ -n "$m1" ] && [ -n "$h1" ] && [ -n "$mi1" ] || { say "no nvmeof_rdma_* registration metrics at http://$TCPADDR:$MPORT/metrics"; return 1; }
+  say "metrics: registrations while serving $m0 -> $m1, pool hits $h0 -> $h1, misses $mi0 -> $mi1, registered bytes $(metric nvmeof_rdma_registered_bytes)"
+  [ "$m1" = "$m0" ] || { say "nvmeof_rdma_memory_registrations_while_serving_total grew during the run"; return 1; }
+  [ "$mi1" = "$mi0" ] || { say "nvmeof_rdma_buffer_pool_misses_total grew during the run"; return 1; }
+  [ $((h1 - h0)) -ge "$ios" ] || { say "fewer pool hits ($((h1 - h0))) than reads ($ios)"; return 1; }
 }
 perf_tcp() {
   local r

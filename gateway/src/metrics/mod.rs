@@ -15,6 +15,8 @@ use metrics_exposition::Family;
 use crate::core::{Target, TransportType};
 use crate::spec::ana;
 
+mod rdma_registrations;
+
 /// `le` label values (seconds) of the backend's latency buckets.
 fn latency_bucket_labels() -> [String; 13] {
     rbd_backend::stats::LATENCY_BUCKETS_NS.map(|ns| (ns as f64 / 1e9).to_string())
@@ -57,6 +59,10 @@ pub fn render(target: &Target, gateway: &str) -> String {
     render_unavailable(&mut out, target);
     render_transports(&mut out);
     render_authentication(&mut out, target);
+    rdma_registrations::render_rdma_registrations(
+        &mut out,
+        &rdma_transport::registrations().snapshot(),
+    );
     out
 }
 

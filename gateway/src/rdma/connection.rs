@@ -26,6 +26,7 @@ use rdma_transport::{
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
+use super::close::{CloseSequence, CloseStep, Observed};
 use super::{rdma_caps, stats, Device, RECV_LEN};
 use crate::core::command::SQE_LEN;
 use crate::core::{
@@ -38,8 +39,9 @@ use crate::spec::{sc, sgl};
 const POLL_BUDGET: usize = 256;
 /// How long a closing connection waits for its device I/O before abandoning the buffers.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a connection closing before `ESTABLISHED` waits for it (to disconnect properly).
-const ESTABLISH_WAIT: Duration = Duration::from_secs(2);
+/// How often a closing connection polls its CQ for the completions of the sends it posted
+/// (they take microseconds on hardware, about a millisecond with Soft-RoCE).
+const CLOSE_POLL_INTERVAL: Duration = Duration::from_millis(1);
 /// Transient Transport Error: the host retries the command (NVMe Base, generic status 22h).
 const TRANSIENT_TRANSPORT_ERROR: u16 = 0x22;
 
@@ -136,6 +138,11 @@ pub struct RdmaConnection {
     disconnected: bool,
     /// `RDMA_CM_EVENT_ESTABLISHED` seen: before it the CM cannot send a disconnect request.
     established: bool,
+    /// False once a post failed, a work request completed in error or the device reported
+    /// the QP fatal: what was posted will not reach the host, so a close does not wait for it.
+    qp_usable: bool,
+    /// The listener dropped its end of `events`: no `ESTABLISHED` can come any more.
+    events_closed: bool,
 }
 
 impl RdmaConnection {
@@ -185,6 +192,8 @@ impl RdmaConnection {
             more: false,
             disconnected: false,
             established: false,
+            qp_usable: true,
+            events_closed: false,
         }
     }
 
@@ -194,7 +203,7 @@ impl RdmaConnection {
         let recv_len = RECV_LEN;
         let qp = id.qp().ok_or("no queue pair")?;
         for i in 0..count {
-            let Some((buf, lkey)) = device.recv_pool.take(recv_len) else {
+            let Some((buf, lkey)) = device.recv_pool.take_for_setup(recv_len) else {
                 return Err("no registered memory for the receive buffers".into());
             };
             if let Err((e, buf)) = qp.post_recv(tag(TAG_RECV, u64::from(i)), Lent { buf, lkey }) {
@@ -255,6 +264,7 @@ impl RdmaConnection {
                     }
                     Some(ConnEvent::QpFatal) => {
                         tracing::warn!("queue pair fatal error (asynchronous event): closing");
+                        self.qp_usable = false;
                         Flow::Close
                     }
                     Some(ConnEvent::DeviceRemoved) => {
@@ -292,6 +302,7 @@ impl RdmaConnection {
                 Some(Ok(())) => flow,
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "cannot post responses: closing");
+                    self.qp_usable = false;
                     Flow::Close
                 }
                 None => Flow::Close,
@@ -419,6 +430,7 @@ impl RdmaConnection {
     }
 
     fn wc_error(&mut self, wc: &WorkCompletion) {
+        self.qp_usable = false;
         if wc.is_flush() {
             tracing::debug!("work request flushed: the queue pair is down");
         } else {
@@ -607,9 +619,8 @@ impl RdmaConnection {
                     Some(k) => Some(k),
                     None => {
                         // Not registered memory: copy into a registered buffer.
-                        match self.device.pool.take(v.len()) {
-                            Some((mut reg, k)) => {
-                                reg.copy_from_slice(&v);
+                        match self.device.pool.take_copy_of(&v) {
+                            Some((reg, k)) => {
                                 stats()
                                     .payload_copies
                                     .fetch_add(v.len() as u64, Ordering::Relaxed);
@@ -709,18 +720,7 @@ impl RdmaConnection {
     /// back once it is destroyed), the pool buffers.
     async fn close(&mut self) {
         self.queue.close();
-        if !self.disconnected {
-            // A host's first capsule can arrive before the CM has seen its RTU (the QP
-            // receives from RTR on). A disconnect then sends nothing (the CM sends a DREQ only
-            // once established) and the host never learns its QP is gone: wait for
-            // ESTABLISHED first, briefly.
-            if !self.established {
-                self.wait_established().await;
-            }
-            if let Err(e) = self.id.disconnect() {
-                tracing::debug!(error = %e, "rdma_disconnect");
-            }
-        }
+        self.disconnect_after_posted_sends().await;
         // Wait for the device to finish what it started: its buffers belong to the pool.
         let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
         while self.queue.in_flight() > 0 && tokio::time::Instant::now() < deadline {
@@ -784,21 +784,146 @@ impl RdmaConnection {
 }
 
 impl RdmaConnection {
-    /// Waits up to [`ESTABLISH_WAIT`] for `RDMA_CM_EVENT_ESTABLISHED` (any other event
-    /// ends the wait: the connection is gone anyway).
-    async fn wait_established(&mut self) {
-        let deadline = tokio::time::Instant::now() + ESTABLISH_WAIT;
-        while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, self.events.recv()).await {
-            match ev {
-                ConnEvent::Cm(CmEventKind::Established) => {
-                    self.established = true;
+    /// Disconnects (unless the host or the device did already) once the sends already posted
+    /// have completed, so a response the core asked for just before the close (an
+    /// authentication Failure2's, a failed Connect's) is not flushed by the disconnect; and
+    /// not before `ESTABLISHED`. Both waits are bounded ([`super::close`]).
+    async fn disconnect_after_posted_sends(&mut self) {
+        let sequence = CloseSequence::new(tokio::time::Instant::now());
+        loop {
+            self.take_pending_events();
+            let observed = Observed {
+                // (no event can come once the listener dropped its end: waiting is pointless)
+                established: self.established || self.events_closed,
+                disconnected: self.disconnected,
+                qp_usable: self.qp_usable,
+                sends_in_flight: self.id.qp().map_or(0, |qp| qp.sends_in_flight()),
+                now: tokio::time::Instant::now(),
+            };
+            match sequence.next(&observed) {
+                CloseStep::WaitSends(deadline) => {
+                    if self.reap_while_closing() == 0 {
+                        let wake = (observed.now + CLOSE_POLL_INTERVAL).min(deadline);
+                        tokio::time::sleep_until(wake).await;
+                    }
+                }
+                CloseStep::WaitEstablished(deadline) => self.wait_established(deadline).await,
+                CloseStep::Disconnect { unconfirmed } => {
+                    if unconfirmed > 0 {
+                        tracing::warn!(
+                            unconfirmed,
+                            timeout = ?super::close::SEND_DRAIN_TIMEOUT,
+                            "sends still not completed when closing: the host may miss their responses"
+                        );
+                    }
+                    if let Err(e) = self.id.disconnect() {
+                        tracing::debug!(error = %e, "rdma_disconnect");
+                    }
                     return;
                 }
-                ConnEvent::Cm(CmEventKind::Other(_)) | ConnEvent::QpFatal => {}
-                ConnEvent::Cm(_) | ConnEvent::DeviceRemoved => {
-                    self.disconnected = true;
+                CloseStep::Teardown => return,
+            }
+        }
+    }
+
+    /// Applies the connection events already queued (without waiting).
+    fn take_pending_events(&mut self) {
+        loop {
+            match self.events.try_recv() {
+                Ok(ev) => {
+                    self.on_closing_event(ev);
+                }
+                Err(mpsc::error::TryRecvError::Empty) => return,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    self.events_closed = true;
                     return;
                 }
+            }
+        }
+    }
+
+    /// A connection event while closing: true when it ends a wait for `ESTABLISHED`.
+    fn on_closing_event(&mut self, ev: ConnEvent) -> bool {
+        match ev {
+            ConnEvent::Cm(CmEventKind::Established) => {
+                self.established = true;
+                true
+            }
+            ConnEvent::Cm(CmEventKind::Other(_)) => false,
+            ConnEvent::QpFatal => {
+                self.qp_usable = false;
+                false
+            }
+            ConnEvent::Cm(_) | ConnEvent::DeviceRemoved => {
+                self.disconnected = true;
+                true
+            }
+        }
+    }
+
+    /// While closing: reaps the completions on the CQ without serving them (a capsule that
+    /// arrives now is dropped, its receive re-posted or returned; a READ's command is not
+    /// run) and returns the buffers. Returns the number of completions reaped.
+    fn reap_while_closing(&mut self) -> usize {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        let mut reaped = 0;
+        loop {
+            wcs.clear();
+            match self.cq.poll(&mut wcs, 64) {
+                Ok(0) => break,
+                Ok(n) => reaped += n,
+                Err(e) => {
+                    tracing::debug!(error = %e, "poll_cq while closing");
+                    self.qp_usable = false;
+                    break;
+                }
+            }
+            for wc in wcs.drain(..) {
+                if !wc.is_ok() && !wc.is_flush() {
+                    self.wc_error(&wc);
+                }
+                if let Some(srq) = self.device.srq.clone() {
+                    if let Some((_, buf)) = srq.reap(&wc) {
+                        self.device.repost_shared(buf);
+                        continue;
+                    }
+                }
+                let Some(qp) = self.id.qp() else { continue };
+                let Some((tag, buf)) = qp.reap(&wc) else {
+                    continue;
+                };
+                if tag >> TAG_SHIFT == TAG_READ {
+                    self.reading
+                        .remove(&((tag & ((1 << TAG_SHIFT) - 1)) as u16));
+                }
+                if let Some(b) = buf {
+                    if tag >> TAG_SHIFT == TAG_SEND {
+                        self.queue.recycle(IoBuf::from_vec(b));
+                    } else {
+                        self.device.give_back(b);
+                    }
+                }
+            }
+        }
+        self.wcs = wcs;
+        reaped
+    }
+
+    /// Waits until `deadline` for `RDMA_CM_EVENT_ESTABLISHED` (any other event that ends
+    /// the connection ends the wait: it is gone anyway).
+    async fn wait_established(&mut self, deadline: tokio::time::Instant) {
+        loop {
+            match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                Ok(Some(ev)) => {
+                    if self.on_closing_event(ev) {
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    self.events_closed = true;
+                    return;
+                }
+                Err(_elapsed) => return,
             }
         }
     }

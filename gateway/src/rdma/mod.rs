@@ -1,6 +1,8 @@
 //! NVMe/RDMA: the same protocol core as NVMe/TCP, over reliable-connected queue pairs.
 //!
 //! - `wire`: the `rdma_cm` private data of connect requests, replies and rejects.
+//! - `close`: when a closing queue pair may be disconnected (after the sends it posted, so a
+//!   response sent just before a close reaches the host).
 //! - `connection`: one queue pair (one NVMe queue) on a tokio task: capsules by SEND/RECV
 //!   with receives pre-posted, keyed SGL data by RDMA READ (host to controller) and RDMA
 //!   WRITE (controller to host) from registered buffers, SEND with Invalidate when the host
@@ -36,6 +38,7 @@
 //! connected controller. Polling threads were not chosen: they would spend a core per
 //! worker when idle and, on this 2-core machine, take it from the host and librbd.
 
+mod close;
 pub mod connection;
 pub mod server;
 pub mod wire;
@@ -168,7 +171,7 @@ impl Device {
         };
         let mut posted = 0;
         while srq.posted() < srq.capacity() as usize {
-            let Some((buf, lkey)) = self.recv_pool.take(RECV_LEN) else {
+            let Some((buf, lkey)) = self.recv_pool.take_for_setup(RECV_LEN) else {
                 tracing::warn!("no registered memory for the shared receive queue");
                 break;
             };

@@ -1383,6 +1383,7 @@ impl CmId {
             slots: Vec::new(),
             free: Vec::new(),
             in_flight: 0,
+            sends_in_flight: 0,
             max_inline: info.max_inline_data as usize,
             staged: Vec::new(),
             wr_buf: Vec::new(),
@@ -1499,9 +1500,12 @@ pub struct QueuePair {
     /// The shared receive queue this QP takes its receives from (destroyed after the QP).
     srq: Option<Arc<SharedReceiveQueue>>,
     /// Per posted request: the caller's tag and the buffer the adapter may access.
-    slots: Vec<Option<(u64, Option<Vec<u8>>)>>,
+    slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     in_flight: usize,
+    /// Of `in_flight`, the signaled send-queue requests (SEND, RDMA READ, staged responses):
+    /// what must complete before a disconnect can no longer flush a reply the host awaits.
+    sends_in_flight: usize,
     max_inline: usize,
     /// Responses staged by [`QueuePair::stage_write_send`], posted by [`QueuePair::flush`].
     staged: Vec<Staged>,
@@ -1520,6 +1524,19 @@ struct Staged {
     invalidate: Option<u32>,
 }
 
+/// A posted request: the caller's tag, the buffer the adapter may access, and which queue.
+struct Slot {
+    tag: u64,
+    buf: Option<Vec<u8>>,
+    queue: WorkQueue,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WorkQueue {
+    Send,
+    Receive,
+}
+
 // SAFETY: as for every verbs object; posting needs &mut.
 unsafe impl Send for QueuePair {}
 
@@ -1529,27 +1546,40 @@ impl QueuePair {
         self.in_flight
     }
 
-    fn slot(&mut self, tag: u64, buf: Option<Vec<u8>>) -> usize {
+    /// Signaled send-queue requests (SEND, RDMA READ, responses, staged ones included)
+    /// posted and not yet reaped. A close waits for these to reach 0 before disconnecting:
+    /// `rdma_disconnect` moves the QP to the error state, which flushes a SEND the adapter has
+    /// not transmitted yet, so a reply posted just before a close would never reach the host.
+    pub fn sends_in_flight(&self) -> usize {
+        self.sends_in_flight
+    }
+
+    fn slot(&mut self, tag: u64, buf: Option<Vec<u8>>, queue: WorkQueue) -> usize {
         self.in_flight += 1;
+        if queue == WorkQueue::Send {
+            self.sends_in_flight += 1;
+        }
+        let slot = Slot { tag, buf, queue };
         match self.free.pop() {
             Some(i) => {
-                self.slots[i] = Some((tag, buf));
+                self.slots[i] = Some(slot);
                 i
             }
             None => {
-                self.slots.push(Some((tag, buf)));
+                self.slots.push(Some(slot));
                 self.slots.len() - 1
             }
         }
     }
 
     fn unslot(&mut self, i: usize) -> Option<(u64, Option<Vec<u8>>)> {
-        let s = self.slots.get_mut(i)?.take();
-        if s.is_some() {
-            self.free.push(i);
-            self.in_flight -= 1;
+        let s = self.slots.get_mut(i)?.take()?;
+        self.free.push(i);
+        self.in_flight -= 1;
+        if s.queue == WorkQueue::Send {
+            self.sends_in_flight -= 1;
         }
-        s
+        Some((s.tag, s.buf))
     }
 
     /// The tag and buffer of a completed work request (`wc.wr_id`); `None` for a shared
@@ -1626,7 +1656,7 @@ impl QueuePair {
             Ok(s) => s,
             Err(e) => return Err((e, buf.buf)),
         };
-        let slot = self.slot(tag, Some(buf.buf));
+        let slot = self.slot(tag, Some(buf.buf), WorkQueue::Receive);
         let mut wr = sys::ibv_recv_wr {
             wr_id: slot as u64,
             next: null_mut(),
@@ -1659,7 +1689,7 @@ impl QueuePair {
             Ok(s) => s,
             Err(e) => return Err((e, buf.buf)),
         };
-        let slot = self.slot(tag, Some(buf.buf));
+        let slot = self.slot(tag, Some(buf.buf), WorkQueue::Send);
         let mut wr = sys::ibv_send_wr {
             wr_id: slot as u64,
             sg_list: &mut sge,
@@ -1688,7 +1718,7 @@ impl QueuePair {
             Ok(s) => s,
             Err(e) => return Err((e, buf.buf)),
         };
-        let slot = self.slot(tag, Some(buf.buf));
+        let slot = self.slot(tag, Some(buf.buf), WorkQueue::Send);
         let mut wr = sys::ibv_send_wr {
             wr_id: slot as u64,
             sg_list: &mut sge,
@@ -1733,7 +1763,7 @@ impl QueuePair {
             },
             None => None,
         };
-        let slot = self.slot(tag, data.map(|(l, _)| l.buf));
+        let slot = self.slot(tag, data.map(|(l, _)| l.buf), WorkQueue::Send);
         let mut m = [0u8; MAX_STAGED_MESSAGE];
         m[..message.len()].copy_from_slice(message);
         self.staged.push(Staged {
@@ -1844,7 +1874,7 @@ impl QueuePair {
             lkey: 0,
         };
         let remote = data.as_ref().map(|(_, r)| *r);
-        let slot = self.slot(tag, data.map(|(l, _)| l.buf));
+        let slot = self.slot(tag, data.map(|(l, _)| l.buf), WorkQueue::Send);
         let mut send = sys::ibv_send_wr {
             wr_id: slot as u64,
             sg_list: &mut msg_sge,
@@ -1893,7 +1923,7 @@ impl Drop for QueuePair {
         if !self.qp.is_null() {
             tracing::error!("queue pair dropped without rdma_destroy_qp: leaking its buffers");
             for s in self.slots.drain(..).flatten() {
-                if let (_, Some(buf)) = s {
+                if let Some(buf) = s.buf {
                     std::mem::forget(buf);
                 }
             }
