@@ -31,7 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -71,6 +71,9 @@ pub struct GroupSettings {
 pub struct GroupAgent {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     applied: Arc<AtomicU64>,
+    /// Set once the first assignment is applied (every state in force): the gateway's
+    /// readiness waits for it (`health::Health::joining_group`).
+    pub first_applied: Arc<AtomicBool>,
     pub incarnation: u64,
     gateway: String,
     channels: Vec<(String, Channel)>,
@@ -236,13 +239,21 @@ impl GroupAgent {
             let left = serving();
             if left.is_empty() {
                 tracing::info!(
+                    groups = ?moving,
+                    moved = moving.len(),
                     ms = started.elapsed().as_millis() as u64,
-                    "groups moved away; stopping"
+                    "planned leave: groups moved away; stopping"
                 );
                 return;
             }
             if started.elapsed() >= timeout {
-                tracing::warn!(groups = ?left, "groups still served here after the leave timeout; stopping anyway");
+                tracing::warn!(
+                    groups = ?left,
+                    moved = moving.len() - left.len(),
+                    ms = started.elapsed().as_millis() as u64,
+                    timeout_ms = timeout.as_millis() as u64,
+                    "planned leave: groups still served here after [group] leave_timeout_ms; stopping anyway"
+                );
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -312,6 +323,7 @@ pub fn start_inaccessible(target: &Target) {
 pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
     let incarnation = random_u64();
     let applied = Arc::new(AtomicU64::new(0));
+    let first_applied = Arc::new(AtomicBool::new(false));
     // The settings every RBD image of this process is opened with (one shared pool).
     let ceph = settings
         .config
@@ -345,13 +357,14 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         settings,
         channels.clone(),
         incarnation,
-        applied.clone(),
+        (applied.clone(), first_applied.clone()),
         clients.clone(),
         listeners_tx,
     ));
     GroupAgent {
         tasks: vec![beacons, assignments],
         applied,
+        first_applied,
         incarnation,
         gateway,
         channels,
@@ -487,7 +500,7 @@ async fn assignment_loop(
     settings: GroupSettings,
     channels: Vec<(String, Channel)>,
     incarnation: u64,
-    applied: Arc<AtomicU64>,
+    (applied, first_applied): (Arc<AtomicU64>, Arc<AtomicBool>),
     clients: Arc<GroupClientsState>,
     listeners: tokio::sync::watch::Sender<Option<BTreeSet<PushedListener>>>,
 ) {
@@ -558,6 +571,9 @@ async fn assignment_loop(
                             // drain waits for this).
                             if apply_with_clients(&target, &a, &clients).await {
                                 applied.store(a.version, Ordering::SeqCst);
+                                if !first_applied.swap(true, Ordering::SeqCst) {
+                                    tracing::info!(epoch = a.version, "first assignment applied");
+                                }
                             } else {
                                 pending = Some(a.clone());
                             }
@@ -1330,6 +1346,37 @@ ana_group = 2
         .expect_err("slow beacons")
         .to_string();
         assert!(e.contains("group.beacon_interval_ms"), "{e}");
+    }
+
+    #[test]
+    fn the_leave_timeout_is_configurable_and_checked() {
+        let g = Config::from_toml_str(TOML)
+            .expect("config")
+            .group
+            .expect("group");
+        assert_eq!(g.leave_timeout(), Duration::from_secs(10), "the default");
+        let with = |line: &str| {
+            Config::from_toml_str(&TOML.replace(
+                "ana_group = 1\n[[listener]]",
+                &format!("ana_group = 1\n{line}\n[[listener]]"),
+            ))
+        };
+        let g = with("leave_timeout_ms = 2500")
+            .expect("config")
+            .group
+            .expect("group");
+        assert_eq!(g.leave_timeout(), Duration::from_millis(2500));
+        for bad in ["leave_timeout_ms = 0", "leave_timeout_ms = 600001"] {
+            let e = with(bad).expect_err(bad).to_string();
+            assert!(
+                e.starts_with("group.leave_timeout_ms: ") && e.contains("is not 1..=600000"),
+                "{e}"
+            );
+        }
+        let e = with("leave_timeout_ms = \"10s\"")
+            .expect_err("a string")
+            .to_string();
+        assert!(e.contains("leave_timeout_ms"), "{e}");
     }
 
     fn assignment(version: u64, states: &[(u32, u8)]) -> Assignment {
