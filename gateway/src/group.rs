@@ -343,12 +343,16 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         tls = settings.tls.is_some(),
         "joining the gateway group"
     );
+    // An applied assignment is beaconed at once: a drain (planned move, failback) waits for
+    // that acknowledgement before the fence, so the next tick would add up to a beacon
+    // interval to the hosts' I/O pause.
+    let beacon_now = Arc::new(tokio::sync::Notify::new());
     let beacons = tokio::spawn(beacon_loop(
         target.clone(),
         settings.clone(),
         channels.clone(),
         incarnation,
-        applied.clone(),
+        (applied.clone(), beacon_now.clone()),
         clients.clone(),
     ));
     let gateway = settings.gateway.clone();
@@ -357,7 +361,7 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         settings,
         channels.clone(),
         incarnation,
-        (applied.clone(), first_applied.clone()),
+        (applied.clone(), first_applied.clone(), beacon_now),
         clients.clone(),
         listeners_tx,
     ));
@@ -401,7 +405,7 @@ async fn beacon_loop(
     settings: GroupSettings,
     channels: Vec<(String, Channel)>,
     incarnation: u64,
-    applied: Arc<AtomicU64>,
+    (applied, beacon_now): (Arc<AtomicU64>, Arc<tokio::sync::Notify>),
     clients: Arc<GroupClientsState>,
 ) {
     let mut tick = tokio::time::interval(settings.beacon_interval);
@@ -409,7 +413,10 @@ async fn beacon_loop(
     let mut failing: BTreeMap<String, bool> = BTreeMap::new();
     let mut fenced_logged = false;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = beacon_now.notified() => tick.reset(),
+        }
         // Local calls (no cluster round trip), but librados: keep them off the runtime.
         let (addrs, per_group) = tokio::task::spawn_blocking(|| {
             (
@@ -500,7 +507,11 @@ async fn assignment_loop(
     settings: GroupSettings,
     channels: Vec<(String, Channel)>,
     incarnation: u64,
-    (applied, first_applied): (Arc<AtomicU64>, Arc<AtomicBool>),
+    (applied, first_applied, beacon_now): (
+        Arc<AtomicU64>,
+        Arc<AtomicBool>,
+        Arc<tokio::sync::Notify>,
+    ),
     clients: Arc<GroupClientsState>,
     listeners: tokio::sync::watch::Sender<Option<BTreeSet<PushedListener>>>,
 ) {
@@ -583,6 +594,8 @@ async fn assignment_loop(
                                     .applied_state
                                     .store(a.state_version, Ordering::SeqCst);
                             }
+                            // Acknowledged now rather than at the next tick.
+                            beacon_now.notify_one();
                         }
                         Ok(None) => break,
                         Err(s) => {
@@ -1346,6 +1359,21 @@ ana_group = 2
         .expect_err("slow beacons")
         .to_string();
         assert!(e.contains("group.beacon_interval_ms"), "{e}");
+    }
+
+    #[test]
+    fn a_group_member_may_leave_its_listeners_to_the_control_plane() {
+        let pushed_only =
+            "[gateway]\nname = \"gw1\"\n[group]\ncontrol_plane = [\"127.0.0.1:5500\"]\n";
+        let c = Config::from_toml_str(pushed_only).expect("no [[listener]] in a group");
+        assert!(c.listen_addrs().is_empty());
+        let e = Config::from_toml_str("[gateway]\nname = \"gw1\"\n")
+            .expect_err("standalone without a listener")
+            .to_string();
+        assert!(
+            e.starts_with("listener: at least one [[listener]] is required"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -190,7 +190,7 @@ async fn start_replica(
         attempt += 1;
         let started = tokio::select! {
             _ = stop.wait_for(|s| *s) => return None,
-            r = open_state(args, id.clone(), opts.clone()) => r,
+            r = open_state(args, id.clone(), opts) => r,
         };
         let error = match started {
             Ok(cp) => {

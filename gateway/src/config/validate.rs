@@ -129,8 +129,13 @@ impl Config {
                 }
             }
         }
-        if self.listeners.is_empty() {
-            return Err(invalid("listener", "at least one [[listener]] is required"));
+        // In a group the control plane can hold this gateway's listeners (`nvmeofctl listener
+        // add -g NAME`): a file with none is how a Kubernetes chart renders one per pod.
+        if self.listeners.is_empty() && self.group.is_none() {
+            return Err(invalid(
+                "listener",
+                "at least one [[listener]] is required (in a [group], the control plane can give them)",
+            ));
         }
         let mut seen: Vec<(&str, SocketAddr)> = Vec::new();
         for (i, l) in self.listeners.iter().enumerate() {
