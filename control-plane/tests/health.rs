@@ -168,6 +168,57 @@ fn a_replica_without_its_keyring_stays_up_not_ready_and_says_why() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A cluster that does not answer holds a connect attempt for client_mount_timeout (30 s):
+/// the replica says it is connecting, and SIGTERM still ends it at once (within a Kubernetes
+/// grace period), not when the attempt gives up.
+#[test]
+fn a_replica_connecting_to_a_silent_cluster_stops_promptly() {
+    let dir = test_dir("silent");
+    let conf = dir.join("ceph.conf");
+    std::fs::write(&conf, "[global]\nmon_host = 127.0.0.1:1\n").expect("conf");
+    let keyring = dir.join("keyring");
+    // A well-formed key of no cluster: the attempt gets as far as dialling the monitors.
+    std::fs::write(
+        &keyring,
+        "[client.admin]\n\tkey = AQAAAAAAAAAAABAAQkJCQkJCQkJCQkJCQkJCQg==\n",
+    )
+    .expect("keyring");
+    let mut r = Replica::start(
+        &dir,
+        "r1",
+        &[
+            "--store",
+            "rados",
+            "--ceph-conf",
+            conf.to_str().expect("path"),
+            "--keyring",
+            keyring.to_str().expect("path"),
+        ],
+    );
+    let body = r.until("/readyz", Duration::from_secs(20), |c, _| c == 503);
+    assert_eq!(
+        body,
+        "not ready: connecting to the Ceph cluster for the group state in pool rbd\n"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    r.still_running();
+    let signalled = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-TERM", &r.child.id().to_string()])
+        .status()
+        .expect("kill")
+        .success());
+    let status = r.child.wait().expect("wait");
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status}:\n{}", r.log_text());
+    assert!(
+        took < Duration::from_secs(5),
+        "SIGTERM took {took:?} while connecting:\n{}",
+        r.log_text()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Against the micro Ceph (`scripts/micro-ceph.sh`'s environment): the keyring appears later,
 /// the replica connects by itself and serves.
 #[cfg(feature = "ceph-tests")]

@@ -96,7 +96,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(args)) {
+    let result = runtime.block_on(run(args));
+    // A Ceph connect attempt still blocking (up to client_mount_timeout) must not hold the
+    // exit past a supervisor's grace period.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("nvmeof-control: {e}");
@@ -186,6 +190,11 @@ async fn start_replica(
     let id = args.id.clone().unwrap_or_else(|| args.listen.clone());
     let mut last_error = String::new();
     let mut attempt = 0u32;
+    // Until the first attempt ends (a cluster that does not answer takes client_mount_timeout).
+    health.not_ready(format!(
+        "connecting to the Ceph cluster for the group state in pool {}",
+        args.pool
+    ));
     loop {
         attempt += 1;
         let started = tokio::select! {
