@@ -303,3 +303,20 @@ pub fn ceph_settings() -> CephSettings {
         ..CephSettings::default()
     }
 }
+
+/// `GET path` on the HTTP endpoint at `addr` (a metrics port): the status code and body, or
+/// None when nothing answers (not listening, or closed without an answer). Blocking, with a
+/// 5 s timeout.
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let status = answer.split(' ').nth(1)?.parse().ok()?;
+    let body = answer.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}

@@ -31,7 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -71,6 +71,9 @@ pub struct GroupSettings {
 pub struct GroupAgent {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     applied: Arc<AtomicU64>,
+    /// Set once the first assignment is applied (every state in force): the gateway's
+    /// readiness waits for it (`health::Health::joining_group`).
+    pub first_applied: Arc<AtomicBool>,
     pub incarnation: u64,
     gateway: String,
     channels: Vec<(String, Channel)>,
@@ -236,13 +239,21 @@ impl GroupAgent {
             let left = serving();
             if left.is_empty() {
                 tracing::info!(
+                    groups = ?moving,
+                    moved = moving.len(),
                     ms = started.elapsed().as_millis() as u64,
-                    "groups moved away; stopping"
+                    "planned leave: groups moved away; stopping"
                 );
                 return;
             }
             if started.elapsed() >= timeout {
-                tracing::warn!(groups = ?left, "groups still served here after the leave timeout; stopping anyway");
+                tracing::warn!(
+                    groups = ?left,
+                    moved = moving.len() - left.len(),
+                    ms = started.elapsed().as_millis() as u64,
+                    timeout_ms = timeout.as_millis() as u64,
+                    "planned leave: groups still served here after [group] leave_timeout_ms; stopping anyway"
+                );
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -312,6 +323,7 @@ pub fn start_inaccessible(target: &Target) {
 pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
     let incarnation = random_u64();
     let applied = Arc::new(AtomicU64::new(0));
+    let first_applied = Arc::new(AtomicBool::new(false));
     // The settings every RBD image of this process is opened with (one shared pool).
     let ceph = settings
         .config
@@ -331,12 +343,16 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         tls = settings.tls.is_some(),
         "joining the gateway group"
     );
+    // An applied assignment is beaconed at once: a drain (planned move, failback) waits for
+    // that acknowledgement before the fence, so the next tick would add up to a beacon
+    // interval to the hosts' I/O pause.
+    let beacon_now = Arc::new(tokio::sync::Notify::new());
     let beacons = tokio::spawn(beacon_loop(
         target.clone(),
         settings.clone(),
         channels.clone(),
         incarnation,
-        applied.clone(),
+        (applied.clone(), beacon_now.clone()),
         clients.clone(),
     ));
     let gateway = settings.gateway.clone();
@@ -345,13 +361,14 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         settings,
         channels.clone(),
         incarnation,
-        applied.clone(),
+        (applied.clone(), first_applied.clone(), beacon_now),
         clients.clone(),
         listeners_tx,
     ));
     GroupAgent {
         tasks: vec![beacons, assignments],
         applied,
+        first_applied,
         incarnation,
         gateway,
         channels,
@@ -388,7 +405,7 @@ async fn beacon_loop(
     settings: GroupSettings,
     channels: Vec<(String, Channel)>,
     incarnation: u64,
-    applied: Arc<AtomicU64>,
+    (applied, beacon_now): (Arc<AtomicU64>, Arc<tokio::sync::Notify>),
     clients: Arc<GroupClientsState>,
 ) {
     let mut tick = tokio::time::interval(settings.beacon_interval);
@@ -396,7 +413,10 @@ async fn beacon_loop(
     let mut failing: BTreeMap<String, bool> = BTreeMap::new();
     let mut fenced_logged = false;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = beacon_now.notified() => tick.reset(),
+        }
         // Local calls (no cluster round trip), but librados: keep them off the runtime.
         let (addrs, per_group) = tokio::task::spawn_blocking(|| {
             (
@@ -487,7 +507,11 @@ async fn assignment_loop(
     settings: GroupSettings,
     channels: Vec<(String, Channel)>,
     incarnation: u64,
-    applied: Arc<AtomicU64>,
+    (applied, first_applied, beacon_now): (
+        Arc<AtomicU64>,
+        Arc<AtomicBool>,
+        Arc<tokio::sync::Notify>,
+    ),
     clients: Arc<GroupClientsState>,
     listeners: tokio::sync::watch::Sender<Option<BTreeSet<PushedListener>>>,
 ) {
@@ -558,6 +582,9 @@ async fn assignment_loop(
                             // drain waits for this).
                             if apply_with_clients(&target, &a, &clients).await {
                                 applied.store(a.version, Ordering::SeqCst);
+                                if !first_applied.swap(true, Ordering::SeqCst) {
+                                    tracing::info!(epoch = a.version, "first assignment applied");
+                                }
                             } else {
                                 pending = Some(a.clone());
                             }
@@ -567,6 +594,8 @@ async fn assignment_loop(
                                     .applied_state
                                     .store(a.state_version, Ordering::SeqCst);
                             }
+                            // Acknowledged now rather than at the next tick.
+                            beacon_now.notify_one();
                         }
                         Ok(None) => break,
                         Err(s) => {
@@ -1330,6 +1359,52 @@ ana_group = 2
         .expect_err("slow beacons")
         .to_string();
         assert!(e.contains("group.beacon_interval_ms"), "{e}");
+    }
+
+    #[test]
+    fn a_group_member_may_leave_its_listeners_to_the_control_plane() {
+        let pushed_only =
+            "[gateway]\nname = \"gw1\"\n[group]\ncontrol_plane = [\"127.0.0.1:5500\"]\n";
+        let c = Config::from_toml_str(pushed_only).expect("no [[listener]] in a group");
+        assert!(c.listen_addrs().is_empty());
+        let e = Config::from_toml_str("[gateway]\nname = \"gw1\"\n")
+            .expect_err("standalone without a listener")
+            .to_string();
+        assert!(
+            e.starts_with("listener: at least one [[listener]] is required"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_leave_timeout_is_configurable_and_checked() {
+        let g = Config::from_toml_str(TOML)
+            .expect("config")
+            .group
+            .expect("group");
+        assert_eq!(g.leave_timeout(), Duration::from_secs(10), "the default");
+        let with = |line: &str| {
+            Config::from_toml_str(&TOML.replace(
+                "ana_group = 1\n[[listener]]",
+                &format!("ana_group = 1\n{line}\n[[listener]]"),
+            ))
+        };
+        let g = with("leave_timeout_ms = 2500")
+            .expect("config")
+            .group
+            .expect("group");
+        assert_eq!(g.leave_timeout(), Duration::from_millis(2500));
+        for bad in ["leave_timeout_ms = 0", "leave_timeout_ms = 600001"] {
+            let e = with(bad).expect_err(bad).to_string();
+            assert!(
+                e.starts_with("group.leave_timeout_ms: ") && e.contains("is not 1..=600000"),
+                "{e}"
+            );
+        }
+        let e = with("leave_timeout_ms = \"10s\"")
+            .expect_err("a string")
+            .to_string();
+        assert!(e.contains("leave_timeout_ms"), "{e}");
     }
 
     fn assignment(version: u64, states: &[(u32, u8)]) -> Assignment {

@@ -7,6 +7,7 @@ pub mod config;
 pub mod core;
 pub mod events;
 pub mod group;
+pub mod health;
 pub mod host;
 mod keep_alive;
 pub mod limits;

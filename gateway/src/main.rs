@@ -14,6 +14,7 @@ use metrics_exposition::MetricsServer;
 use nvmeof_gateway::config::Config;
 use nvmeof_gateway::core::{Target, TransportType};
 use nvmeof_gateway::group::PushedListener;
+use nvmeof_gateway::health::Health;
 use nvmeof_gateway::rdma::server::RdmaServer;
 use nvmeof_gateway::tcp::server::TcpServer;
 use tokio::sync::watch;
@@ -83,6 +84,9 @@ fn main() -> ExitCode {
 }
 
 async fn serve(config: Config) -> Result<(), String> {
+    // /healthz and /readyz (see nvmeof_gateway::health).
+    let health = Health::new(config.ceph.clone().unwrap_or_default().settings());
+    let _heartbeat = health.spawn_heartbeat();
     // Opening RBD images talks to the cluster and may take seconds: keep it off the runtime.
     let to_build = config.clone();
     let (target, skipped) = tokio::task::spawn_blocking(move || to_build.build_target_report())
@@ -119,6 +123,9 @@ async fn serve(config: Config) -> Result<(), String> {
             },
         )
     });
+    if let Some(agent) = &_group {
+        health.joining_group(agent.first_applied.clone());
+    }
     if !nvmeof_gateway::tcp::set_data_budget_limit(config.tcp_data_budget()) {
         return Err("the NVMe/TCP data budget was set twice".into());
     }
@@ -129,8 +136,9 @@ async fn serve(config: Config) -> Result<(), String> {
     for addr in config.rdma_listen_addrs() {
         listeners.start(true, addr).await?;
     }
+    health.serving(&target);
     let metrics = match config.metrics_addr() {
-        Some(addr) => Some(start_metrics(addr, &target, &config).await?),
+        Some(addr) => Some(start_metrics(addr, &target, &config, &health).await?),
         None => None,
     };
     for s in target.subsystems() {
@@ -163,14 +171,16 @@ async fn serve(config: Config) -> Result<(), String> {
                 let Some(now) = pushed.as_ref().and_then(|rx| rx.borrow().clone()) else {
                     continue;
                 };
-                listeners.follow(&previous, &now).await;
+                health.listeners_followed(listeners.follow(&previous, &now).await);
                 previous = now;
             }
         }
     }
-    if let Some(agent) = &_group {
+    // Out of the endpoints at once, while the groups move away.
+    health.shutting_down();
+    if let (Some(agent), Some(g)) = (&_group, &config.group) {
         // Planned: let the group move this gateway's ANA groups away before connections close.
-        agent.leave(&target, Duration::from_secs(10)).await;
+        agent.leave(&target, g.leave_timeout()).await;
     }
     tracing::info!("shutting down: closing connections");
     listeners.stop_all().await;
@@ -197,11 +207,12 @@ async fn serve(config: Config) -> Result<(), String> {
     Ok(())
 }
 
-/// Serves `/metrics` on `addr`: the stop switch and the server's task.
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr`: the stop switch and the server's task.
 async fn start_metrics(
     addr: SocketAddr,
     target: &Arc<Target>,
     config: &Config,
+    health: &Arc<Health>,
 ) -> Result<(watch::Sender<bool>, tokio::task::JoinHandle<()>), String> {
     let name = config.gateway.name.clone().unwrap_or_default();
     // Weak: a slow scraper must not keep the target (and its open images) alive through a
@@ -213,7 +224,8 @@ async fn start_metrics(
     });
     let server = MetricsServer::bind(addr, render)
         .await
-        .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+        .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?
+        .with_health(health.checks());
     tracing::info!(%addr, "metrics at http://{addr}/metrics");
     let (stop, stopped) = watch::channel(false);
     Ok((stop, tokio::spawn(server.serve(stopped))))
@@ -285,10 +297,15 @@ impl Listeners {
         }
     }
 
-    /// Applies a change of this gateway's listeners in the control plane: the new ones are
-    /// served, the deleted ones (in `before`, not in `now`) stop, whether they came from the
-    /// file or from the control plane. A pushed listener that cannot be bound is logged.
-    async fn follow(&mut self, before: &BTreeSet<PushedListener>, now: &BTreeSet<PushedListener>) {
+    /// Applies a change of this gateway's listeners in the control plane: the new ones (and
+    /// earlier ones that could not be bound) are served, the deleted ones (in `before`, not in
+    /// `now`) stop, whether they came from the file or from the control plane. A pushed
+    /// listener that cannot be bound is logged and returned (address, why).
+    async fn follow(
+        &mut self,
+        before: &BTreeSet<PushedListener>,
+        now: &BTreeSet<PushedListener>,
+    ) -> Vec<(String, String)> {
         for gone in before.difference(now) {
             if self.running.contains_key(gone) {
                 tracing::info!(addr = %gone.addr, rdma = gone.rdma, "listener deleted: stop listening");
@@ -296,14 +313,17 @@ impl Listeners {
             }
             self.forget(gone);
         }
-        for new in now.difference(before) {
+        let mut failed = Vec::new();
+        for new in now {
             if !self.running.contains_key(new) {
                 tracing::info!(addr = %new.addr, rdma = new.rdma, "listener added: listening");
                 if let Err(e) = self.start(new.rdma, new.addr).await {
                     tracing::error!("{e}");
+                    failed.push((new.addr.to_string(), e));
                 }
             }
         }
+        failed
     }
 
     /// Takes a deleted listener out of the discovery log (a file's listener is listed under

@@ -1,5 +1,6 @@
-//! A minimal HTTP/1.1 endpoint for Prometheus: `GET /metrics` answers the exposition text,
-//! one request per connection.
+//! A minimal HTTP/1.1 endpoint for Prometheus and Kubernetes probes: `GET /metrics` answers the
+//! exposition text, `GET /healthz` (liveness) and `GET /readyz` (readiness) answer 200 or 503
+//! with a one-line reason, one request per connection.
 //!
 //! Only what a scraper sends is understood; anything else gets a 4xx answer and the
 //! connection is closed. Requests are bounded in size and time, and connections in number,
@@ -24,14 +25,41 @@ const LINGER: Duration = Duration::from_secs(1);
 const LINGER_MAX_BYTES: usize = 1 << 20;
 /// The content type of the text exposition format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The content type of every other answer (health, errors).
+const TEXT: &str = "text/plain; charset=utf-8";
 
 /// Renders the exposition text; called once per scrape, on a runtime thread (it must not
 /// block for long).
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// A health check, called once per probe on a runtime thread (it must not block): `Ok`, or
+/// why not (one line; line breaks are replaced by spaces).
+pub type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// What `/healthz` and `/readyz` answer.
+#[derive(Clone)]
+pub struct HealthChecks {
+    /// `/healthz`: the process is making progress (a failure makes Kubernetes restart it).
+    pub live: Check,
+    /// `/readyz`: the process does its job (a failure takes it out of the endpoints and holds
+    /// a rolling update).
+    pub ready: Check,
+}
+
+impl Default for HealthChecks {
+    /// Alive and ready whenever the endpoint answers (a daemon that sets no checks).
+    fn default() -> Self {
+        HealthChecks {
+            live: Arc::new(|| Ok(())),
+            ready: Arc::new(|| Ok(())),
+        }
+    }
+}
+
 pub struct MetricsServer {
     listener: TcpListener,
     render: Render,
+    health: HealthChecks,
 }
 
 impl MetricsServer {
@@ -42,7 +70,14 @@ impl MetricsServer {
         Ok(MetricsServer {
             listener: TcpListener::bind(addr).await?,
             render,
+            health: HealthChecks::default(),
         })
+    }
+
+    /// Answers `/healthz` and `/readyz` with these checks (default: always 200).
+    pub fn with_health(mut self, health: HealthChecks) -> Self {
+        self.health = health;
+        self
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -71,8 +106,10 @@ impl MetricsServer {
                 continue;
             };
             let render = self.render.clone();
+            let health = self.health.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(EXCHANGE_TIMEOUT, exchange(stream, || render())).await {
+                let exchanged = exchange(stream, || render(), &health);
+                match tokio::time::timeout(EXCHANGE_TIMEOUT, exchanged).await {
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "metrics request failed"),
                     Err(_) => tracing::debug!(%peer, "metrics request timed out"),
                     Ok(Ok(())) => {}
@@ -87,6 +124,8 @@ impl MetricsServer {
 #[derive(Debug, PartialEq, Eq)]
 enum Request {
     Metrics { head_only: bool },
+    Live { head_only: bool },
+    Ready { head_only: bool },
     Index { head_only: bool },
     NotFound,
     MethodNotAllowed,
@@ -117,14 +156,32 @@ fn parse(head: &[u8]) -> Request {
     // A scraper may add parameters (`?name[]=...`); they are ignored.
     match target.split('?').next().unwrap_or("") {
         "/metrics" => Request::Metrics { head_only },
+        "/healthz" => Request::Live { head_only },
+        "/readyz" => Request::Ready { head_only },
         "/" => Request::Index { head_only },
         _ => Request::NotFound,
     }
 }
 
+/// The answer to a probe: 200 with `ok`, or 503 with `failed` and the check's reason.
+fn probe(check: &Check, ok: &str, failed: &str) -> (&'static str, String) {
+    match check() {
+        Ok(()) => ("200 OK", format!("{ok}\n")),
+        Err(reason) => {
+            // One line, whatever the check returned: probes log the body.
+            let reason = reason.replace(['\r', '\n'], " ");
+            ("503 Service Unavailable", format!("{failed}: {reason}\n"))
+        }
+    }
+}
+
 /// Reads one request head from `stream`, answers it (the body from `metrics` for
-/// `/metrics`) and closes.
-async fn exchange<S>(mut stream: S, metrics: impl FnOnce() -> String) -> std::io::Result<()>
+/// `/metrics`, from `health` for the probes) and closes.
+async fn exchange<S>(
+    mut stream: S,
+    metrics: impl FnOnce() -> String,
+    health: &HealthChecks,
+) -> std::io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -144,27 +201,41 @@ where
         }
         head.extend_from_slice(&chunk[..n]);
     };
-    let (status, extra, body, head_only) = match request {
-        Request::Metrics { head_only } => ("200 OK", "", metrics(), head_only),
-        Request::Index { head_only } => {
-            ("200 OK", "", "metrics at /metrics\n".to_string(), head_only)
+    let (status, content_type, extra, body, head_only) = match request {
+        Request::Metrics { head_only } => ("200 OK", CONTENT_TYPE, "", metrics(), head_only),
+        Request::Live { head_only } => {
+            let (status, body) = probe(&health.live, "ok", "not alive");
+            (status, TEXT, "", body, head_only)
         }
+        Request::Ready { head_only } => {
+            let (status, body) = probe(&health.ready, "ready", "not ready");
+            (status, TEXT, "", body, head_only)
+        }
+        Request::Index { head_only } => (
+            "200 OK",
+            TEXT,
+            "",
+            "metrics at /metrics, liveness at /healthz, readiness at /readyz\n".to_string(),
+            head_only,
+        ),
         Request::NotFound => (
             "404 Not Found",
+            TEXT,
             "",
-            "not found: try /metrics\n".into(),
+            "not found: try /metrics, /healthz or /readyz\n".into(),
             false,
         ),
         Request::MethodNotAllowed => (
             "405 Method Not Allowed",
+            TEXT,
             "Allow: GET, HEAD\r\n",
             "only GET and HEAD\n".into(),
             false,
         ),
-        Request::Bad => ("400 Bad Request", "", "bad request\n".into(), false),
+        Request::Bad => ("400 Bad Request", TEXT, "", "bad request\n".into(), false),
     };
     let mut response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
         body.len()
     )
     .into_bytes();
@@ -207,7 +278,7 @@ mod tests {
 
     #[test]
     fn request_lines() {
-        let cases: [(&[u8], Request); 11] = [
+        let cases: [(&[u8], Request); 14] = [
             (
                 b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
                 Request::Metrics { head_only: false },
@@ -224,6 +295,15 @@ mod tests {
                 b"GET / HTTP/1.1\r\n\r\n",
                 Request::Index { head_only: false },
             ),
+            (
+                b"GET /healthz HTTP/1.1\r\n\r\n",
+                Request::Live { head_only: false },
+            ),
+            (
+                b"HEAD /readyz HTTP/1.1\r\n\r\n",
+                Request::Ready { head_only: true },
+            ),
+            (b"GET /readyz/x HTTP/1.1\r\n\r\n", Request::NotFound),
             (b"GET /other HTTP/1.1\r\n\r\n", Request::NotFound),
             (b"POST /metrics HTTP/1.1\r\n\r\n", Request::MethodNotAllowed),
             (b"GET /metrics\r\n\r\n", Request::Bad),
@@ -238,8 +318,13 @@ mod tests {
     }
 
     async fn answer_to(request: &[u8]) -> String {
+        answer_with(request, HealthChecks::default()).await
+    }
+
+    async fn answer_with(request: &[u8], health: HealthChecks) -> String {
         let (mut client, server) = tokio::io::duplex(64 * 1024);
-        let served = tokio::spawn(exchange(server, || "up 1\n".to_string()));
+        let served =
+            tokio::spawn(async move { exchange(server, || "up 1\n".to_string(), &health).await });
         client.write_all(request).await.expect("send");
         let mut answer = String::new();
         client.read_to_string(&mut answer).await.expect("answer");
@@ -272,10 +357,101 @@ mod tests {
         assert!(bad.starts_with("HTTP/1.1 400 "), "{bad}");
     }
 
+    fn failing(reason: &'static str) -> Check {
+        Arc::new(move || Err(reason.to_string()))
+    }
+
+    #[tokio::test]
+    async fn probes_answer_200_or_503_with_one_line() {
+        let healthy = HealthChecks {
+            live: Arc::new(|| Ok(())),
+            ready: Arc::new(|| Ok(())),
+        };
+        let live = answer_with(b"GET /healthz HTTP/1.1\r\n\r\n", healthy.clone()).await;
+        assert!(live.starts_with("HTTP/1.1 200 OK\r\n"), "{live}");
+        assert!(
+            live.contains(&format!("Content-Type: {TEXT}\r\n")),
+            "{live}"
+        );
+        assert!(live.ends_with("\r\n\r\nok\n"), "{live}");
+        let ready = answer_with(b"GET /readyz HTTP/1.1\r\n\r\n", healthy.clone()).await;
+        assert!(ready.starts_with("HTTP/1.1 200 OK\r\n"), "{ready}");
+        assert!(ready.ends_with("\r\n\r\nready\n"), "{ready}");
+        // /metrics is not affected by the checks.
+        let sick = HealthChecks {
+            live: failing("runtime stalled for 7 s"),
+            ready: failing("waiting for the first assignment\nfrom the control plane"),
+        };
+        let metrics = answer_with(b"GET /metrics HTTP/1.1\r\n\r\n", sick.clone()).await;
+        assert!(metrics.starts_with("HTTP/1.1 200 OK\r\n") && metrics.ends_with("up 1\n"));
+        let live = answer_with(b"GET /healthz HTTP/1.1\r\n\r\n", sick.clone()).await;
+        assert!(
+            live.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{live}"
+        );
+        assert!(
+            live.ends_with("\r\n\r\nnot alive: runtime stalled for 7 s\n"),
+            "{live}"
+        );
+        let ready = answer_with(b"GET /readyz HTTP/1.1\r\n\r\n", sick.clone()).await;
+        assert!(
+            ready.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{ready}"
+        );
+        assert!(
+            ready.ends_with(
+                "\r\n\r\nnot ready: waiting for the first assignment from the control plane\n"
+            ),
+            "{ready}"
+        );
+        // HEAD: the same status and length, no body.
+        let head = answer_with(b"HEAD /readyz HTTP/1.1\r\n\r\n", sick).await;
+        let want = "not ready: waiting for the first assignment from the control plane\n".len();
+        assert!(
+            head.starts_with("HTTP/1.1 503 ")
+                && head.contains(&format!("Content-Length: {want}\r\n"))
+                && head.ends_with("\r\n\r\n"),
+            "{head}"
+        );
+        let head = answer_with(b"HEAD /healthz HTTP/1.1\r\n\r\n", healthy).await;
+        assert!(
+            head.starts_with("HTTP/1.1 200 ")
+                && head.ends_with("Content-Length: 3\r\nConnection: close\r\n\r\n"),
+            "{head}"
+        );
+    }
+
+    /// A server without checks (a daemon that sets none) answers both probes 200.
+    #[tokio::test]
+    async fn probes_default_to_healthy_over_tcp() {
+        let render: Render = Arc::new(|| "up 1\n".to_string());
+        let server = MetricsServer::bind("127.0.0.1:0".parse().expect("addr"), render)
+            .await
+            .expect("bind");
+        let addr = server.local_addr().expect("addr");
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(server.serve(stopped));
+        for (path, body) in [("/healthz", "ok\n"), ("/readyz", "ready\n")] {
+            let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await
+                .expect("send");
+            let mut answer = String::new();
+            c.read_to_string(&mut answer).await.expect("answer");
+            assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+            assert!(answer.ends_with(&format!("\r\n\r\n{body}")), "{answer}");
+        }
+        let _ = stop.send(true);
+        task.await.expect("server task");
+    }
+
     #[tokio::test]
     async fn a_client_leaving_early_gets_nothing() {
         let (mut client, server) = tokio::io::duplex(1024);
-        let served = tokio::spawn(exchange(server, || unreachable!("no request, no render")));
+        let served = tokio::spawn(async move {
+            let health = HealthChecks::default();
+            exchange(server, || unreachable!("no request, no render"), &health).await
+        });
         client.write_all(b"GET /met").await.expect("send");
         client.shutdown().await.expect("half close");
         drop(client);

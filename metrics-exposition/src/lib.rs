@@ -3,10 +3,12 @@
 //!
 //! - [`text`]: writing metric families (HELP, TYPE, samples with escaped label values).
 //! - [`http`]: `GET /metrics` answered with the text a render function returns at each
-//!   scrape, one request per connection, bounded in size, time and connections.
+//!   scrape, and the probes `GET /healthz` and `GET /readyz` (200, or 503 with a one-line
+//!   reason, from [`HealthChecks`]), one request per connection, bounded in size, time and
+//!   connections.
 
 pub mod http;
 pub mod text;
 
-pub use http::MetricsServer;
+pub use http::{Check, HealthChecks, MetricsServer};
 pub use text::Family;

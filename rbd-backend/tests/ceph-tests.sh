@@ -16,6 +16,9 @@
 #   - gateway/tests/group_removals.rs (namespace/host/subsystem del applied on a running gateway)
 #   - gateway/tests/group_auth.rs (DH-HMAC-CHAP keys given with nvmeofctl, enforced by the
 #                                  group's gateway; runs the nvmeofctl binary, built first)
+#   - control-plane/tests/health.rs (nvmeof-control with its keyring missing: up, not ready,
+#                                  then ready once the file appears)
+#   - gateway/tests/health.rs     (a gateway whose keyring appears later turns ready)
 #   - tests/micro-ceph-ports.sh   (micro-ceph.sh when the mon's port is taken: retry, or exit 75)
 # and stops the cluster whatever happened. Exit code: non-zero if any test failed.
 #
@@ -52,6 +55,7 @@ bounded "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test ceph 
 bounded "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test rados -- "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p control-plane --features ceph-tests --test rados_store -- "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p control-plane --features ceph-tests --test replicas -- "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p control-plane --features ceph-tests --test health -- "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test failover -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_config -- --ignored "$@" || rc=1
@@ -59,6 +63,7 @@ bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_down_start -- --igno
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_stall_budget -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test fenced_group -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_removals -- --ignored "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test health -- --ignored "$@" || rc=1
 { bounded "${CARGO:-cargo}" build -p control-plane --bin nvmeofctl &&
   bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_auth -- --ignored "$@"; } || rc=1
 bash "$root/tests/micro-ceph-ports.sh" || rc=1

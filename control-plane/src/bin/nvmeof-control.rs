@@ -7,11 +7,12 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use clap::Parser;
 use control_plane::ana::Timing;
+use control_plane::health::{retry_pause, ReplicaHealth};
 use control_plane::server::{ControlPlane, Options};
 use control_plane::store::{Backend, MemoryBackend, RadosBackend, Store};
 use control_plane::tls::{self, TlsFiles};
@@ -95,7 +96,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(args)) {
+    let result = runtime.block_on(run(args));
+    // A Ceph connect attempt still blocking (up to client_mount_timeout) must not hold the
+    // exit past a supervisor's grace period.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("nvmeof-control: {e}");
@@ -112,9 +117,122 @@ async fn run(args: Args) -> Result<(), String> {
         key: args.tls_key.clone(),
     })
     .map_err(|e| e.to_string())?;
+    if args.store != "memory" && args.store != "rados" {
+        return Err(format!("--store {}: expected rados or memory", args.store));
+    }
+    // Shutdown: out of the endpoints at once, then the gRPC server stops.
+    let health = ReplicaHealth::new();
+    let _heartbeat = health.spawn_heartbeat();
+    let (stop_tx, stop) = watch::channel(false);
+    {
+        let health = health.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            health.shutting_down();
+            let _ = stop_tx.send(true);
+        });
+    }
+    // Served from the start, so the probes say why a replica is not ready yet (and until
+    // this function returns: dropping the stop switch ends it).
+    let replica: Arc<OnceLock<Weak<ControlPlane>>> = Arc::new(OnceLock::new());
+    let _metrics_stop = match args.metrics_listen {
+        Some(addr) => Some(serve_metrics(addr, replica.clone(), &health).await?),
+        None => None,
+    };
+    // A replica that cannot reach Ceph (keyring not mounted yet, cluster unreachable) keeps
+    // trying and says why, instead of exiting into a restart loop.
+    let Some(cp) = start_replica(&args, &health, stop.clone()).await else {
+        tracing::info!("stopped before serving");
+        return Ok(());
+    };
+    let _ = replica.set(Arc::downgrade(&cp));
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    tracing::info!(
+        listen = %args.listen,
+        replica = %cp.id(),
+        mtls = tls.is_some(),
+        "nvmeof-control serving"
+    );
+    tokio::spawn(cp.clone().run());
+    health.serving();
+    let mut stopped = stop.clone();
+    tls::serve(cp, listener, tls, async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    })
+    .await
+    .map_err(|e| match std::error::Error::source(&e) {
+        Some(cause) => format!("gRPC server: {e}: {cause}"),
+        None => format!("gRPC server: {e}"),
+    })?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Connects to the group state and loads it, retrying with a growing pause (at most
+/// `MAX_RETRY_PAUSE`) while Ceph cannot be reached; None: stopped meanwhile. Each new
+/// reason is logged once at error level (then at debug level per attempt) and is what
+/// `/readyz` answers.
+async fn start_replica(
+    args: &Args,
+    health: &Arc<ReplicaHealth>,
+    mut stop: watch::Receiver<bool>,
+) -> Option<Arc<ControlPlane>> {
+    let opts = Options {
+        timing: Timing {
+            grace_ms: args.grace_ms,
+            failback_delay_ms: args.failback_delay_ms,
+        },
+        lease: Duration::from_millis(args.lease_ms.max(300)),
+        ..Options::default()
+    };
+    let id = args.id.clone().unwrap_or_else(|| args.listen.clone());
+    let mut last_error = String::new();
+    let mut attempt = 0u32;
+    // Until the first attempt ends (a cluster that does not answer takes client_mount_timeout).
+    health.not_ready(format!(
+        "connecting to the Ceph cluster for the group state in pool {}",
+        args.pool
+    ));
+    loop {
+        attempt += 1;
+        let started = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return None,
+            r = open_state(args, id.clone(), opts) => r,
+        };
+        let error = match started {
+            Ok(cp) => {
+                if attempt > 1 {
+                    tracing::info!(attempts = attempt, "group state reached");
+                }
+                return Some(cp);
+            }
+            Err(e) => e,
+        };
+        let pause = retry_pause(attempt);
+        if error != last_error {
+            tracing::error!(
+                retry_in_s = pause.as_secs(),
+                "not ready: {error}; retrying until it works"
+            );
+            last_error = error.clone();
+        } else {
+            tracing::debug!(attempt, "still failing: {error}");
+        }
+        health.not_ready(error);
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return None,
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+/// One attempt: the backend (a RADOS connection and the state object), then the state.
+async fn open_state(args: &Args, id: String, opts: Options) -> Result<Arc<ControlPlane>, String> {
     let backend: Arc<dyn Backend> = match args.store.as_str() {
         "memory" => Arc::new(MemoryBackend::default()),
-        "rados" => {
+        _ => {
             let settings = CephSettings {
                 conf: args.ceph_conf.clone(),
                 keyring: args.keyring.clone(),
@@ -132,59 +250,30 @@ async fn run(args: Args) -> Result<(), String> {
             tracing::info!(pool = %args.pool, object = %b.oid(), "group state in RADOS");
             Arc::new(b)
         }
-        other => return Err(format!("--store {other}: expected rados or memory")),
     };
-    let listener = tokio::net::TcpListener::bind(&args.listen)
+    ControlPlane::start(Store::new(backend), id, opts)
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    let opts = Options {
-        timing: Timing {
-            grace_ms: args.grace_ms,
-            failback_delay_ms: args.failback_delay_ms,
-        },
-        lease: Duration::from_millis(args.lease_ms.max(300)),
-        ..Options::default()
-    };
-    let id = args.id.clone().unwrap_or_else(|| args.listen.clone());
-    let cp = ControlPlane::start(Store::new(backend), id.clone(), opts)
-        .await
-        .map_err(|e| format!("cannot load the group state: {e}"))?;
-    tracing::info!(
-        listen = %args.listen,
-        replica = %id,
-        mtls = tls.is_some(),
-        "nvmeof-control serving"
-    );
-    // Served until this function returns (dropping the stop switch ends it).
-    let _metrics_stop = match args.metrics_listen {
-        Some(addr) => Some(serve_metrics(addr, &cp).await?),
-        None => None,
-    };
-    tokio::spawn(cp.clone().run());
-    tls::serve(cp, listener, tls, shutdown_signal())
-        .await
-        .map_err(|e| match std::error::Error::source(&e) {
-            Some(cause) => format!("gRPC server: {e}: {cause}"),
-            None => format!("gRPC server: {e}"),
-        })?;
-    tracing::info!("stopped");
-    Ok(())
+        .map_err(|e| format!("cannot load the group state: {e}"))
 }
 
-/// Serves `cp`'s metrics on `addr`; returns the server's stop switch.
+/// Serves the replica's metrics (once it runs) and its probes on `addr`; returns the
+/// server's stop switch.
 async fn serve_metrics(
     addr: std::net::SocketAddr,
-    cp: &Arc<ControlPlane>,
+    replica: Arc<OnceLock<Weak<ControlPlane>>>,
+    health: &Arc<ReplicaHealth>,
 ) -> Result<watch::Sender<bool>, String> {
-    let cp = Arc::downgrade(cp);
     let render = Arc::new(move || {
-        cp.upgrade()
+        replica
+            .get()
+            .and_then(Weak::upgrade)
             .map(|cp| control_plane::metrics::render(&cp))
             .unwrap_or_default()
     });
     let server = MetricsServer::bind(addr, render)
         .await
-        .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+        .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?
+        .with_health(health.checks());
     tracing::info!(%addr, "metrics at http://{addr}/metrics");
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(server.serve(stopped));

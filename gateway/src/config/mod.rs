@@ -464,6 +464,12 @@ pub struct GroupSection {
     /// Beacon period in milliseconds (default 500, at most 1000).
     #[serde(default)]
     pub beacon_interval_ms: Option<u64>,
+    /// On SIGTERM, how long the gateway waits for the control plane to move its ANA groups
+    /// to a peer before it stops anyway, in milliseconds (default 10000, 1..=600000). A
+    /// supervisor's kill timeout (Kubernetes' terminationGracePeriodSeconds, systemd's
+    /// TimeoutStopSec) must be longer, with room for closing the images.
+    #[serde(default)]
+    pub leave_timeout_ms: Option<u64>,
     /// mTLS to the control plane (its replicas run with `--tls-*`): the CA that signed the
     /// replicas' certificates (PEM). `tls_ca`, `tls_cert` and `tls_key` go together: all three
     /// or none (plain gRPC).
@@ -477,7 +483,17 @@ pub struct GroupSection {
     pub tls_key: Option<PathBuf>,
 }
 
+/// `[group] leave_timeout_ms` when unset.
+pub const DEFAULT_LEAVE_TIMEOUT_MS: u64 = 10_000;
+/// The largest `[group] leave_timeout_ms`: ten minutes.
+pub const MAX_LEAVE_TIMEOUT_MS: u64 = 600_000;
+
 impl GroupSection {
+    /// How long a planned leave waits for the groups to move away (`leave_timeout_ms`).
+    pub fn leave_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.leave_timeout_ms.unwrap_or(DEFAULT_LEAVE_TIMEOUT_MS))
+    }
+
     /// The TLS files, for `control_plane::tls::client_tls_config` (empty: plain gRPC).
     pub fn tls_files(&self) -> control_plane::tls::TlsFiles {
         control_plane::tls::TlsFiles {

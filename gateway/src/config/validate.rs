@@ -116,6 +116,18 @@ impl Config {
                     ));
                 }
             }
+            if let Some(ms) = g.leave_timeout_ms {
+                if ms == 0 || ms > super::MAX_LEAVE_TIMEOUT_MS {
+                    return Err(invalid(
+                        "group.leave_timeout_ms",
+                        format!(
+                            "{ms} is not 1..={} (milliseconds a planned leave waits for the \
+                             ANA groups to move to a peer)",
+                            super::MAX_LEAVE_TIMEOUT_MS
+                        ),
+                    ));
+                }
+            }
         }
         // A gateway of a group may start with none: the control plane pushes its listeners
         // (`nvmeofctl listener add -g NAME`), and on Kubernetes the chart cannot know the

@@ -153,6 +153,20 @@ impl std::fmt::Debug for ClusterPool {
     }
 }
 
+/// Why the last image-connection attempt of this process failed; None once one succeeded
+/// (or none failed yet). Kept outside the pools: a pool whose every open failed is dropped.
+static LAST_CONNECT_FAILURE: Mutex<Option<RbdError>> = Mutex::new(None);
+
+/// Why this process could not connect to the Ceph cluster for images at its last attempt
+/// (missing keyring, cluster unreachable...); None when the last attempt succeeded or none
+/// failed. What a readiness check reports while namespaces wait for their images.
+pub fn last_connect_failure() -> Option<RbdError> {
+    LAST_CONNECT_FAILURE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
 /// The process-wide pools, one per distinct setting (see [`ClusterPool::shared`]).
 static SHARED_POOLS: Mutex<Vec<(CephSettings, Weak<ClusterPool>)>> = Mutex::new(Vec::new());
 
@@ -314,10 +328,16 @@ impl ClusterPool {
                 );
                 *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some((Instant::now(), e.clone()));
+                *LAST_CONNECT_FAILURE
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
                 return Err(e);
             }
         };
         *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *LAST_CONNECT_FAILURE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
         let health = Arc::new(ClientHealth::new(group));
         let conn = Arc::new(Connection {
             rados: Arc::new(rados),
@@ -485,6 +505,7 @@ impl ClusterPool {
 /// keyring, gateway defaults, `args`, `options`, in that order.
 pub(crate) fn connect_rados(settings: &CephSettings) -> Result<ffi::Rados, RbdError> {
     let s = settings;
+    s.check_files()?;
     let entity = s.entity_name();
     let conf_desc = s
         .conf

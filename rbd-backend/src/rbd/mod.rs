@@ -54,7 +54,7 @@ use crate::ffi::FfiError;
 pub use crate::ffi::versions as library_versions;
 pub use caw::WriteGate;
 pub(crate) use cluster::connect_rados;
-pub use cluster::{wait_for_closes, ClientHealth, ClusterPool, PoolAdmin};
+pub use cluster::{last_connect_failure, wait_for_closes, ClientHealth, ClusterPool, PoolAdmin};
 pub use device::{DeviceState, RbdDevice};
 pub use settings::{default_connections, CephSettings, ImageSpec, GATEWAY_DEFAULT_ARGS};
 
@@ -74,6 +74,14 @@ pub enum RbdError {
     Library(FfiError),
     #[error("ceph configuration: {0}")]
     Config(String),
+    /// A file the settings name (ceph.conf, keyring) cannot be used: said before connecting,
+    /// because librados only reports a missing keyring as an authentication failure.
+    #[error("ceph {what} {path}: {problem}")]
+    File {
+        what: &'static str,
+        path: String,
+        problem: String,
+    },
     #[error("cannot connect to the Ceph cluster as {client} (conf {conf}): {source}")]
     Connect {
         client: String,

@@ -1,7 +1,9 @@
 //! How the gateway reaches Ceph ([`CephSettings`], the options it sets before the user's)
 //! and which image a namespace serves ([`ImageSpec`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use super::RbdError;
 
 /// How the gateway connects to Ceph: the settings Ceph users know from `rbd`/`ceph` CLIs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +86,22 @@ pub const GATEWAY_DEFAULT_ARGS: &[&str] = &[
 ];
 
 impl CephSettings {
+    /// Checks that the files named here (`conf`, `keyring`) exist, are readable and not
+    /// empty, so a missing or unmounted file is reported by its path instead of as librados'
+    /// authentication or "no monitors" failure. Files Ceph finds by itself are not checked.
+    pub fn check_files(&self) -> Result<(), RbdError> {
+        if let Some(conf) = &self.conf {
+            check_file("conf", conf)?;
+        }
+        if let Some(keyring) = &self.keyring {
+            // The keyring option may be a comma-separated search list; Ceph checks those.
+            if !keyring.to_string_lossy().contains(',') {
+                check_file("keyring", keyring)?;
+            }
+        }
+        Ok(())
+    }
+
     /// `client.X` for `X` or `client.X`.
     pub fn entity_name(&self) -> String {
         if self.client_name.contains('.') {
@@ -109,5 +127,85 @@ impl std::fmt::Display for ImageSpec {
             Some(ns) => write!(f, "{}/{}/{}", self.pool, ns, self.image),
             None => write!(f, "{}/{}", self.pool, self.image),
         }
+    }
+}
+
+/// `Ok` when `path` is a non-empty file this process can read.
+fn check_file(what: &'static str, path: &Path) -> Result<(), RbdError> {
+    let problem = match std::fs::File::open(path).and_then(|f| f.metadata()) {
+        Ok(m) if m.is_dir() => "is a directory".to_string(),
+        Ok(m) if m.len() == 0 => "is empty".to_string(),
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            format!("missing ({e}); is the {what} file mounted?")
+        }
+        Err(e) => format!("cannot be read ({e})"),
+    };
+    Err(RbdError::File {
+        what,
+        path: path.display().to_string(),
+        problem,
+    })
+}
+
+#[cfg(test)]
+mod file_checks {
+    use super::*;
+
+    fn with_files(conf: Option<PathBuf>, keyring: Option<PathBuf>) -> CephSettings {
+        CephSettings {
+            conf,
+            keyring,
+            ..CephSettings::default()
+        }
+    }
+
+    #[test]
+    fn missing_empty_and_unreadable_files_are_named() {
+        let dir = std::env::temp_dir().join(format!("ceph-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let conf = dir.join("ceph.conf");
+        std::fs::write(&conf, "[global]\nmon_host = 127.0.0.1\n").expect("conf");
+        let keyring = dir.join("keyring");
+        let missing = with_files(Some(conf.clone()), Some(keyring.clone()))
+            .check_files()
+            .expect_err("no keyring file")
+            .to_string();
+        assert_eq!(
+            missing,
+            format!(
+                "ceph keyring {}: missing (No such file or directory (os error 2)); is the keyring file mounted?",
+                keyring.display()
+            )
+        );
+        std::fs::write(&keyring, "").expect("keyring");
+        let empty = with_files(None, Some(keyring.clone()))
+            .check_files()
+            .expect_err("empty keyring");
+        assert_eq!(
+            empty.to_string(),
+            format!("ceph keyring {}: is empty", keyring.display())
+        );
+        std::fs::write(&keyring, "[client.admin]\n\tkey = x\n").expect("keyring");
+        with_files(Some(conf.clone()), Some(keyring.clone()))
+            .check_files()
+            .expect("both readable");
+        let no_conf = with_files(Some(dir.join("nope.conf")), None)
+            .check_files()
+            .expect_err("no conf")
+            .to_string();
+        assert!(no_conf.starts_with("ceph conf "), "{no_conf}");
+        assert!(no_conf.contains("is the conf file mounted?"), "{no_conf}");
+        let directory = with_files(None, Some(dir.clone()))
+            .check_files()
+            .expect_err("a directory")
+            .to_string();
+        assert!(directory.ends_with("is a directory"), "{directory}");
+        // Unset paths (Ceph's own search) and search lists are left to Ceph.
+        with_files(None, None).check_files().expect("nothing named");
+        with_files(None, Some(PathBuf::from("/nope/a,/nope/b")))
+            .check_files()
+            .expect("a search list");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
