@@ -412,8 +412,14 @@ def leave_timeout_seconds():
 @pytest.mark.parametrize("name", ALL)
 def test_grace_period_covers_the_planned_leave(rendered, name):
     grace = sts(rendered[name], GATEWAY)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    # the leave, then closing connections and the images: at least 5 s more
-    assert grace >= leave_timeout_seconds() + 5
+    for key, toml in gateway_tomls(rendered[name]).items():
+        # the leave the file asks for, then closing connections and the images: 10 s more
+        assert grace >= toml["group"]["leave_timeout_ms"] / 1000 + 10, key
+
+
+def test_the_default_leave_timeout_is_the_gateways(rendered):
+    for toml in gateway_tomls(rendered["defaults"]).values():
+        assert toml["group"]["leave_timeout_ms"] / 1000 == leave_timeout_seconds()
 
 
 # ------------------------------------------------------------- mTLS --

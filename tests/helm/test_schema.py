@@ -28,6 +28,7 @@ def install_error(values):
     (merged({"gateway": {"replicas": 0}}), ["/gateway/replicas", "minimum"]),
     (merged({"gateway": {"replicas": 33}}), ["/gateway/replicas", "maximum"]),
     (merged({"gateway": {"beaconIntervalMs": 1001}}), ["/gateway/beaconIntervalMs"]),
+    (merged({"gateway": {"leaveTimeoutMs": 0}}), ["/gateway/leaveTimeoutMs", "minimum"]),
     (merged({"gateway": {"ports": {"nvme": 70000}}}), ["/gateway/ports/nvme"]),
     # enums and patterns
     (merged({"image": {"pullPolicy": "Sometimes"}}), ["/image/pullPolicy"]),
@@ -49,6 +50,8 @@ def test_schema_refuses(values, names):
     (merged({"tls": {"certManager": {"enabled": True}}}), ["tls.certManager.enabled needs tls.enabled"]),
     (merged({"monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}}),
      ["choose one"]),
+    (merged({"gateway": {"leaveTimeoutMs": 30000, "terminationGracePeriodSeconds": 30}}),
+     ["gateway.terminationGracePeriodSeconds (30) must be at least", "(40)"]),
 ])
 def test_preflight_refuses(values, words):
     message = install_error(values)

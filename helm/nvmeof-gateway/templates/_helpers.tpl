@@ -183,6 +183,10 @@ the conf file, so "-m" there wins over any mon_host in it. */}}
 {{- if and .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled }}
 {{- fail "monitoring.serviceMonitor.enabled and monitoring.podMonitor.enabled: choose one (both would scrape every target twice)" }}
 {{- end }}
+{{- /* the leave, then closing connections and images (up to 10 s): SIGKILL must not cut them */}}
+{{- if lt (int .Values.gateway.terminationGracePeriodSeconds) (add (div (int .Values.gateway.leaveTimeoutMs) 1000) 10) }}
+{{- fail (printf "gateway.terminationGracePeriodSeconds (%d) must be at least gateway.leaveTimeoutMs / 1000 + 10 (%d): the planned leave, then closing the images" (int .Values.gateway.terminationGracePeriodSeconds) (add (div (int .Values.gateway.leaveTimeoutMs) 1000) 10)) }}
+{{- end }}
 {{- if eq (int .Values.gateway.ports.metrics) (int .Values.gateway.ports.nvme) }}
 {{- fail "gateway.ports.metrics and gateway.ports.nvme must differ" }}
 {{- end }}
