@@ -307,11 +307,23 @@ impl Queue {
                 self.respond(out, first.cid(), Status::error(sc::FUSED_MISSING));
             }
         }
-        // In use: an op in flight on this queue, or (admin queue) an AER the controller holds.
-        let aer_cid = |b: &Binding| b.qid == 0 && b.controller.aer_cid_in_use(cmd.cid());
-        if self.inflight.contains_key(&cmd.cid()) || self.binding.as_ref().is_some_and(aer_cid) {
+        // A CID in use by an op at a device is refused: answering the new command would put
+        // two completions under one CID once the op completes.
+        if self.inflight.contains_key(&cmd.cid()) {
             self.respond(out, cmd.cid(), Status::error(sc::CMDID_CONFLICT));
             return;
+        }
+        // A CID held by an AER (admin queue) means the host gave that AER up, as SPDK's
+        // initiator does when it detaches: drop it, without a completion, and run the new
+        // command, as Linux nvmet and SPDK's target accept it.
+        if let Some(b) = self.binding.as_ref().filter(|b| b.qid == 0) {
+            if b.controller.abandon_aer(cmd.cid()) {
+                tracing::debug!(
+                    cid = cmd.cid(),
+                    opcode = cmd.opcode(),
+                    "the host reused the CID of an outstanding AER: AER dropped"
+                );
+            }
         }
         if cmd.is_fabrics() {
             self.execute_fabrics(cmd, data, out);

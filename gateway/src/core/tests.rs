@@ -800,26 +800,111 @@ fn resize_completes_an_aer_and_fills_the_changed_namespace_list() {
     assert_eq!(r.completion.status.code(), sc::ASYNC_LIMIT);
 }
 
-/// A parked AER keeps its CID in use: a command reusing it is refused as a conflict (and
-/// is the one answered), and the AER still completes under its CID when an event comes.
+fn property_get_cc(cid: u16) -> Command {
+    let mut raw = sqe(fabrics::OPCODE, cid, 0);
+    raw[4] = fabrics::PROPERTY_GET;
+    set_cdw(&mut raw, 11, spec::reg::CC);
+    Command::from_bytes(&raw)
+}
+
+/// Every response the queue has to send now, events included.
+fn poll_all(q: &mut Queue) -> Vec<Response> {
+    let mut actions = Vec::new();
+    q.poll_events(&mut actions);
+    settle(q, actions)
+}
+
+/// A host reusing a parked AER's CID gave that AER up (SPDK's detach: it completes its AER
+/// itself and reads CC with the same CID): the new command runs, the AER is dropped and
+/// never completed, even when an event comes later, and the next AER gets that event.
 #[test]
-fn a_command_reusing_a_parked_aers_cid_is_a_conflict() {
+fn a_command_reusing_a_parked_aers_cid_drops_the_aer_and_runs() {
     let f = fixture();
     let mut q = f.queue();
     admin_ready(&mut q, 0);
     arm_aer(&mut q, spec::aer::CFG_NS_ATTR);
-    let keep_alive = || Command::from_bytes(&sqe(admin_opcode::KEEP_ALIVE, 21, 0));
-    let reuse = one(run(&mut q, keep_alive(), None));
-    assert_eq!(reuse.completion.cid, 21);
-    assert_eq!(reuse.completion.status.code(), sc::CMDID_CONFLICT);
-    // An event readies the AER's completion; until it is sent, the CID stays in use.
+    let cc = one(run(&mut q, property_get_cc(21), None));
+    assert_eq!(cc.completion.cid, 21);
+    assert_eq!(cc.completion.status, Status::SUCCESS);
+    assert_eq!(
+        cc.completion.result as u32, CC_ENABLED,
+        "CC as the host set it"
+    );
     f.device.resize(16 << 20);
-    let again = one(run(&mut q, keep_alive(), None));
-    assert_eq!(again.completion.status.code(), sc::CMDID_CONFLICT);
-    let done = fired_aer(&mut q);
-    assert_eq!((done.cid, done.status), (21, Status::SUCCESS));
-    let free = one(run(&mut q, keep_alive(), None));
-    assert!(free.completion.status.is_success(), "the CID is free again");
+    assert!(
+        poll_all(&mut q).is_empty(),
+        "no completion for the dropped AER"
+    );
+    assert!(run(
+        &mut q,
+        Command::from_bytes(&sqe(admin_opcode::ASYNC_EVENT, 22, 0)),
+        None
+    )
+    .is_empty());
+    let next = poll_all(&mut q);
+    let done = one(next).completion;
+    assert_eq!((done.cid, done.status), (22, Status::SUCCESS));
+    assert_eq!(done.result as u32, 0x04_00_02, "the event, on the next AER");
+    assert!(poll_all(&mut q).is_empty(), "and nothing more");
+}
+
+/// An AER whose event is ready but whose completion is not sent yet is dropped the same way
+/// when its CID is reused; its event waits for the next AER.
+#[test]
+fn reusing_the_cid_of_an_aer_with_a_ready_completion_keeps_the_event_for_the_next() {
+    let f = fixture();
+    let mut q = f.queue();
+    admin_ready(&mut q, 0);
+    arm_aer(&mut q, spec::aer::CFG_NS_ATTR);
+    f.device.resize(16 << 20);
+    let keep_alive = one(run(
+        &mut q,
+        Command::from_bytes(&sqe(admin_opcode::KEEP_ALIVE, 21, 0)),
+        None,
+    ));
+    assert_eq!(
+        (keep_alive.completion.cid, keep_alive.completion.status),
+        (21, Status::SUCCESS)
+    );
+    assert!(
+        poll_all(&mut q).is_empty(),
+        "the dropped AER never completes"
+    );
+    assert!(run(
+        &mut q,
+        Command::from_bytes(&sqe(admin_opcode::ASYNC_EVENT, 23, 0)),
+        None
+    )
+    .is_empty());
+    let done = one(poll_all(&mut q)).completion;
+    assert_eq!(
+        (done.cid, done.result as u32),
+        (23, 0x04_00_02),
+        "the event is not lost"
+    );
+}
+
+/// A CID in flight at a device stays refused as a conflict: the op completes under it.
+#[test]
+fn a_command_reusing_the_cid_of_an_op_at_a_device_is_a_conflict() {
+    let f = fixture();
+    let (_admin, mut io) = admin_and_io(&f);
+    let mut held = Vec::new();
+    io.execute(rw(io_opcode::READ, 40, 0, 1), None, &mut held);
+    assert!(
+        matches!(held.as_slice(), [Action::Submit { .. }]),
+        "{held:?}"
+    );
+    let reuse = one(run(&mut io, rw(io_opcode::READ, 40, 0, 1), None));
+    assert_eq!(
+        (reuse.completion.cid, reuse.completion.status.code()),
+        (40, sc::CMDID_CONFLICT)
+    );
+    let read = one(settle(&mut io, held));
+    assert_eq!(
+        (read.completion.cid, read.completion.status),
+        (40, Status::SUCCESS)
+    );
 }
 
 #[test]
