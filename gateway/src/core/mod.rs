@@ -14,6 +14,7 @@ pub mod log_page;
 pub mod pr;
 pub mod queue;
 pub mod subsystem;
+pub(crate) mod supported;
 pub mod target;
 mod wire;
 

@@ -1478,3 +1478,113 @@ fn removed_listener_leaves_the_discovery_log() {
     assert_eq!(records, 2);
     assert!(f.target.listeners().iter().all(|l| l.port != 4421));
 }
+
+/// The I/O opcodes whose entry in the Commands Supported and Effects log has CSUPP set.
+fn effects_log_io_commands(admin: &mut Queue) -> BTreeSet<u8> {
+    let page = get_log(admin, spec::log::CMD_EFFECTS, 4096, 0, false)
+        .data
+        .expect("effects log")
+        .into_vec();
+    (0..=u8::MAX)
+        .filter(|&op| le32(&page, 1024 + 4 * usize::from(op)) & spec::effects::CSUPP != 0)
+        .collect()
+}
+
+/// The I/O commands Identify Controller announces: the mandatory ones and, per ONCS bit
+/// (NVMe Base 2.0 Figure 275), the optional ones.
+fn identify_io_commands(admin: &mut Queue) -> BTreeSet<u8> {
+    let ctrl = identify(admin, spec::cns::CTRL, 0)
+        .data
+        .expect("id-ctrl")
+        .into_vec();
+    let oncs = le16(&ctrl, 520);
+    let mut ops = BTreeSet::from([io_opcode::FLUSH, io_opcode::WRITE, io_opcode::READ]);
+    let optional: [(u16, &[u8]); 4] = [
+        (spec::ctrl::ONCS_COMPARE, &[io_opcode::COMPARE]),
+        (spec::ctrl::ONCS_DSM, &[io_opcode::DSM]),
+        (spec::ctrl::ONCS_WRITE_ZEROES, &[io_opcode::WRITE_ZEROES]),
+        (
+            spec::ctrl::ONCS_RESERVATIONS,
+            &[
+                io_opcode::RESV_REGISTER,
+                io_opcode::RESV_REPORT,
+                io_opcode::RESV_ACQUIRE,
+                io_opcode::RESV_RELEASE,
+            ],
+        ),
+    ];
+    for (bit, commands) in optional {
+        if oncs & bit != 0 {
+            ops.extend(commands);
+        }
+    }
+    let other_oncs = oncs
+        & !(spec::ctrl::ONCS_COMPARE
+            | spec::ctrl::ONCS_DSM
+            | spec::ctrl::ONCS_WRITE_ZEROES
+            | spec::ctrl::ONCS_RESERVATIONS);
+    assert_eq!(other_oncs, 0, "an ONCS bit this test does not know");
+    if le16(&ctrl, 522) & spec::ctrl::FUSES_COMPARE_AND_WRITE != 0 {
+        assert!(ops.contains(&io_opcode::COMPARE), "FUSES without Compare");
+    }
+    ops
+}
+
+/// The I/O opcodes an I/O queue runs (answers with anything but Invalid Opcode); 7Fh is
+/// the fabrics commands' opcode, not one of the NVM command set.
+fn executed_io_commands(io: &mut Queue) -> BTreeSet<u8> {
+    (0..=u8::MAX)
+        .filter(|&op| op != fabrics::OPCODE)
+        .filter(|&op| {
+            let cmd = rw(op, 60, 0, 1);
+            let data = cmd
+                .is_host_to_controller()
+                .then(|| IoBuf::from_vec(vec![0; 512]));
+            one(run(io, cmd, data)).completion.status.code() != sc::INVALID_OPCODE
+        })
+        .collect()
+}
+
+/// Identify's ONCS, the Commands Supported and Effects log, the Supported Log Pages log and
+/// the I/O queue agree, with reservations offered (standalone) and not (a gateway of a
+/// group): the effects log listed the reservation commands that ONCS denied.
+#[test]
+fn effects_log_lists_exactly_the_io_commands_identify_announces_and_io_queues_run() {
+    for reservations in [true, false] {
+        let mut f = fixture();
+        let target = Arc::try_unwrap(f.target).expect("only the fixture holds it");
+        f.target = Arc::new(target.with_reservations(reservations));
+        let (mut admin, mut io) = admin_and_io(&f);
+        let announced = identify_io_commands(&mut admin);
+        assert_eq!(
+            announced.contains(&io_opcode::RESV_REGISTER),
+            reservations,
+            "ONCS follows the target's reservations"
+        );
+        assert_eq!(
+            effects_log_io_commands(&mut admin),
+            announced,
+            "effects log vs ONCS, reservations {reservations}"
+        );
+        assert_eq!(
+            executed_io_commands(&mut io),
+            announced,
+            "I/O queue vs ONCS, reservations {reservations}"
+        );
+        let pages = get_log(&mut admin, spec::log::SUPPORTED, 1024, 0, false)
+            .data
+            .expect("supported log pages")
+            .into_vec();
+        assert_eq!(
+            le32(&pages, 4 * usize::from(spec::log::RESERVATION)) & 1 == 1,
+            reservations,
+            "the reservation notification log page, reservations {reservations}"
+        );
+        let notices = get_log(&mut admin, spec::log::RESERVATION, 64, 0, false);
+        assert_eq!(
+            notices.completion.status.is_success(),
+            reservations,
+            "reading the reservation notification log, reservations {reservations}"
+        );
+    }
+}
