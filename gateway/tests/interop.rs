@@ -1,5 +1,6 @@
-//! What other initiators do, against a gateway process (its log): SPDK's detach sequence,
-//! which reuses an outstanding AER's CID at once (issue 31).
+//! What other initiators do, against a gateway process (its log and metrics): SPDK's
+//! detach sequence, which reuses an outstanding AER's CID at once (issue 31); a host
+//! without a host NQN (SPDK's tools); a refused Connect, logged with its peer and counted.
 
 mod common;
 
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::gateway_process::GatewayProcess;
-use common::scratch_dir;
+use common::{scrape, scratch_dir};
 use nvmeof_gateway::host::cmd::{admin, cc, prop};
 use nvmeof_gateway::host::{HostConnection, HostOptions, RawCommand, Sqe};
 
@@ -90,6 +91,69 @@ async fn spdk_detach_reusing_the_aer_cid_shuts_the_controller_down() {
         !host.is_closed(),
         "no completion came for the dropped AER (the host closes on an unknown CID): {:?}",
         host.close_reason()
+    );
+    assert!(gw.terminate().success());
+}
+
+/// SPDK's tools send an empty HOSTNQN unless given one: a subsystem open to any host lets
+/// it in (as Linux nvmet and SPDK's target do) and says so; a Connect to a subsystem the
+/// gateway does not have is refused, logged with the peer and the reason, and counted.
+#[tokio::test]
+async fn empty_host_nqns_get_in_and_refusals_are_logged_with_the_peer_and_counted() {
+    let (mut gw, port, metrics_port) = gateway("refusals").await;
+    let anonymous = HostConnection::connect(loopback(port), opts(""))
+        .await
+        .expect("connection");
+    anonymous
+        .connect_admin(SUBNQN, 0)
+        .await
+        .expect("an empty host NQN is let into an allow-any-host subsystem");
+    gw.wait_for_log(
+        "host connected without a host NQN",
+        Duration::from_secs(10),
+        "the empty host NQN was not logged",
+    )
+    .await;
+
+    let lost =
+        HostConnection::connect(loopback(port), opts("nqn.2014-08.org.nvmexpress:uuid:lost"))
+            .await
+            .expect("connection");
+    lost.connect_admin("nqn.2016-06.io.test:absent", 0)
+        .await
+        .expect_err("no such subsystem");
+    gw.wait_for_log(
+        "connect refused",
+        Duration::from_secs(10),
+        "the refusal was not logged",
+    )
+    .await;
+    let log = gw.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("connect refused"))
+        .expect("the refusal line");
+    for part in [
+        "peer=127.0.0.1:",
+        "unknown_subsystem",
+        "nqn.2014-08.org.nvmexpress:uuid:lost",
+        "nqn.2016-06.io.test:absent",
+    ] {
+        assert!(line.contains(part), "{part:?} missing from {line:?}");
+    }
+    assert_eq!(
+        scrape(
+            metrics_port,
+            "nvmeof_connect_refusals_total{reason=\"unknown_subsystem\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        scrape(
+            metrics_port,
+            "nvmeof_connect_refusals_total{reason=\"host_not_allowed\"}"
+        ),
+        Some(0.0)
     );
     assert!(gw.terminate().success());
 }

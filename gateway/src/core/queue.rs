@@ -16,6 +16,7 @@ use super::auth::{allowed_before_authentication, QueueAuth};
 use super::buffers::{BufferSource, RecycledBuffers};
 use super::command::{Command, Completion, Status};
 use super::controller::{Controller, QueueNotifier, TeardownReason};
+use super::refusals::{Refusal, RefusalReason};
 use super::target::{Target, TransportCaps, TransportType};
 use crate::spec::{fuse, io_opcode, sc};
 
@@ -291,6 +292,7 @@ impl Queue {
             if let Some(buf) = data {
                 self.recycle(buf);
             }
+            self.refuse_unauthenticated();
             self.respond(out, cmd.cid(), Status::error(sc::AUTH_REQUIRED));
             return;
         }
@@ -373,8 +375,30 @@ impl Queue {
         }
     }
 
+    /// Counts and logs, once per queue, that the host did not authenticate a queue that had
+    /// to: it sent another command first, or closed the queue (a Linux host with no key
+    /// for this subsystem gives up when Connect asks it to authenticate).
+    fn refuse_unauthenticated(&mut self) {
+        let Some(auth) = self.auth.as_mut() else {
+            return;
+        };
+        if auth.is_authenticated() || !auth.first_refusal() {
+            return;
+        }
+        if let Some(binding) = &self.binding {
+            let ctrl = &binding.controller;
+            self.target.connect_refusals().record(Refusal {
+                reason: RefusalReason::AuthenticationRequired,
+                host: &ctrl.hostnqn,
+                subsystem: ctrl.subsystem.nqn(),
+                qid: Some(binding.qid),
+            });
+        }
+    }
+
     /// The connection is gone: release the queue, and with the admin queue the controller.
     pub fn close(&mut self) {
+        self.refuse_unauthenticated();
         if let Some(binding) = self.binding.take() {
             if binding.qid == 0 {
                 binding.controller.abort_parked_aers();
