@@ -5,6 +5,7 @@
 
 pub mod ana;
 pub mod metrics;
+pub mod nqn;
 pub mod server;
 pub mod state;
 pub mod store;
