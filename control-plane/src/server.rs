@@ -869,7 +869,12 @@ impl proto::admin_server::Admin for AdminService {
             })
             .await?;
         tracing::info!(nqn = %nqn, "subsystem added");
-        Ok(reply(&st, format!("subsystem {nqn} added")))
+        let mut text = format!("subsystem {nqn} added");
+        if let Some(warning) = crate::nqn::format_warning("subsystem NQN", &nqn) {
+            tracing::warn!("{warning}");
+            text = format!("{text}\nwarning: {warning}");
+        }
+        Ok(reply(&st, text))
     }
 
     async fn subsystem_del(
@@ -1179,10 +1184,14 @@ impl proto::admin_server::Admin for AdminService {
             })
             .await?;
         tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), "host allowed");
-        let text = match auth.mode() {
+        let mut text = match auth.mode() {
             "none" => format!("host {host} allowed on {nqn}"),
             mode => format!("host {host} allowed on {nqn} (DH-HMAC-CHAP: {mode})"),
         };
+        if let Some(warning) = crate::nqn::format_warning("host NQN", &host) {
+            tracing::warn!("{warning}");
+            text = format!("{text}\nwarning: {warning}");
+        }
         Ok(reply(&st, text))
     }
 

@@ -148,6 +148,8 @@ pub mod cc {
     pub const AMS_MASK: u32 = 7 << AMS_SHIFT;
     pub const SHN_SHIFT: u32 = 14;
     pub const SHN_MASK: u32 = 3 << SHN_SHIFT;
+    /// `NVME_CC_SHN_ABRUPT` (`NVME_CC_SHN_NORMAL` is 1 << 14).
+    pub const SHN_ABRUPT: u32 = 2 << SHN_SHIFT;
     pub const IOSQES_SHIFT: u32 = 16;
     pub const IOSQES_MASK: u32 = 0xf << IOSQES_SHIFT;
     pub const IOCQES_SHIFT: u32 = 20;

@@ -14,7 +14,8 @@
 //!
 //! Checks, besides "never panics":
 //! - every response answers a command that is outstanding on that queue (no response
-//!   invented, none sent twice), with that queue's SQ ID;
+//!   invented, none sent twice), with that queue's SQ ID; an AER whose CID the host reuses
+//!   is no longer outstanding (the core drops it), so a completion for it fails this too;
 //! - a response never carries more data than the command's data length (the host's buffer);
 //! - once every device op has completed, the queue has nothing in flight;
 //! - once the input ends and every device op has completed, the only commands left without
@@ -102,6 +103,17 @@ impl Driven {
     fn execute(&mut self, cmd: Command, data: Option<IoBuf>) {
         if self.closed {
             return;
+        }
+        // A command reusing the CID of an AER the controller holds means the host gave that
+        // AER up: the core drops it, never to be answered (any later response under the CID
+        // must answer the new command, or is a double completion the checks catch).
+        if self.queue.qid() == Some(0) && !self.queue.awaits_authentication() {
+            let held_aer = |o: &(u16, u8, u8, u32)| {
+                o.0 == cmd.cid() && o.1 == admin_opcode::ASYNC_EVENT
+            };
+            if let Some(i) = self.outstanding.iter().position(held_aer) {
+                self.outstanding.remove(i);
+            }
         }
         self.outstanding
             .push((cmd.cid(), cmd.opcode(), cmd.fuse(), cmd.data_len()));

@@ -609,6 +609,9 @@ impl Config {
             source,
         })?;
         config.validate()?;
+        for warning in config.warnings() {
+            tracing::warn!("{}: {warning}", path.display());
+        }
         Ok(config)
     }
 

@@ -94,7 +94,7 @@ fn errors_name_the_bad_field() {
             "listener[0].address",
         ),
         (
-            GOOD.replace("nqn.2016-06.io.example:demo", "iqn.bad"),
+            GOOD.replace("nqn.2016-06.io.example:demo", "iqn bad"),
             "subsystem[0].nqn",
         ),
         (
@@ -622,4 +622,44 @@ fn only_a_group_gateway_may_have_no_listener() {
     ))
     .expect("a group gateway gets its listeners from the control plane");
     assert!(c.listeners.is_empty());
+}
+
+/// Subsystem and host NQNs as Linux nvmet takes them: a name outside the NVMe formats
+/// (`testnqn`, as nvmetcli configurations and test suites use) with a warning naming the
+/// field; 224 bytes, a space or a control character refused, the error naming the field.
+#[test]
+fn nqns_are_taken_as_linux_nvmet_takes_them_with_a_warning_outside_the_spec() {
+    let named = GOOD.replace("nqn.2016-06.io.example:demo", "testnqn");
+    let c = parse(&named).expect("testnqn is taken");
+    let warnings = c.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("subsystem[0].nqn \"testnqn\" is not in the NVMe formats"),
+        "{warnings:?}"
+    );
+    assert!(c.build_target().unwrap().subsystem("testnqn").is_some());
+    assert!(
+        parse(GOOD).unwrap().warnings().is_empty(),
+        "spec names: no warning"
+    );
+
+    let host = with_hosts(r#""testhost""#, "");
+    let warnings = parse(&host)
+        .expect("a host NQN outside the formats")
+        .warnings();
+    assert!(
+        warnings.len() == 1 && warnings[0].starts_with("subsystem[0].hosts[0] \"testhost\""),
+        "{warnings:?}"
+    );
+
+    let too_long = "n".repeat(224);
+    for bad in [too_long.as_str(), "test nqn", "test\u{1}nqn"] {
+        let toml_string = format!("{bad:?}").replace("\\u{1}", "\\u0001");
+        let text = GOOD.replace("\"nqn.2016-06.io.example:demo\"", &toml_string);
+        let e = parse(&text).expect_err(bad).to_string();
+        assert!(e.starts_with("subsystem[0].nqn"), "{bad:?}: {e}");
+        let text = with_hosts(&toml_string, "");
+        let e = parse(&text).expect_err(bad).to_string();
+        assert!(e.starts_with("subsystem[0].hosts[0]"), "{bad:?}: {e}");
+    }
 }

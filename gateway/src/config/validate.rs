@@ -8,23 +8,32 @@ use super::address::{listeners_overlap, metrics_socket_addr};
 use super::{
     invalid, parse_size, rbd_spec, CephSection, Config, ConfigError, MAX_TCP_BUSY_POLL_US,
 };
-use crate::spec::{cntlid, DISCOVERY_NQN, NQN_MAX_LEN};
+use crate::spec::{cntlid, DISCOVERY_NQN};
 
-/// An NQN as the NVMe spec shapes it: "nqn." prefix, at most 223 bytes, UTF-8.
+/// An NQN as Linux nvmet takes it (the control plane's check, so a name `nvmeofctl` takes
+/// is taken here too): at most 223 bytes, no whitespace or control characters. A name
+/// outside the NVMe formats is warned about by [`Config::warnings`].
 fn check_nqn(field: &str, nqn: &str) -> Result<(), ConfigError> {
-    if !nqn.starts_with("nqn.") {
-        return Err(invalid(
-            field,
-            format!("{nqn:?} does not start with \"nqn.\""),
-        ));
+    control_plane::nqn::check(nqn)
+        .map(|_| ())
+        .map_err(|e| invalid(field, format!("{nqn:?}: {e}")))
+}
+
+impl Config {
+    /// What is valid but worth an admin's attention: subsystem and host NQNs outside the
+    /// NVMe formats (each naming its field). [`Config::load`] logs them.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        for (i, s) in self.subsystems.iter().enumerate() {
+            let field = format!("subsystem[{i}].nqn");
+            warnings.extend(control_plane::nqn::format_warning(&field, &s.nqn));
+            for (h, host) in s.hosts.iter().enumerate() {
+                let field = format!("subsystem[{i}].hosts[{h}]");
+                warnings.extend(control_plane::nqn::format_warning(&field, host.nqn()));
+            }
+        }
+        warnings
     }
-    if nqn.len() > NQN_MAX_LEN {
-        return Err(invalid(field, format!("longer than {NQN_MAX_LEN} bytes")));
-    }
-    if nqn.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(invalid(field, "contains whitespace or control characters"));
-    }
-    Ok(())
 }
 
 fn validate_ceph(ceph: &CephSection) -> Result<(), ConfigError> {

@@ -8,7 +8,7 @@ use super::command::{Command, Status};
 use super::controller::Controller;
 use super::queue::{Action, Queue};
 use super::{identify, log_page};
-use crate::spec::{admin_opcode, aer, cns, feat, log, sc, IDENTIFY_DATA_SIZE, NSID_ALL};
+use crate::spec::{admin_opcode, aer, cns, feat, sc, IDENTIFY_DATA_SIZE, NSID_ALL};
 
 /// Set/Get Features: the Save bit (CDW10 bit 31) and the Get Features select field.
 const FEATURES_SAVE: u32 = 1 << 31;
@@ -298,23 +298,5 @@ impl Queue {
             .completion(cmd.cid(), Status::SUCCESS)
             .with_result(value);
         self.respond_with(out, completion, None);
-    }
-}
-
-/// Log page IDs a controller reports in the Supported Log Pages page.
-pub(crate) fn supported_log_pages(discovery: bool) -> &'static [u8] {
-    if discovery {
-        &[log::SUPPORTED, log::DISC]
-    } else {
-        &[
-            log::SUPPORTED,
-            log::ERROR,
-            log::SMART,
-            log::FW_SLOT,
-            log::CHANGED_NS,
-            log::CMD_EFFECTS,
-            log::ANA,
-            log::RESERVATION,
-        ]
     }
 }

@@ -31,6 +31,7 @@ use zeroize::Zeroizing;
 use super::command::{Command, Status};
 use super::controller::TeardownReason;
 use super::queue::{Action, Binding, Queue};
+use super::refusals::RefusalReason;
 use crate::auth::{
     augmented_challenge, controller_response, host_response, responses_match, Challenge, DhGroup,
     DhKeyPair, DhchapSecret, Failure, HashFunction, Message, Negotiate, Reply, ResponseInput,
@@ -174,6 +175,8 @@ pub(crate) struct QueueAuth {
     keys: Arc<HostKeys>,
     authenticated: bool,
     step: Step,
+    /// A refusal was counted for this queue already (it is counted once).
+    refusal_counted: bool,
 }
 
 impl QueueAuth {
@@ -182,11 +185,17 @@ impl QueueAuth {
             keys,
             authenticated: false,
             step: Step::Negotiate,
+            refusal_counted: false,
         }
     }
 
     pub(crate) fn is_authenticated(&self) -> bool {
         self.authenticated
+    }
+
+    /// True the first time: the caller counts this queue's refusal.
+    pub(crate) fn first_refusal(&mut self) -> bool {
+        !std::mem::replace(&mut self.refusal_counted, true)
     }
 }
 
@@ -549,6 +558,11 @@ impl Queue {
         auth.authenticated = false;
         auth.step = Step::Negotiate;
         self.target.auth_counters().count_failure(reason);
+        // Logged below, with the authentication's own details.
+        auth.first_refusal();
+        self.target
+            .connect_refusals()
+            .tally(RefusalReason::AuthenticationFailed);
         let ctrl = &binding.controller;
         tracing::warn!(cntlid = ctrl.cntlid, qid = binding.qid, host = %ctrl.hostnqn, subsystem = ctrl.subsystem.nqn(), reason = reason_name(reason), what, "authentication failed");
         ctrl.teardown(TeardownReason::AuthenticationFailed);

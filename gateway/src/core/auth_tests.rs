@@ -265,6 +265,50 @@ fn a_wrong_key_gets_failure1_and_ends_the_controller() {
     let failures: BTreeMap<_, _> = f.target.auth_counters().failures().into_iter().collect();
     assert_eq!(failures["failed"], 1);
     assert_eq!(f.target.auth_counters().successes(), 0);
+    admin.close();
+    let refusals = f.target.connect_refusals();
+    assert_eq!(refusals.count(RefusalReason::AuthenticationFailed), 1);
+    assert_eq!(
+        refusals.count(RefusalReason::AuthenticationRequired),
+        0,
+        "a failed authentication is not also a missing one"
+    );
+}
+
+/// A host that does not authenticate a queue that must is counted as refused once per
+/// queue: when it sends another command first, or when it closes the queue (a Linux host
+/// without a key gives up at Connect's ATR).
+#[test]
+fn a_queue_left_unauthenticated_counts_one_refusal() {
+    let f = auth_fixture(keys(1, None), None);
+    let refusals = || {
+        f.target
+            .connect_refusals()
+            .count(RefusalReason::AuthenticationRequired)
+    };
+    let mut gives_up = f.queue();
+    connect_admin(&mut gives_up);
+    assert_eq!(refusals(), 0, "Connect itself succeeds, with ATR");
+    gives_up.close();
+    assert_eq!(refusals(), 1);
+
+    let mut insists = f.queue();
+    connect_admin(&mut insists);
+    for _ in 0..3 {
+        assert!(is_auth_required(property_set_cc(&mut insists, CC_ENABLED)));
+    }
+    insists.close();
+    assert_eq!(refusals(), 2, "once for the queue, however many commands");
+
+    let mut authenticates = f.queue();
+    connect_admin(&mut authenticates);
+    authenticate(&mut authenticates, &host_options(1, None)).expect("right key");
+    authenticates.close();
+    assert_eq!(
+        refusals(),
+        2,
+        "an authenticated queue closing is no refusal"
+    );
 }
 
 #[test]

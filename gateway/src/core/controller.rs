@@ -35,6 +35,15 @@ impl AsyncEvent {
     fn completion_dword(&self) -> u32 {
         u32::from(self.event_type) | (u32::from(self.info) << 8) | (u32::from(self.log_page) << 16)
     }
+
+    /// The event [`Self::completion_dword`] encoded.
+    fn from_completion_dword(dword: u32) -> Self {
+        Self {
+            event_type: (dword & 0xff) as u8,
+            info: ((dword >> 8) & 0xff) as u8,
+            log_page: ((dword >> 16) & 0xff) as u8,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -252,10 +261,26 @@ impl Controller {
         } else if new & cc::ENABLE == 0 && old & cc::ENABLE != 0 {
             st.csts &= !csts::RDY;
         }
-        if new & cc::SHN_MASK != 0 && old & cc::SHN_MASK == 0 {
+        let shutdown = new & cc::SHN_MASK != 0 && old & cc::SHN_MASK == 0;
+        if shutdown {
             st.csts = (st.csts & !csts::SHST_MASK) | csts::SHST_CMPLT;
         } else if new & cc::SHN_MASK == 0 {
             st.csts &= !csts::SHST_MASK;
+        }
+        drop(st);
+        if shutdown {
+            let kind = if new & cc::SHN_MASK == cc::SHN_ABRUPT {
+                "abrupt"
+            } else {
+                "normal"
+            };
+            tracing::info!(
+                cntlid = self.cntlid,
+                subsystem = self.subsystem.nqn(),
+                host = %self.hostnqn,
+                kind,
+                "controller shut down by the host (CC.SHN; CSTS.SHST complete)"
+            );
         }
     }
 
@@ -324,11 +349,27 @@ impl Controller {
         true
     }
 
-    /// Whether `cid` is an Asynchronous Event Request still waiting here (for an event, or
-    /// with its completion not yet sent): a new command may not use that CID.
-    pub fn aer_cid_in_use(&self, cid: u16) -> bool {
-        let st = self.state();
-        st.aer_cids.contains(&cid) || st.ready_completions.iter().any(|c| c.cid == cid)
+    /// The host reused the CID of an AER held here: it considers that AER finished (SPDK's
+    /// initiator completes its outstanding AERs itself when it detaches, without an Abort,
+    /// and reuses their CIDs at once). The AER is dropped and never completed, as a
+    /// completion under that CID would now answer the host's new command. An event already
+    /// assigned to it goes back to the head of the queue for the next AER, so none is lost.
+    /// False when `cid` is no AER held here.
+    pub fn abandon_aer(&self, cid: u16) -> bool {
+        let mut st = self.state();
+        if let Some(at) = st.aer_cids.iter().position(|&c| c == cid) {
+            st.aer_cids.remove(at);
+            return true;
+        }
+        let Some(at) = st.ready_completions.iter().position(|c| c.cid == cid) else {
+            return false;
+        };
+        if let Some(unsent) = st.ready_completions.remove(at) {
+            let event = AsyncEvent::from_completion_dword(unsent.result as u32);
+            st.masked_log_pages.remove(&event.log_page);
+            st.pending_events.push_front(event);
+        }
+        true
     }
 
     /// Completions for AERs that have an event, to be sent on the admin queue.

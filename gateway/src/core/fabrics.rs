@@ -8,8 +8,9 @@ use super::auth::QueueAuth;
 use super::command::{Command, Status};
 use super::controller::{Controller, MAX_IO_QUEUES};
 use super::queue::{Action, Binding, Queue, Response, MAX_QUEUE_ENTRIES};
+use super::refusals::{Refusal, RefusalReason};
 use super::subsystem::Subsystem;
-use crate::spec::{cntlid, fabrics, reg, sc, version, NQN_MAX_LEN};
+use crate::spec::{cntlid, fabrics, reg, sc, version, NQN_FIELD_LEN, NQN_MAX_LEN};
 
 /// Length of the Connect command's data (`struct nvmf_connect_data`).
 pub const CONNECT_DATA_LEN: usize = 1024;
@@ -49,53 +50,87 @@ struct ConnectRequest {
     hostnqn: String,
 }
 
-/// A rejected Connect: status and the parameter location reported in dword 0.
+/// A rejected Connect: status, the parameter location reported in dword 0, and why.
 struct Reject {
     status: Status,
     location: u64,
+    reason: RefusalReason,
 }
 
 impl Reject {
-    fn data(code: u16, offset: usize) -> Self {
+    fn data(code: u16, offset: usize, reason: RefusalReason) -> Self {
         Reject {
             status: Status::error(code),
             location: invalid_param_location(offset, true),
+            reason,
         }
     }
 
-    fn command(code: u16, offset: usize) -> Self {
+    fn command(code: u16, offset: usize, reason: RefusalReason) -> Self {
         Reject {
             status: Status::error(code),
             location: invalid_param_location(offset, false),
+            reason,
         }
     }
 
-    fn plain(code: u16) -> Self {
+    fn plain(code: u16, reason: RefusalReason) -> Self {
         Reject {
             status: Status::error(code),
             location: 0,
+            reason,
         }
     }
 }
 
-/// An NQN field: NUL-terminated UTF-8 of at most 223 bytes.
-fn parse_nqn(field: &[u8]) -> Option<String> {
+/// The bytes of an NQN field up to its NUL (all of it without one).
+fn nqn_bytes(field: &[u8]) -> &[u8] {
     let len = field.iter().position(|&b| b == 0).unwrap_or(field.len());
-    if len == 0 || len > NQN_MAX_LEN {
+    &field[..len]
+}
+
+/// An NQN field: NUL-terminated UTF-8 of at most 223 bytes; empty only if `may_be_empty`.
+fn parse_nqn(field: &[u8], may_be_empty: bool) -> Option<String> {
+    let bytes = nqn_bytes(field);
+    if (bytes.is_empty() && !may_be_empty) || bytes.len() > NQN_MAX_LEN {
         return None;
     }
-    std::str::from_utf8(&field[..len]).ok().map(str::to_owned)
+    std::str::from_utf8(bytes).ok().map(str::to_owned)
+}
+
+/// The subsystem and host NQNs of Connect data as far as they can be read, for the log of
+/// a refusal (lossy: the refusal may be that they are not UTF-8).
+fn nqns_for_log(data: Option<&IoBuf>) -> (String, String) {
+    match data {
+        Some(d) if d.len() >= CONNECT_DATA_LEN => {
+            let d = d.as_slice();
+            let lossy = |at: usize| {
+                String::from_utf8_lossy(nqn_bytes(&d[at..at + NQN_FIELD_LEN])).into_owned()
+            };
+            (lossy(DATA_SUBNQN), lossy(DATA_HOSTNQN))
+        }
+        _ => (String::new(), String::new()),
+    }
 }
 
 fn parse_connect(cmd: &Command, data: Option<&IoBuf>) -> Result<ConnectRequest, Reject> {
     let raw = cmd.as_bytes();
     let le16 = |at: usize| u16::from_le_bytes([raw[at], raw[at + 1]]);
     if le16(CMD_RECFMT) != 0 {
-        return Err(Reject::command(sc::CONNECT_FORMAT, CMD_RECFMT));
+        return Err(Reject::command(
+            sc::CONNECT_FORMAT,
+            CMD_RECFMT,
+            RefusalReason::IncompatibleFormat,
+        ));
     }
     let data = match data {
         Some(d) if d.len() >= CONNECT_DATA_LEN => d.as_slice(),
-        _ => return Err(Reject::plain(sc::SGL_INVALID_DATA)),
+        _ => {
+            return Err(Reject::plain(
+                sc::SGL_INVALID_DATA,
+                RefusalReason::NoConnectData,
+            ))
+        }
     };
     let mut hostid = [0u8; 16];
     hostid.copy_from_slice(&data[DATA_HOSTID..DATA_HOSTID + 16]);
@@ -106,10 +141,22 @@ fn parse_connect(cmd: &Command, data: Option<&IoBuf>) -> Result<ConnectRequest, 
         kato_ms: cmd.cdw(CMD_KATO / 4),
         hostid,
         cntlid: u16::from_le_bytes([data[DATA_CNTLID], data[DATA_CNTLID + 1]]),
-        subnqn: parse_nqn(&data[DATA_SUBNQN..DATA_SUBNQN + 256])
-            .ok_or(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_SUBNQN))?,
-        hostnqn: parse_nqn(&data[DATA_HOSTNQN..DATA_HOSTNQN + 256])
-            .ok_or(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_HOSTNQN))?,
+        subnqn: parse_nqn(&data[DATA_SUBNQN..DATA_SUBNQN + NQN_FIELD_LEN], false).ok_or(
+            Reject::data(
+                sc::CONNECT_INVALID_PARAM,
+                DATA_SUBNQN,
+                RefusalReason::InvalidSubsystemNqn,
+            ),
+        )?,
+        // Empty: SPDK's initiator tools send none unless told one. Linux nvmet and SPDK's
+        // target take it (a subsystem that allows any host lets it in), and so does this one.
+        hostnqn: parse_nqn(&data[DATA_HOSTNQN..DATA_HOSTNQN + NQN_FIELD_LEN], true).ok_or(
+            Reject::data(
+                sc::CONNECT_INVALID_PARAM,
+                DATA_HOSTNQN,
+                RefusalReason::InvalidHostNqn,
+            ),
+        )?,
     })
 }
 
@@ -123,6 +170,17 @@ impl Queue {
         let fctype = cmd.fctype();
         if fctype == fabrics::CONNECT {
             let result = self.connect(&cmd, data.as_ref());
+            if let Err(reject) = &result {
+                let (subsystem, host) = nqns_for_log(data.as_ref());
+                let raw = cmd.as_bytes();
+                let qid = Some(u16::from_le_bytes([raw[CMD_QID], raw[CMD_QID + 1]]));
+                self.target.connect_refusals().record(Refusal {
+                    reason: reject.reason,
+                    host: &host,
+                    subsystem: &subsystem,
+                    qid,
+                });
+            }
             if let Some(buf) = data {
                 self.recycle(buf);
             }
@@ -192,19 +250,31 @@ impl Queue {
 
     fn connect(&mut self, cmd: &Command, data: Option<&IoBuf>) -> Result<u16, Reject> {
         if self.binding.is_some() {
-            return Err(Reject::plain(sc::CMD_SEQ_ERROR));
+            return Err(Reject::plain(
+                sc::CMD_SEQ_ERROR,
+                RefusalReason::AlreadyConnected,
+            ));
         }
         let req = parse_connect(cmd, data)?;
-        let subsystem = self
-            .target
-            .subsystem(&req.subnqn)
-            .ok_or(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_SUBNQN))?;
+        let subsystem = self.target.subsystem(&req.subnqn).ok_or(Reject::data(
+            sc::CONNECT_INVALID_PARAM,
+            DATA_SUBNQN,
+            RefusalReason::UnknownSubsystem,
+        ))?;
         if !subsystem.allows_host(&req.hostnqn) {
-            tracing::warn!(host = %req.hostnqn, subsystem = %req.subnqn, "connect refused: host not allowed");
-            return Err(Reject::data(sc::CONNECT_INVALID_HOST, DATA_HOSTNQN));
+            let reason = if req.hostnqn.is_empty() {
+                RefusalReason::NoHostNqn
+            } else {
+                RefusalReason::HostNotAllowed
+            };
+            return Err(Reject::data(sc::CONNECT_INVALID_HOST, DATA_HOSTNQN, reason));
         }
         if req.sqsize == 0 || u32::from(req.sqsize) + 1 > MAX_QUEUE_ENTRIES {
-            return Err(Reject::command(sc::CONNECT_INVALID_PARAM, CMD_SQSIZE));
+            return Err(Reject::command(
+                sc::CONNECT_INVALID_PARAM,
+                CMD_SQSIZE,
+                RefusalReason::InvalidSqsize,
+            ));
         }
         let controller = if req.qid == 0 {
             self.connect_admin(subsystem, &req)?
@@ -220,6 +290,16 @@ impl Queue {
         self.sq_entries = u32::from(req.sqsize) + 1;
         self.sq_flow_control_disabled = req.disable_sq_flow_control;
         tracing::info!(cntlid, qid = req.qid, sqsize = req.sqsize, sq_flow_control = !req.disable_sq_flow_control, host = %req.hostnqn, subsystem = %req.subnqn, "queue connected");
+        if req.hostnqn.is_empty() && req.qid == 0 {
+            tracing::info!(
+                cntlid,
+                subsystem = %req.subnqn,
+                "host connected without a host NQN (the subsystem allows any host)"
+            );
+        }
+        self.target
+            .connect_refusals()
+            .forget(&req.hostnqn, &req.subnqn);
         self.binding = Some(Binding {
             controller,
             qid: req.qid,
@@ -233,7 +313,11 @@ impl Queue {
         req: &ConnectRequest,
     ) -> Result<Arc<Controller>, Reject> {
         if req.cntlid != cntlid::DYNAMIC && req.cntlid != cntlid::STATIC_ANY {
-            return Err(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_CNTLID));
+            return Err(Reject::data(
+                sc::CONNECT_INVALID_PARAM,
+                DATA_CNTLID,
+                RefusalReason::InvalidControllerId,
+            ));
         }
         let target = self.target.clone();
         let caps = self.caps;
@@ -254,7 +338,9 @@ impl Queue {
                     .with_local_address(local),
                 )
             })
-            .map_err(|_| Reject::plain(sc::CONNECT_CTRL_BUSY))
+            .map_err(|_| {
+                Reject::plain(sc::CONNECT_CTRL_BUSY, RefusalReason::ControllerIdsExhausted)
+            })
     }
 
     fn connect_io(
@@ -263,32 +349,46 @@ impl Queue {
         req: &ConnectRequest,
     ) -> Result<Arc<Controller>, Reject> {
         if subsystem.is_discovery() {
-            return Err(Reject::command(sc::CONNECT_INVALID_PARAM, CMD_QID));
+            return Err(Reject::command(
+                sc::CONNECT_INVALID_PARAM,
+                CMD_QID,
+                RefusalReason::InvalidQueueId,
+            ));
         }
         let controller = subsystem
             .controller(req.cntlid)
             .filter(|c| !c.is_torn_down())
-            .ok_or(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_CNTLID))?;
+            .ok_or(Reject::data(
+                sc::CONNECT_INVALID_PARAM,
+                DATA_CNTLID,
+                RefusalReason::UnknownController,
+            ))?;
         if controller.hostnqn != req.hostnqn {
-            return Err(Reject::data(sc::CONNECT_INVALID_PARAM, DATA_HOSTNQN));
+            return Err(Reject::data(
+                sc::CONNECT_INVALID_PARAM,
+                DATA_HOSTNQN,
+                RefusalReason::HostMismatch,
+            ));
         }
         if !controller.is_ready() {
-            return Err(Reject::plain(sc::CMD_SEQ_ERROR));
+            return Err(Reject::plain(
+                sc::CMD_SEQ_ERROR,
+                RefusalReason::ControllerNotReady,
+            ));
         }
         let granted = match controller.io_queues_granted() {
             0 => MAX_IO_QUEUES,
             n => n,
         };
         if req.qid > granted {
-            return Err(Reject::command(sc::CONNECT_INVALID_PARAM, CMD_QID));
+            return Err(Reject::command(
+                sc::CONNECT_INVALID_PARAM,
+                CMD_QID,
+                RefusalReason::InvalidQueueId,
+            ));
         }
         if !controller.attach_queue(req.qid) {
-            tracing::warn!(
-                cntlid = controller.cntlid,
-                qid = req.qid,
-                "connect refused: queue already connected"
-            );
-            return Err(Reject::plain(sc::CMD_SEQ_ERROR));
+            return Err(Reject::plain(sc::CMD_SEQ_ERROR, RefusalReason::QueueInUse));
         }
         Ok(controller)
     }

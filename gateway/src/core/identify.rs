@@ -7,6 +7,7 @@ use super::controller::{Controller, MAX_OUTSTANDING_AERS};
 use super::fabrics::NVME_VERSION;
 use super::queue::{MAX_QUEUE_ENTRIES, MDTS_SHIFT};
 use super::subsystem::Namespace;
+use super::supported;
 use super::wire::{put_u16, put_u32, put_u64};
 use crate::spec::{aer, ctrl as c, nidt, ns as n, pr, CSI_NVM};
 
@@ -117,12 +118,8 @@ fn controller(ctrl: &Controller, buf: &mut [u8]) {
     put_u16(buf, 514, MAX_QUEUE_ENTRIES as u16); // MAXCMD
     if !discovery {
         put_u32(buf, 516, MAX_NAMESPACES); // NN
-        let mut oncs = c::ONCS_COMPARE | c::ONCS_DSM | c::ONCS_WRITE_ZEROES;
-        if ctrl.target.reservations_enabled() {
-            oncs |= c::ONCS_RESERVATIONS;
-        }
-        put_u16(buf, 520, oncs);
-        put_u16(buf, 522, c::FUSES_COMPARE_AND_WRITE);
+        put_u16(buf, 520, supported::oncs(&ctrl.target));
+        put_u16(buf, 522, supported::fuses(&ctrl.target));
         buf[525] = c::VWC_PRESENT | c::VWC_NO_BROADCAST_FLUSH;
         put_u32(buf, 540, MAX_NAMESPACES); // MNAN
     }

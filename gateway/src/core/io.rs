@@ -9,6 +9,7 @@ use super::controller::Controller;
 use super::pr::Access;
 use super::queue::{Action, InFlight, Queue, MAX_DATA_LEN};
 use super::subsystem::Namespace;
+use super::supported;
 use crate::spec::{ana, io_opcode, rw, sc, NSID_ALL};
 
 /// A checked LBA range of a Read/Write/Compare/Write Zeroes command.
@@ -236,7 +237,7 @@ impl Queue {
             | io_opcode::RESV_REPORT
             | io_opcode::RESV_ACQUIRE
             | io_opcode::RESV_RELEASE
-                if self.target.reservations_enabled() =>
+                if supported::io_command_offered(&self.target, cmd.opcode()) =>
             {
                 self.execute_reservation(ctrl, &ns, &cmd, data, out)
             }

@@ -2,12 +2,12 @@
 
 use std::net::IpAddr;
 
-use super::admin::supported_log_pages;
 use super::command::Status;
 use super::controller::Controller;
+use super::supported;
 use super::target::{ListenerInfo, TransportType};
 use super::wire::{put_str, put_u16, put_u32, put_u64};
-use crate::spec::{admin_opcode, disc, effects, io_opcode, log, sc, NQN_FIELD_LEN};
+use crate::spec::{admin_opcode, disc, effects, log, sc, NQN_FIELD_LEN};
 
 const ERROR_LOG_ENTRY_LEN: usize = 64;
 const SMART_LOG_LEN: usize = 512;
@@ -21,16 +21,17 @@ const ANA_DESCRIPTOR_LEN: usize = 32;
 /// page that carries an event (Changed Namespace List) also clears its content.
 pub fn build(ctrl: &Controller, lid: u8, lsp: u8, retain_event: bool) -> Result<Vec<u8>, Status> {
     let discovery = ctrl.is_discovery();
-    if !supported_log_pages(discovery).contains(&lid) {
+    let offered = supported::log_pages(&ctrl.target, discovery);
+    if !offered.contains(&lid) {
         return Err(Status::error(sc::INVALID_LOG_PAGE));
     }
     Ok(match lid {
-        log::SUPPORTED => supported(discovery),
+        log::SUPPORTED => supported_log_pages(&offered),
         log::ERROR => vec![0; ERROR_LOG_ENTRY_LEN],
         log::SMART => smart(),
         log::FW_SLOT => firmware_slots(ctrl),
         log::CHANGED_NS => changed_namespaces(ctrl, !retain_event),
-        log::CMD_EFFECTS => command_effects(),
+        log::CMD_EFFECTS => command_effects(ctrl),
         log::ANA => ana(ctrl, lsp & log::ANA_LSP_RGO != 0),
         log::DISC => discovery_log(ctrl),
         log::RESERVATION => ctrl.reservation_log_page(retain_event),
@@ -38,9 +39,9 @@ pub fn build(ctrl: &Controller, lid: u8, lsp: u8, retain_event: bool) -> Result<
     })
 }
 
-fn supported(discovery: bool) -> Vec<u8> {
+fn supported_log_pages(offered: &[u8]) -> Vec<u8> {
     let mut page = vec![0; 1024];
-    for &lid in supported_log_pages(discovery) {
+    for &lid in offered {
         put_u32(&mut page, usize::from(lid) * 4, log::LIDS_LSUPP);
     }
     page
@@ -64,7 +65,7 @@ fn firmware_slots(ctrl: &Controller) -> Vec<u8> {
     page
 }
 
-fn command_effects() -> Vec<u8> {
+fn command_effects(ctrl: &Controller) -> Vec<u8> {
     let mut page = vec![0; EFFECTS_LOG_LEN];
     for op in [
         admin_opcode::GET_LOG_PAGE,
@@ -77,20 +78,10 @@ fn command_effects() -> Vec<u8> {
     ] {
         put_u32(&mut page, usize::from(op) * 4, effects::CSUPP);
     }
+    // The I/O commands offered, as ONCS announces them.
     let io = 1024;
-    for (op, bits) in [
-        (io_opcode::FLUSH, effects::CSUPP | effects::LBCC),
-        (io_opcode::WRITE, effects::CSUPP | effects::LBCC),
-        (io_opcode::READ, effects::CSUPP),
-        (io_opcode::COMPARE, effects::CSUPP),
-        (io_opcode::WRITE_ZEROES, effects::CSUPP | effects::LBCC),
-        (io_opcode::DSM, effects::CSUPP | effects::LBCC),
-        (io_opcode::RESV_REGISTER, effects::CSUPP),
-        (io_opcode::RESV_REPORT, effects::CSUPP),
-        (io_opcode::RESV_ACQUIRE, effects::CSUPP),
-        (io_opcode::RESV_RELEASE, effects::CSUPP),
-    ] {
-        put_u32(&mut page, io + usize::from(op) * 4, bits);
+    for cmd in supported::io_commands(&ctrl.target) {
+        put_u32(&mut page, io + usize::from(cmd.opcode) * 4, cmd.effects);
     }
     page
 }

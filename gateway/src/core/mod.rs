@@ -13,7 +13,9 @@ pub mod io;
 pub mod log_page;
 pub mod pr;
 pub mod queue;
+pub mod refusals;
 pub mod subsystem;
+pub(crate) mod supported;
 pub mod target;
 mod wire;
 
@@ -23,6 +25,7 @@ pub use buffers::{BufferSource, RecycledBuffers};
 pub use command::{Command, Completion, Status};
 pub use controller::{Controller, QueueNotifier, TeardownReason};
 pub use queue::{Action, Queue, Response};
+pub use refusals::{ConnectRefusals, RefusalReason};
 pub use subsystem::{HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec};
 pub use target::{
     ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType, UnavailableNamespace,
@@ -32,5 +35,7 @@ pub use target::{
 mod auth_tests;
 #[cfg(test)]
 mod pr_tests;
+#[cfg(test)]
+mod refusal_tests;
 #[cfg(test)]
 pub(crate) mod tests;

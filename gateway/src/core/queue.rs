@@ -16,6 +16,7 @@ use super::auth::{allowed_before_authentication, QueueAuth};
 use super::buffers::{BufferSource, RecycledBuffers};
 use super::command::{Command, Completion, Status};
 use super::controller::{Controller, QueueNotifier, TeardownReason};
+use super::refusals::{Refusal, RefusalReason};
 use super::target::{Target, TransportCaps, TransportType};
 use crate::spec::{fuse, io_opcode, sc};
 
@@ -291,6 +292,7 @@ impl Queue {
             if let Some(buf) = data {
                 self.recycle(buf);
             }
+            self.refuse_unauthenticated();
             self.respond(out, cmd.cid(), Status::error(sc::AUTH_REQUIRED));
             return;
         }
@@ -307,11 +309,23 @@ impl Queue {
                 self.respond(out, first.cid(), Status::error(sc::FUSED_MISSING));
             }
         }
-        // In use: an op in flight on this queue, or (admin queue) an AER the controller holds.
-        let aer_cid = |b: &Binding| b.qid == 0 && b.controller.aer_cid_in_use(cmd.cid());
-        if self.inflight.contains_key(&cmd.cid()) || self.binding.as_ref().is_some_and(aer_cid) {
+        // A CID in use by an op at a device is refused: answering the new command would put
+        // two completions under one CID once the op completes.
+        if self.inflight.contains_key(&cmd.cid()) {
             self.respond(out, cmd.cid(), Status::error(sc::CMDID_CONFLICT));
             return;
+        }
+        // A CID held by an AER (admin queue) means the host gave that AER up, as SPDK's
+        // initiator does when it detaches: drop it, without a completion, and run the new
+        // command, as Linux nvmet and SPDK's target accept it.
+        if let Some(b) = self.binding.as_ref().filter(|b| b.qid == 0) {
+            if b.controller.abandon_aer(cmd.cid()) {
+                tracing::debug!(
+                    cid = cmd.cid(),
+                    opcode = cmd.opcode(),
+                    "the host reused the CID of an outstanding AER: AER dropped"
+                );
+            }
         }
         if cmd.is_fabrics() {
             self.execute_fabrics(cmd, data, out);
@@ -361,8 +375,30 @@ impl Queue {
         }
     }
 
+    /// Counts and logs, once per queue, that the host did not authenticate a queue that had
+    /// to: it sent another command first, or closed the queue (a Linux host with no key
+    /// for this subsystem gives up when Connect asks it to authenticate).
+    fn refuse_unauthenticated(&mut self) {
+        let Some(auth) = self.auth.as_mut() else {
+            return;
+        };
+        if auth.is_authenticated() || !auth.first_refusal() {
+            return;
+        }
+        if let Some(binding) = &self.binding {
+            let ctrl = &binding.controller;
+            self.target.connect_refusals().record(Refusal {
+                reason: RefusalReason::AuthenticationRequired,
+                host: &ctrl.hostnqn,
+                subsystem: ctrl.subsystem.nqn(),
+                qid: Some(binding.qid),
+            });
+        }
+    }
+
     /// The connection is gone: release the queue, and with the admin queue the controller.
     pub fn close(&mut self) {
+        self.refuse_unauthenticated();
         if let Some(binding) = self.binding.take() {
             if binding.qid == 0 {
                 binding.controller.abort_parked_aers();

@@ -6,6 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use super::auth::{AuthCounters, AuthPolicy};
 use super::controller::TeardownReason;
+use super::refusals::ConnectRefusals;
 use super::subsystem::{HostAccess, Subsystem, SubsystemKind, SubsystemSpec};
 use crate::spec::{cntlid, DISCOVERY_NQN};
 
@@ -73,6 +74,7 @@ pub struct Target {
     unavailable: RwLock<BTreeMap<(String, u32), String>>,
     auth_policy: AuthPolicy,
     auth_counters: AuthCounters,
+    connect_refusals: ConnectRefusals,
     /// Whether namespaces offer reservations (see `core::pr`).
     reservations: bool,
 }
@@ -105,6 +107,7 @@ impl Target {
             unavailable: RwLock::new(BTreeMap::new()),
             auth_policy: AuthPolicy::default(),
             auth_counters: AuthCounters::default(),
+            connect_refusals: ConnectRefusals::default(),
             reservations: true,
         }
     }
@@ -132,6 +135,11 @@ impl Target {
 
     pub fn auth_counters(&self) -> &AuthCounters {
         &self.auth_counters
+    }
+
+    /// Refused Connects (and authentications), by reason.
+    pub fn connect_refusals(&self) -> &ConnectRefusals {
+        &self.connect_refusals
     }
 
     /// Records that namespace `nsid` of `nqn` is configured but its device (`device`) could

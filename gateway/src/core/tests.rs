@@ -800,26 +800,111 @@ fn resize_completes_an_aer_and_fills_the_changed_namespace_list() {
     assert_eq!(r.completion.status.code(), sc::ASYNC_LIMIT);
 }
 
-/// A parked AER keeps its CID in use: a command reusing it is refused as a conflict (and
-/// is the one answered), and the AER still completes under its CID when an event comes.
+fn property_get_cc(cid: u16) -> Command {
+    let mut raw = sqe(fabrics::OPCODE, cid, 0);
+    raw[4] = fabrics::PROPERTY_GET;
+    set_cdw(&mut raw, 11, spec::reg::CC);
+    Command::from_bytes(&raw)
+}
+
+/// Every response the queue has to send now, events included.
+fn poll_all(q: &mut Queue) -> Vec<Response> {
+    let mut actions = Vec::new();
+    q.poll_events(&mut actions);
+    settle(q, actions)
+}
+
+/// A host reusing a parked AER's CID gave that AER up (SPDK's detach: it completes its AER
+/// itself and reads CC with the same CID): the new command runs, the AER is dropped and
+/// never completed, even when an event comes later, and the next AER gets that event.
 #[test]
-fn a_command_reusing_a_parked_aers_cid_is_a_conflict() {
+fn a_command_reusing_a_parked_aers_cid_drops_the_aer_and_runs() {
     let f = fixture();
     let mut q = f.queue();
     admin_ready(&mut q, 0);
     arm_aer(&mut q, spec::aer::CFG_NS_ATTR);
-    let keep_alive = || Command::from_bytes(&sqe(admin_opcode::KEEP_ALIVE, 21, 0));
-    let reuse = one(run(&mut q, keep_alive(), None));
-    assert_eq!(reuse.completion.cid, 21);
-    assert_eq!(reuse.completion.status.code(), sc::CMDID_CONFLICT);
-    // An event readies the AER's completion; until it is sent, the CID stays in use.
+    let cc = one(run(&mut q, property_get_cc(21), None));
+    assert_eq!(cc.completion.cid, 21);
+    assert_eq!(cc.completion.status, Status::SUCCESS);
+    assert_eq!(
+        cc.completion.result as u32, CC_ENABLED,
+        "CC as the host set it"
+    );
     f.device.resize(16 << 20);
-    let again = one(run(&mut q, keep_alive(), None));
-    assert_eq!(again.completion.status.code(), sc::CMDID_CONFLICT);
-    let done = fired_aer(&mut q);
-    assert_eq!((done.cid, done.status), (21, Status::SUCCESS));
-    let free = one(run(&mut q, keep_alive(), None));
-    assert!(free.completion.status.is_success(), "the CID is free again");
+    assert!(
+        poll_all(&mut q).is_empty(),
+        "no completion for the dropped AER"
+    );
+    assert!(run(
+        &mut q,
+        Command::from_bytes(&sqe(admin_opcode::ASYNC_EVENT, 22, 0)),
+        None
+    )
+    .is_empty());
+    let next = poll_all(&mut q);
+    let done = one(next).completion;
+    assert_eq!((done.cid, done.status), (22, Status::SUCCESS));
+    assert_eq!(done.result as u32, 0x04_00_02, "the event, on the next AER");
+    assert!(poll_all(&mut q).is_empty(), "and nothing more");
+}
+
+/// An AER whose event is ready but whose completion is not sent yet is dropped the same way
+/// when its CID is reused; its event waits for the next AER.
+#[test]
+fn reusing_the_cid_of_an_aer_with_a_ready_completion_keeps_the_event_for_the_next() {
+    let f = fixture();
+    let mut q = f.queue();
+    admin_ready(&mut q, 0);
+    arm_aer(&mut q, spec::aer::CFG_NS_ATTR);
+    f.device.resize(16 << 20);
+    let keep_alive = one(run(
+        &mut q,
+        Command::from_bytes(&sqe(admin_opcode::KEEP_ALIVE, 21, 0)),
+        None,
+    ));
+    assert_eq!(
+        (keep_alive.completion.cid, keep_alive.completion.status),
+        (21, Status::SUCCESS)
+    );
+    assert!(
+        poll_all(&mut q).is_empty(),
+        "the dropped AER never completes"
+    );
+    assert!(run(
+        &mut q,
+        Command::from_bytes(&sqe(admin_opcode::ASYNC_EVENT, 23, 0)),
+        None
+    )
+    .is_empty());
+    let done = one(poll_all(&mut q)).completion;
+    assert_eq!(
+        (done.cid, done.result as u32),
+        (23, 0x04_00_02),
+        "the event is not lost"
+    );
+}
+
+/// A CID in flight at a device stays refused as a conflict: the op completes under it.
+#[test]
+fn a_command_reusing_the_cid_of_an_op_at_a_device_is_a_conflict() {
+    let f = fixture();
+    let (_admin, mut io) = admin_and_io(&f);
+    let mut held = Vec::new();
+    io.execute(rw(io_opcode::READ, 40, 0, 1), None, &mut held);
+    assert!(
+        matches!(held.as_slice(), [Action::Submit { .. }]),
+        "{held:?}"
+    );
+    let reuse = one(run(&mut io, rw(io_opcode::READ, 40, 0, 1), None));
+    assert_eq!(
+        (reuse.completion.cid, reuse.completion.status.code()),
+        (40, sc::CMDID_CONFLICT)
+    );
+    let read = one(settle(&mut io, held));
+    assert_eq!(
+        (read.completion.cid, read.completion.status),
+        (40, Status::SUCCESS)
+    );
 }
 
 #[test]
@@ -1392,4 +1477,114 @@ fn removed_listener_leaves_the_discovery_log() {
     assert!(after > generation);
     assert_eq!(records, 2);
     assert!(f.target.listeners().iter().all(|l| l.port != 4421));
+}
+
+/// The I/O opcodes whose entry in the Commands Supported and Effects log has CSUPP set.
+fn effects_log_io_commands(admin: &mut Queue) -> BTreeSet<u8> {
+    let page = get_log(admin, spec::log::CMD_EFFECTS, 4096, 0, false)
+        .data
+        .expect("effects log")
+        .into_vec();
+    (0..=u8::MAX)
+        .filter(|&op| le32(&page, 1024 + 4 * usize::from(op)) & spec::effects::CSUPP != 0)
+        .collect()
+}
+
+/// The I/O commands Identify Controller announces: the mandatory ones and, per ONCS bit
+/// (NVMe Base 2.0 Figure 275), the optional ones.
+fn identify_io_commands(admin: &mut Queue) -> BTreeSet<u8> {
+    let ctrl = identify(admin, spec::cns::CTRL, 0)
+        .data
+        .expect("id-ctrl")
+        .into_vec();
+    let oncs = le16(&ctrl, 520);
+    let mut ops = BTreeSet::from([io_opcode::FLUSH, io_opcode::WRITE, io_opcode::READ]);
+    let optional: [(u16, &[u8]); 4] = [
+        (spec::ctrl::ONCS_COMPARE, &[io_opcode::COMPARE]),
+        (spec::ctrl::ONCS_DSM, &[io_opcode::DSM]),
+        (spec::ctrl::ONCS_WRITE_ZEROES, &[io_opcode::WRITE_ZEROES]),
+        (
+            spec::ctrl::ONCS_RESERVATIONS,
+            &[
+                io_opcode::RESV_REGISTER,
+                io_opcode::RESV_REPORT,
+                io_opcode::RESV_ACQUIRE,
+                io_opcode::RESV_RELEASE,
+            ],
+        ),
+    ];
+    for (bit, commands) in optional {
+        if oncs & bit != 0 {
+            ops.extend(commands);
+        }
+    }
+    let other_oncs = oncs
+        & !(spec::ctrl::ONCS_COMPARE
+            | spec::ctrl::ONCS_DSM
+            | spec::ctrl::ONCS_WRITE_ZEROES
+            | spec::ctrl::ONCS_RESERVATIONS);
+    assert_eq!(other_oncs, 0, "an ONCS bit this test does not know");
+    if le16(&ctrl, 522) & spec::ctrl::FUSES_COMPARE_AND_WRITE != 0 {
+        assert!(ops.contains(&io_opcode::COMPARE), "FUSES without Compare");
+    }
+    ops
+}
+
+/// The I/O opcodes an I/O queue runs (answers with anything but Invalid Opcode); 7Fh is
+/// the fabrics commands' opcode, not one of the NVM command set.
+fn executed_io_commands(io: &mut Queue) -> BTreeSet<u8> {
+    (0..=u8::MAX)
+        .filter(|&op| op != fabrics::OPCODE)
+        .filter(|&op| {
+            let cmd = rw(op, 60, 0, 1);
+            let data = cmd
+                .is_host_to_controller()
+                .then(|| IoBuf::from_vec(vec![0; 512]));
+            one(run(io, cmd, data)).completion.status.code() != sc::INVALID_OPCODE
+        })
+        .collect()
+}
+
+/// Identify's ONCS, the Commands Supported and Effects log, the Supported Log Pages log and
+/// the I/O queue agree, with reservations offered (standalone) and not (a gateway of a
+/// group): the effects log listed the reservation commands that ONCS denied.
+#[test]
+fn effects_log_lists_exactly_the_io_commands_identify_announces_and_io_queues_run() {
+    for reservations in [true, false] {
+        let mut f = fixture();
+        let target = Arc::try_unwrap(f.target).expect("only the fixture holds it");
+        f.target = Arc::new(target.with_reservations(reservations));
+        let (mut admin, mut io) = admin_and_io(&f);
+        let announced = identify_io_commands(&mut admin);
+        assert_eq!(
+            announced.contains(&io_opcode::RESV_REGISTER),
+            reservations,
+            "ONCS follows the target's reservations"
+        );
+        assert_eq!(
+            effects_log_io_commands(&mut admin),
+            announced,
+            "effects log vs ONCS, reservations {reservations}"
+        );
+        assert_eq!(
+            executed_io_commands(&mut io),
+            announced,
+            "I/O queue vs ONCS, reservations {reservations}"
+        );
+        let pages = get_log(&mut admin, spec::log::SUPPORTED, 1024, 0, false)
+            .data
+            .expect("supported log pages")
+            .into_vec();
+        assert_eq!(
+            le32(&pages, 4 * usize::from(spec::log::RESERVATION)) & 1 == 1,
+            reservations,
+            "the reservation notification log page, reservations {reservations}"
+        );
+        let notices = get_log(&mut admin, spec::log::RESERVATION, 64, 0, false);
+        assert_eq!(
+            notices.completion.status.is_success(),
+            reservations,
+            "reading the reservation notification log, reservations {reservations}"
+        );
+    }
 }

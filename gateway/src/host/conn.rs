@@ -780,6 +780,15 @@ impl HostConnection {
         })
     }
 
+    /// Forgets an outstanding command without telling the controller, freeing its CID and
+    /// queue slot: what SPDK's initiator does with its Asynchronous Event Requests when it
+    /// detaches (it completes them itself, then reuses their CIDs at once). A completion
+    /// the controller sends for it afterwards is a protocol error that closes the
+    /// connection.
+    pub fn forget(&self, cid: u16) {
+        self.shared.unregister(cid);
+    }
+
     /// [`HostConnection::start_raw`] and wait.
     pub async fn submit_raw(&self, cmd: RawCommand) -> Result<Response, HostError> {
         self.start_raw(cmd).await?.wait().await

@@ -63,7 +63,21 @@ pub fn render(target: &Target, gateway: &str) -> String {
         &mut out,
         &rdma_transport::registrations().snapshot(),
     );
+    render_connect_refusals(&mut out, target);
     out
+}
+
+/// Refused Fabrics Connects by reason (`core::refusals`), each also logged.
+fn render_connect_refusals(out: &mut String, target: &Target) {
+    let mut refusals = Family::new(
+        out,
+        "nvmeof_connect_refusals_total",
+        "counter",
+        "Refused Fabrics Connects by reason, failed and missing authentications included.",
+    );
+    for (reason, count) in target.connect_refusals().counts() {
+        refusals.sample(&[("reason", reason)], count);
+    }
 }
 
 /// In-band authentication (DH-HMAC-CHAP) outcomes, per queue transaction.

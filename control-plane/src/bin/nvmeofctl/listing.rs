@@ -31,10 +31,22 @@ pub fn print_rows<T: Listing>(rows: &[T]) {
 }
 
 /// The reply to a change: its message and the state version it made, or the reply as JSON.
+/// Lines of the message that start with "warning: " (a name outside the NVMe formats) go
+/// to stderr.
 pub fn done(output: Output, r: proto::Reply) {
     match output {
         Output::Json => json(&r),
-        Output::Table => println!("{} (state version {})", r.message, r.version),
+        Output::Table => {
+            let mut lines = r.message.lines();
+            let first = lines.next().unwrap_or("");
+            println!("{first} (state version {})", r.version);
+            for line in lines {
+                match line.strip_prefix("warning: ") {
+                    Some(warning) => eprintln!("nvmeofctl: warning: {warning}"),
+                    None => println!("{line}"),
+                }
+            }
+        }
     }
 }
 
