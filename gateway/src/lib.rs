@@ -2,6 +2,7 @@
 
 /// DH-HMAC-CHAP's primitives (crate `nvme-auth`), shared with the control plane.
 pub use nvme_auth as auth;
+pub mod apply;
 mod blocking;
 pub mod config;
 pub mod core;
