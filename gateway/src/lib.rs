@@ -13,6 +13,7 @@ mod keep_alive;
 pub mod limits;
 pub mod metrics;
 pub mod rdma;
+pub mod reload;
 pub mod signals;
 pub mod spec;
 pub mod tcp;

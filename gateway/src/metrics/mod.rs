@@ -57,6 +57,7 @@ pub fn render(target: &Target, gateway: &str) -> String {
     render_unavailable(&mut out, target);
     render_transports(&mut out);
     render_authentication(&mut out, target);
+    crate::reload::render_metrics(&mut out);
     out
 }
 
