@@ -126,17 +126,36 @@ ctl() { timeout -k 5 30 "$BIN/nvmeofctl" --server "127.0.0.1:$CONTROL_PORT" "$@"
 
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# spawn NAME PORT CMD...: start in the background, wait until it listens on the port
+# alive PID: the process exists and is not a zombie (whatever it runs yet)
+alive() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [ "${stat%% *}" != Z ]
+}
+
+# spawn NAME PORT CMD...: start in the background, wait until it listens on the port.
+# Ready: the child has exec'd into the daemon (its comm is nvmeof-gateway / nvmeof-control,
+# so `running` and `stop` recognise it) and the port accepts connections. Until then the
+# child may still be the forked shell or setsid (on a loaded machine for tens of ms), which
+# is not an exit: an exit is the PID gone or a zombie, and is reported with its status and
+# the log's tail.
 spawn() {
-    local name=$1 port=$2; shift 2
+    local name=$1 port=$2 comm pid rc; shift 2
+    comm=$(comm_of "$name")
     # another process on the port would pass for ours below
     listening "$port" && die "127.0.0.1:$port is in use already (DEMO_PORT / DEMO_CONTROL_PORT choose others)"
     # (setsid execs in the forked child: $! is the daemon's own PID)
     RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 setsid "$@" >"$DIR/$name.log" 2>&1 </dev/null &
-    echo $! > "$DIR/$name.pid"
+    pid=$!
+    echo "$pid" > "$DIR/$name.pid"
     for _ in $(seq 300); do
-        listening "$port" && return 0
-        running "$name" || { tail -n 20 "$DIR/$name.log" >&2; die "$name exited (log: $DIR/$name.log)"; }
+        if ! alive "$pid"; then
+            rc=0; wait "$pid" 2>/dev/null || rc=$?
+            tail -n 20 "$DIR/$name.log" >&2
+            die "$name exited with status $rc (log: $DIR/$name.log)"
+        fi
+        [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$comm" ] && listening "$port" && return 0
         sleep 0.1
     done
     die "$name not listening on 127.0.0.1:$port after 30 s (log: $DIR/$name.log)"

@@ -40,13 +40,12 @@ use control_plane::proto::{
     Assignment, Beacon, Connection, GroupBeacon, GroupClients, JoinRequest,
 };
 use rbd_backend::rbd::{ClusterPool, RbdDevice};
-use rbd_backend::{BlockDevice, DeviceEvent, DeviceEventSink};
+use rbd_backend::BlockDevice;
 use tonic::transport::{Channel, ClientTlsConfig};
 
+use crate::apply::{self, Detached, WantedHosts, DRAIN_TIMEOUT};
 use crate::config::{Config, HostEntry, HostTable, NamespaceConfig, SubsystemConfig};
-use crate::core::{
-    HostAccess, HostKeys, ListenerInfo, Namespace, Subsystem, Target, TransportType,
-};
+use crate::core::{ListenerInfo, Namespace, Subsystem, Target, TransportType};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
 
@@ -666,36 +665,16 @@ pub fn apply_listeners(target: &Target, a: &Assignment) {
     }
 }
 
-/// The hosts of a pushed subsystem as this gateway applies them.
-#[derive(Debug, Default)]
-struct PushedHosts {
-    /// The hosts allowed, with their keys.
-    entries: Vec<HostEntry>,
-    /// The keys of those that must authenticate, by host NQN.
-    keys: BTreeMap<String, Arc<HostKeys>>,
-}
-
-impl PushedHosts {
-    fn nqns(&self) -> BTreeSet<String> {
-        self.entries.iter().map(|h| h.nqn().to_string()).collect()
-    }
-
-    fn access(&self, allow_any_host: bool) -> HostAccess {
-        if allow_any_host {
-            HostAccess::AnyHost
-        } else {
-            HostAccess::Only(self.nqns())
-        }
-    }
-}
-
 /// The hosts of a pushed subsystem: `host_entries`, with their keys; from a control plane
 /// that predates keys, `hosts`. A host whose keys do not parse here (the control plane
 /// checks them with the same parser, so only a corrupt state or a newer format gets here) is
 /// left out, logged with the field and why but not the key: it cannot connect here, which
 /// is better than connecting without authenticating.
-fn pushed_hosts(s: &control_plane::proto::Subsystem) -> PushedHosts {
-    let mut out = PushedHosts::default();
+fn pushed_hosts(s: &control_plane::proto::Subsystem) -> WantedHosts {
+    let mut out = WantedHosts {
+        allow_any_host: s.allow_any_host,
+        ..WantedHosts::default()
+    };
     if s.host_entries.is_empty() {
         out.entries = s.hosts.iter().cloned().map(HostEntry::Nqn).collect();
         return out;
@@ -728,70 +707,13 @@ fn pushed_hosts(s: &control_plane::proto::Subsystem) -> PushedHosts {
     out
 }
 
-/// "none", "host" or "bidirectional": what a host's keys make it do, for the logs.
-fn auth_mode(keys: Option<&Arc<HostKeys>>) -> &'static str {
-    match keys {
-        None => "none",
-        Some(k) if k.ctrl.is_none() => "host",
-        Some(_) => "bidirectional",
-    }
-}
-
-/// Makes a pushed subsystem's allowed hosts and their keys the assignment's. A host is
-/// never allowed here without the keys it is given: the keys of the hosts allowed from now on
-/// are installed before the new host list, and the keys of hosts leaving the list are
-/// dropped only after it (their controllers are closed by [`Subsystem::set_access`]).
-/// Connected hosts whose keys change keep their controllers.
-fn apply_hosts(sub: &Subsystem, pushed: &control_plane::proto::Subsystem) {
-    let hosts = pushed_hosts(pushed);
-    let access = hosts.access(pushed.allow_any_host);
-    let current = sub.all_host_keys();
-    let keys_changed = current != hosts.keys;
-    if keys_changed {
-        let mut interim = hosts.keys.clone();
-        for (h, k) in &current {
-            if !access.allows(h) {
-                interim.entry(h.clone()).or_insert_with(|| k.clone());
-            }
-        }
-        sub.set_host_keys(interim);
-    }
-    if sub.access() != access {
-        let revoked = sub.set_access(access);
-        tracing::info!(
-            nqn = %sub.nqn(),
-            any_host = pushed.allow_any_host,
-            hosts = hosts.entries.len(),
-            controllers_closed = revoked.len(),
-            "allowed hosts changed in the control plane"
-        );
-    }
-    if keys_changed {
-        sub.set_host_keys(hosts.keys.clone());
-        let changed: BTreeSet<&String> = current.keys().chain(hosts.keys.keys()).collect();
-        for h in changed {
-            let (old, new) = (current.get(h), hosts.keys.get(h));
-            if old != new {
-                tracing::info!(
-                    nqn = %sub.nqn(),
-                    host = %h,
-                    auth = auth_mode(new),
-                    was = auth_mode(old),
-                    "DH-HMAC-CHAP keys changed in the control plane (in force from the host's \
-                     next authentication; its connections stay)"
-                );
-            }
-        }
-    }
-}
-
 /// Applies what the control plane removed (`nvmeofctl subsystem/namespace/host del`) to the
 /// subsystems and namespaces it pushed: a subsystem no longer in the assignment is removed
 /// (its controllers torn down, discovery log changed); a namespace no longer in it is taken
 /// out, every controller of its subsystem gets Namespace Attribute Changed (the Changed
 /// Namespace List names it) and its commands in flight finish before the assignment is
 /// acknowledged (the device closes with the last of them); the allowed hosts and their
-/// DH-HMAC-CHAP keys follow the assignment (`apply_hosts`; see [`Subsystem::set_access`]
+/// DH-HMAC-CHAP keys follow the assignment ([`apply::apply_hosts`]; see [`Subsystem::set_access`]
 /// for the controllers of a removed host). Subsystems and namespaces of the gateway's own
 /// file are never removed, and an assignment built from no state at all (`state_version` 0)
 /// removes nothing.
@@ -799,55 +721,51 @@ pub async fn apply_removals(target: &Target, base: &Config, a: &Assignment) {
     if a.state_version == 0 {
         return;
     }
-    let from_file = |nqn: &str| base.subsystems.iter().find(|s| s.nqn == nqn);
-    let mut removed_devices = Vec::new();
-    for sub in target.subsystems() {
-        if sub.is_discovery() {
-            continue;
-        }
-        let file = from_file(sub.nqn());
-        let Some(pushed) = a.subsystems.iter().find(|s| s.nqn == sub.nqn()) else {
-            if file.is_none() {
-                let controllers = sub.controllers().len();
-                target.remove_subsystem(sub.nqn());
-                tracing::info!(nqn = %sub.nqn(), controllers, "subsystem deleted in the control plane: removed");
-                removed_devices.extend(sub.namespaces().into_iter().map(|ns| ns.device.clone()));
-            }
-            continue;
-        };
-        for ns in sub.namespaces() {
-            let in_file = file.is_some_and(|f| f.namespaces.iter().any(|n| n.nsid == ns.nsid));
-            let in_assignment = a
+    apply::remove_unwanted(target, &AssignmentWanted { base, a }, ORIGIN).await;
+}
+
+/// Ends the log lines of the changes an assignment makes.
+const ORIGIN: &str = "in the control plane";
+
+/// What an assignment wants of the subsystems a gateway serves: its own, and those of the
+/// gateway's file (never removed; their hosts are the file's).
+struct AssignmentWanted<'a> {
+    base: &'a Config,
+    a: &'a Assignment,
+}
+
+impl AssignmentWanted<'_> {
+    fn in_file(&self, nqn: &str) -> Option<&SubsystemConfig> {
+        self.base.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+
+    fn pushed(&self, nqn: &str) -> Option<&control_plane::proto::Subsystem> {
+        self.a.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+}
+
+impl apply::Wanted for AssignmentWanted<'_> {
+    fn keeps_subsystem(&self, nqn: &str) -> bool {
+        self.in_file(nqn).is_some() || self.pushed(nqn).is_some()
+    }
+
+    fn keeps_namespace(&self, nqn: &str, nsid: u32) -> bool {
+        let file_has = self
+            .in_file(nqn)
+            .is_some_and(|f| f.namespaces.iter().any(|n| n.nsid == nsid));
+        file_has
+            || self
+                .a
                 .namespaces
                 .iter()
-                .any(|n| n.subsystem_nqn == sub.nqn() && n.nsid == ns.nsid);
-            if in_file || in_assignment {
-                continue;
-            }
-            if let Some(gone) = sub.remove_namespace(ns.nsid) {
-                gone.device.set_event_sink(Arc::new(Detached));
-                sub.notify_namespace_changed(ns.nsid);
-                tracing::info!(nqn = %sub.nqn(), nsid = ns.nsid, "namespace deleted in the control plane: removed");
-                removed_devices.push(gone.device.clone());
-            }
-        }
-        if file.is_none() {
-            apply_hosts(&sub, pushed);
-        }
+                .any(|n| n.subsystem_nqn == nqn && n.nsid == nsid)
     }
-    // Their commands in flight finish before the assignment is acknowledged.
-    let started = std::time::Instant::now();
-    let in_flight = || removed_devices.iter().map(|d| d.in_flight()).sum::<usize>();
-    while in_flight() > 0 && started.elapsed() < DRAIN_TIMEOUT {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    if !removed_devices.is_empty() {
-        tracing::info!(
-            devices = removed_devices.len(),
-            in_flight = in_flight(),
-            ms = started.elapsed().as_millis() as u64,
-            "removed namespaces drained; their devices close with the last reference"
-        );
+
+    fn hosts(&self, nqn: &str) -> Option<WantedHosts> {
+        if self.in_file(nqn).is_some() {
+            return None;
+        }
+        self.pushed(nqn).map(pushed_hosts)
     }
 }
 
@@ -919,14 +837,6 @@ pub async fn move_namespaces(target: &Target, a: &Assignment) {
             );
         }
     }
-}
-
-/// Events of a device that no longer serves its namespace (replaced by a reopened one): a
-/// late fence report from its in-flight ops must not mark the group inaccessible.
-struct Detached;
-
-impl DeviceEventSink for Detached {
-    fn device_event(&self, _event: DeviceEvent) {}
 }
 
 /// Re-registers `old` with `device` in `group` (same NSID and identifiers); the old device's
@@ -1100,46 +1010,18 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
     // Added to the target below; the ones that could not be opened (an OSD down, image not
     // there yet) are retried in the background like the file's, and next assignments try them
     // again too (whichever opens first serves; a second open replaces it harmlessly).
-    for sub in built.subsystems() {
-        if sub.is_discovery() {
-            continue;
-        }
-        match target.subsystem(sub.nqn()) {
-            Some(existing) => {
-                for ns in sub.namespaces() {
-                    if !existing
-                        .ana_groups()
-                        .iter()
-                        .any(|(g, _)| *g == ns.ana_group)
-                    {
-                        existing.set_ana_state(ns.ana_group, ana::INACCESSIBLE);
-                    }
-                    ns.device
-                        .set_event_sink(Arc::new(NamespaceEvents::new(&existing, ns.nsid)));
-                    let nsid = ns.nsid;
-                    existing.add_namespace(ns);
-                    existing.notify_namespace_changed(nsid);
-                    tracing::info!(nqn = %existing.nqn(), nsid, "pushed namespace served");
-                }
-            }
-            None => {
-                for ns in sub.namespaces() {
-                    sub.set_ana_state(ns.ana_group, ana::INACCESSIBLE);
-                }
-                if let Some(pushed) = a.subsystems.iter().find(|s| s.nqn == sub.nqn()) {
-                    // Keys of hosts of a subsystem open to any host (built without a host
-                    // list), and the record of the keyed hosts; the rest is as built.
-                    apply_hosts(&sub, pushed);
-                }
-                tracing::info!(
-                    nqn = %sub.nqn(),
-                    namespaces = sub.namespaces().len(),
-                    "pushed subsystem served"
-                );
-                target.add_subsystem(sub);
-            }
-        }
-    }
+    let hosts = |nqn: &str| a.subsystems.iter().find(|s| s.nqn == nqn).map(pushed_hosts);
+    apply::add_built(
+        target,
+        &built,
+        &hosts,
+        &apply::AddOptions {
+            new_groups_inaccessible: true,
+            what: "pushed",
+            origin: ORIGIN,
+        },
+    )
+    .await;
     if !skipped.is_empty() {
         // The retry thread attaches to the subsystems of `target` by NQN.
         let _ = config.spawn_namespace_retry(target, &skipped, Duration::from_secs(5));
@@ -1148,10 +1030,6 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
 
 /// How often the last assignment's removals are applied again between assignments.
 const REMOVALS_RECHECK: Duration = Duration::from_secs(5);
-
-/// How long a group leaving optimized may take to finish its in-flight commands before the
-/// assignment is acknowledged anyway (the fence that follows cuts off what is left).
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Waits until no command is in flight on the devices of `group`'s namespaces (at most
 /// [`DRAIN_TIMEOUT`]).

@@ -2,6 +2,7 @@
 
 /// DH-HMAC-CHAP's primitives (crate `nvme-auth`), shared with the control plane.
 pub use nvme_auth as auth;
+pub mod apply;
 mod blocking;
 pub mod config;
 pub mod core;
@@ -13,6 +14,7 @@ mod keep_alive;
 pub mod limits;
 pub mod metrics;
 pub mod rdma;
+pub mod reload;
 pub mod signals;
 pub mod spec;
 pub mod tcp;

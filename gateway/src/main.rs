@@ -16,6 +16,7 @@ use nvmeof_gateway::core::{Target, TransportType};
 use nvmeof_gateway::group::PushedListener;
 use nvmeof_gateway::health::Health;
 use nvmeof_gateway::rdma::server::RdmaServer;
+use nvmeof_gateway::reload::{self, Outcome, Prepared, Reloader};
 use nvmeof_gateway::tcp::server::TcpServer;
 use tokio::sync::watch;
 
@@ -73,7 +74,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(config)) {
+    match runtime.block_on(serve(config, args.config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -83,7 +84,12 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(config: Config) -> Result<(), String> {
+async fn serve(config: Config, path: PathBuf) -> Result<(), String> {
+    // SIGHUP reloads the file (nvmeof_gateway::reload); installed first, so that a SIGHUP
+    // during the start does not end the process (its default action).
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
+    let mut reloader = Reloader::new(&path, config.clone());
     // /healthz and /readyz (see nvmeof_gateway::health).
     let health = Health::new(config.ceph.clone().unwrap_or_default().settings());
     let _heartbeat = health.spawn_heartbeat();
@@ -163,6 +169,7 @@ async fn serve(config: Config) -> Result<(), String> {
         };
         tokio::select! {
             _ = &mut signal => break,
+            _ = hangup.recv() => reload(&mut reloader, &target, &mut listeners).await,
             ok = changed => {
                 if !ok {
                     pushed = None;
@@ -245,6 +252,42 @@ async fn wait_for_signal() {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),
     }
+}
+
+/// SIGHUP: applies the configuration file again (see `nvmeof_gateway::reload`). New
+/// listeners are bound before anything else changes (one that cannot be refuses the reload);
+/// removed ones stop after the subsystems changed.
+async fn reload(reloader: &mut Reloader, target: &Arc<Target>, listeners: &mut Listeners) {
+    let path = reloader.path().display().to_string();
+    tracing::info!(config = %path, "SIGHUP received: reloading the configuration");
+    let refused = |why: String| {
+        reload::record(Outcome::Refused);
+        tracing::error!(config = %path, "configuration reload refused, nothing changed: {why}");
+    };
+    let plan = match reloader.prepare().await {
+        Ok(Prepared::Apply(plan)) => plan,
+        Ok(Prepared::Unchanged) => {
+            reload::record(Outcome::Unchanged);
+            tracing::info!(config = %path, "configuration reloaded: nothing changed");
+            return;
+        }
+        Err(e) => return refused(e.to_string()),
+    };
+    let mut bound = Vec::new();
+    for new in plan.listeners_added() {
+        if let Err(e) = listeners.start(new.rdma, new.addr).await {
+            for l in &bound {
+                listeners.stop(l).await;
+            }
+            return refused(e);
+        }
+        bound.push(new);
+    }
+    let (before, after) = plan.listeners();
+    let summary = reloader.apply(target, plan).await;
+    listeners.follow(&before, &after).await;
+    reload::record(Outcome::Applied);
+    tracing::info!(config = %path, ?summary, "configuration reloaded");
 }
 
 /// The running listeners, each with its own stop switch (a listener deleted in the control

@@ -60,6 +60,12 @@
 #                      twice, and the connect hung ~370 s; 3 of 9 attempts in one run). Prints the
 #                      hang count and the slowest attempt; stops at the first hang unless
 #                      FAILURE2_KEEP_GOING=1 (kernel target: skipped)
+#   s.reload           SIGHUP reload while the main host runs fio verify on ...:open (untouched):
+#                      the file gains subsystem ...:added and the main host's key on ...:auth
+#                      changes; the gateway logs "configuration reloaded", the added subsystem
+#                      serves, the new key connects, fio verify passes and the untouched
+#                      controller never reconnected (same cntlid, live, no reconnect in dmesg)
+#                      (kernel target: skipped)
 #   k.sigterm          the gateway exits 0 on SIGTERM (kernel target: nvmet torn down)
 # Last line: "N passed, N failed". Exit 0 only if nothing failed.
 #
@@ -671,6 +677,57 @@ digest_check() {
   disconnect
 }
 
+# SIGHUP reload with a host connected to an untouched subsystem (...:open) running fio verify
+# while the file gains a subsystem (...:added, for the uni host) and the main host's key on
+# ...:auth changes (to K_BAD): the untouched controller never reconnects (same device, same
+# cntlid, live, no new "creating N I/O queues" or reconnect lines in dmesg), fio verify
+# passes, the added subsystem serves, the main host connects with its new key only.
+ADDED_NQN=nqn.2016-06.io.ceph-nvmeof-rs:added
+reload_check() {
+  if [ "$MODE" = kernel ]; then skip_gw "SIGHUP reload (the kernel target is configured through configfs)"; return 0; fi
+  local ctrl cntlid fpid frc=0 rc=0 new=$WORK/gateway-reloaded.toml line dm dm0
+  connect $OPEN_NQN "$PORT" "$H_OPEN" $ID_OPEN || return 1
+  ctrl=$CTRL cntlid=$(cat /sys/class/nvme/$CTRL/cntlid)
+  # (fio_run's own fio: randwrite with crc32c verify, in the background meanwhile)
+  fio_run reload-untouched --rw=randwrite --bs=4k --size=16M --iodepth=8 & fpid=$!
+  sed "s|$K_MAIN|$K_BAD|" "$CONF" > "$new"
+  printf '\n[[subsystem]]\nnqn = "%s"\nhosts = ["%s"]\n\n[[subsystem.namespace]]\nnsid = 1\nbackend = "memory"\nsize = "64MiB"\n' \
+    "$ADDED_NQN" "$H_UNI" >> "$new"
+  cp "$new" "$LOGDIR/" 2>/dev/null
+  mv "$new" "$CONF"
+  mark
+  dm0=$DMESG_N  # (connect below marks again)
+  kill -HUP "$GWPID"
+  for _ in $(seq 200); do
+    line=$(new_log | grep -E 'configuration reload(ed| refused)') && break
+    sleep 0.1
+  done
+  echo "$line" | sed 's/^/    gw: /'
+  new_log | grep -E 'subsystem served|keys changed' | sed 's/^/    gw: /'
+  [[ $line == *"configuration reloaded"* ]] || { say "no 'configuration reloaded' in the gateway log after SIGHUP"; rc=1; }
+  gw_alive || { say "the gateway died on SIGHUP"; return 1; }
+  # the added subsystem serves; the key changed (in force from the next authentication)
+  if [ $rc = 0 ]; then
+    CTRL=""; connect $ADDED_NQN "$PORT" "$H_UNI" $ID_UNI && say "$ADDED_NQN serves" || { say "cannot connect to the added subsystem"; rc=1; }
+    disconnect
+    CTRL=""; connect $NQN "$PORT" "$H_MAIN" $ID_MAIN --dhchap-secret="$K_BAD" && say "$NQN: the main host connects with its new key" ||
+      { say "the main host cannot connect with its new key"; rc=1; }
+    disconnect
+  fi
+  wait $fpid || frc=1
+  [ $frc = 0 ] && say "fio verify on the untouched subsystem passed through the reload" || { say "fio verify on $OPEN_NQN failed"; rc=1; }
+  # the untouched controller: never reconnected
+  if [ ! -e /sys/class/nvme/$ctrl ] || [ "$(cat /sys/class/nvme/$ctrl/cntlid)" != "$cntlid" ] ||
+     [ "$(cat /sys/class/nvme/$ctrl/state)" != live ]; then
+    say "$ctrl is not the same live controller (cntlid $cntlid) any more"; rc=1
+  fi
+  dm=$(dmesg | tail -n +$((dm0 + 1)) | grep -E "nvme $ctrl: .*(creating [0-9]+ I/O queues|reconnect|Reconnecting|error recovery|resetting)")
+  [ -z "$dm" ] || { echo "$dm" | sed 's/^/    dmesg: /'; say "$ctrl reconnected during the reload"; rc=1; }
+  [ $rc = 0 ] && say "$ctrl (cntlid $cntlid) stayed live, no reconnect"
+  CTRL=$ctrl; disconnect
+  return $rc
+}
+
 cleanup() {
   local c
   for c in /sys/class/nvme/nvme*; do
@@ -691,7 +748,7 @@ ALL=(keys target.start a.connect-unidirectional a.fio-verify a.list-subsys-sysfs
   b.connect-bidirectional b.fio-verify c.reauth b.disconnect d.wrong-host-key d2.good-host-after
   e.no-secret f.wrong-ctrl-key x1.no-ctrl-key g.hmac-0 g.hmac-1 g.hmac-2 g.hmac-3)
 for c in "${NEG_CASES[@]}"; do ALL+=("n.${c/ /-}"); done
-ALL+=(i.no-auth-host j.digests-auth r.rdma-bidirectional r2.rdma-failure2-repeat k.sigterm)
+ALL+=(i.no-auth-host j.digests-auth r.rdma-bidirectional r2.rdma-failure2-repeat s.reload k.sigterm)
 FIRST=a.connect-unidirectional  # the first step after target.start
 [ "${E2E_AUTH_RDMA_ONLY:-0}" = 1 ] && ALL=(keys target.start r.rdma-bidirectional r2.rdma-failure2-repeat k.sigterm) FIRST=r.rdma-bidirectional
 
@@ -745,6 +802,7 @@ else
   step j.digests-auth "header + data digests with bidirectional auth, fio verify 8M" digest_check
   step r.rdma-bidirectional "nvme-rdma over Soft-RoCE, bidirectional auth on every queue, fio verify 8M" rdma_check
   step r2.rdma-failure2-repeat "nvme-rdma, wrong ctrl key (Failure2) $FAILURE2_RUNS times: each connect fails within $FAILURE2_BOUND s, none hangs" rdma_failure2_repeat
+  step s.reload "SIGHUP: a subsystem added, a key changed; a host on an untouched subsystem stays connected, fio verify passes" reload_check
   step k.sigterm "SIGTERM: the gateway exits 0" stop_target
 fi
 

@@ -46,7 +46,7 @@ fn invalid(field: impl Into<String>, problem: impl Into<String>) -> ConfigError 
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct GatewaySection {
     /// Name in logs and (later) in the gateway group.
@@ -143,7 +143,7 @@ fn parse_preferences<T: PartialEq>(
 /// Upper bound of `[gateway] tcp_busy_poll_us`: longer than any op worth polling for.
 pub const MAX_TCP_BUSY_POLL_US: u32 = 10_000;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerConfig {
     pub transport: String,
@@ -185,7 +185,7 @@ impl ListenerConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceConfig {
     pub nsid: u32,
@@ -216,7 +216,7 @@ pub struct NamespaceConfig {
 }
 
 /// A Ceph option value in `[ceph.options]`: `rados_osd_op_timeout = 30`, `rbd_cache = false`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(untagged)]
 pub enum CephOptionValue {
     Text(String),
@@ -241,7 +241,7 @@ impl std::fmt::Display for CephOptionValue {
 /// Precedence (lowest first): the conf file, `$CEPH_ARGS` (unless `use_ceph_args_env =
 /// false`), the gateway's defaults (`rbd_cache=false`, `client_mount_timeout=30`), `args`,
 /// `options`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CephSection {
     /// ceph.conf path (default: `$CEPH_CONF`, then /etc/ceph/$cluster.conf and Ceph's search
@@ -415,7 +415,7 @@ impl HostEntry {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SubsystemConfig {
     pub nqn: String,
@@ -453,7 +453,7 @@ pub struct Config {
 /// Until the control plane's first assignment arrives every ANA group is reported
 /// inaccessible (another gateway may hold it); after that the last assignment stays in force
 /// while the control plane is unreachable.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct GroupSection {
     /// gRPC addresses of the `nvmeof-control` replicas (`127.0.0.1:5500`).

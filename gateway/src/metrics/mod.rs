@@ -64,6 +64,7 @@ pub fn render(target: &Target, gateway: &str) -> String {
         &rdma_transport::registrations().snapshot(),
     );
     render_connect_refusals(&mut out, target);
+    crate::reload::render_metrics(&mut out);
     out
 }
 

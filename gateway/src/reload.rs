@@ -1,0 +1,615 @@
+//! Live reload of a standalone gateway's configuration file (SIGHUP).
+//!
+//! The file is read and validated as `--check` does, then compared with the configuration in
+//! force. Settings that cannot change in a running process (`[gateway]`, `[ceph]`, `[group]`,
+//! a subsystem's serial or model) refuse the reload, naming them. Otherwise the new
+//! subsystems and the new or changed namespaces are built first, their RBD images opened: one
+//! that does not open refuses the reload. Only then is anything changed, through the path the
+//! gateway-group agent takes for the control plane's changes (`crate::apply`): subsystems and
+//! namespaces removed (their in-flight commands drained) and added, a changed namespace
+//! replaced under the same NSID, allowed hosts and their DH-HMAC-CHAP keys set (a removed
+//! host's controllers close; a host whose keys change keeps its connections, the keys apply
+//! from its next authentication). Listeners added or removed are the caller's (main.rs binds
+//! the new ones before [`Reloader::apply`] and stops the removed ones after it). A refused
+//! reload changes nothing, and says why.
+//!
+//! In a gateway group the subsystems, namespaces, hosts and listeners come from the control
+//! plane (`nvmeofctl`): a reload that changes those parts of the file is refused.
+//!
+//! Metrics: `nvmeof_config_reloads_total{result}` (applied, unchanged, refused) and
+//! `nvmeof_config_last_reload_success_timestamp_seconds` (the start counts as one).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use metrics_exposition::Family;
+
+use crate::apply::{self, WantedHosts};
+use crate::config::{Config, NamespaceConfig, SubsystemConfig};
+use crate::core::{ListenerInfo, Target, TransportType};
+use crate::group::PushedListener;
+
+/// Ends the log lines of the changes a reload makes.
+const ORIGIN: &str = "in the configuration file";
+
+/// Port IDs of the file's listeners (1.. as the start gives them) stay below the ones a
+/// gateway group pushes (`group::apply_listeners`).
+const MAX_FILE_PORT_ID: u16 = 0x7fff;
+
+/// How a reload ended, for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The difference was applied.
+    Applied,
+    /// The file says what is in force already.
+    Unchanged,
+    /// Nothing was changed (invalid file, a setting that cannot change live, an image that
+    /// does not open, a listener that cannot be bound).
+    Refused,
+}
+
+static APPLIED: AtomicU64 = AtomicU64::new(0);
+static UNCHANGED: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+/// Unix time of the last configuration that loaded (start or reload); 0: none.
+static LAST_SUCCESS: AtomicU64 = AtomicU64::new(0);
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Counts a reload's outcome.
+pub fn record(outcome: Outcome) {
+    let counter = match outcome {
+        Outcome::Applied => &APPLIED,
+        Outcome::Unchanged => &UNCHANGED,
+        Outcome::Refused => &REFUSED,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    if outcome != Outcome::Refused {
+        LAST_SUCCESS.store(unix_now(), Ordering::Relaxed);
+    }
+}
+
+/// The reload metrics, in the Prometheus text format.
+pub fn render_metrics(out: &mut String) {
+    let mut reloads = Family::new(
+        out,
+        "nvmeof_config_reloads_total",
+        "counter",
+        "Configuration reloads (SIGHUP) by result: applied, unchanged, refused (nothing changed).",
+    );
+    for (result, counter) in [
+        ("applied", &APPLIED),
+        ("unchanged", &UNCHANGED),
+        ("refused", &REFUSED),
+    ] {
+        reloads.sample(&[("result", result)], counter.load(Ordering::Relaxed));
+    }
+    Family::new(
+        out,
+        "nvmeof_config_last_reload_success_timestamp_seconds",
+        "gauge",
+        "Unix time the configuration in force was loaded (the start, or the last reload that \
+         did not fail).",
+    )
+    .sample(&[], LAST_SUCCESS.load(Ordering::Relaxed));
+}
+
+/// Why a reload was refused (nothing was changed).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("invalid configuration: {0}")]
+    Invalid(#[from] crate::config::ConfigError),
+    #[error("these settings cannot change without a restart: {}", .0.join(", "))]
+    NotLive(Vec<String>),
+    #[error(
+        "this gateway is in a gateway group: its subsystems, namespaces, hosts and listeners \
+         come from the control plane (nvmeofctl), not from the file ({})",
+        .0.join(", ")
+    )]
+    GroupManaged(Vec<String>),
+    #[error("{field} ({nqn} namespace {nsid}, {device}) cannot be opened: {error}")]
+    Open {
+        field: String,
+        nqn: String,
+        nsid: u32,
+        device: String,
+        error: String,
+    },
+    #[error("building the new namespaces failed: {0}")]
+    Build(String),
+}
+
+/// What a reload changes, for its log line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    pub subsystems_added: usize,
+    pub subsystems_removed: usize,
+    pub namespaces_added: usize,
+    pub namespaces_changed: usize,
+    pub namespaces_removed: usize,
+    pub hosts_changed: usize,
+    pub controllers_closed: usize,
+    pub listeners_added: usize,
+    pub listeners_removed: usize,
+}
+
+/// A validated reload, ready to apply: its new devices are open.
+pub struct Plan {
+    config: Config,
+    /// The new subsystems and the new or changed namespaces (None: none).
+    built: Option<Arc<Target>>,
+    before: BTreeSet<PushedListener>,
+    after: BTreeSet<PushedListener>,
+}
+
+impl Plan {
+    /// The listeners to bind (before [`Reloader::apply`]).
+    pub fn listeners_added(&self) -> Vec<PushedListener> {
+        self.after.difference(&self.before).cloned().collect()
+    }
+
+    /// The file's listeners in force, then the new file's.
+    pub fn listeners(&self) -> (BTreeSet<PushedListener>, BTreeSet<PushedListener>) {
+        (self.before.clone(), self.after.clone())
+    }
+}
+
+/// What [`Reloader::prepare`] found.
+pub enum Prepared {
+    Unchanged,
+    Apply(Box<Plan>),
+}
+
+/// The configuration in force and where it came from.
+pub struct Reloader {
+    path: PathBuf,
+    current: Config,
+}
+
+impl Reloader {
+    /// `current`: the configuration the gateway started with, read from `path`.
+    pub fn new(path: &Path, current: Config) -> Self {
+        LAST_SUCCESS.store(unix_now(), Ordering::Relaxed);
+        Self {
+            path: path.to_path_buf(),
+            current,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads and validates the file, compares it with the configuration in force and opens
+    /// the devices of what it adds or changes. Changes nothing in the running target.
+    pub async fn prepare(&self) -> Result<Prepared, ReloadError> {
+        let new = Config::load(&self.path)?;
+        let old = &self.current;
+        let not_live = not_live_changes(old, &new);
+        if !not_live.is_empty() {
+            return Err(ReloadError::NotLive(not_live));
+        }
+        let (before, after) = (listeners_of(old), listeners_of(&new));
+        if old.group.is_some() {
+            let mut parts = Vec::new();
+            if subsystems_differ(old, &new) {
+                parts.push("subsystem".to_string());
+            }
+            if before != after {
+                parts.push("listener".to_string());
+            }
+            if !parts.is_empty() {
+                return Err(ReloadError::GroupManaged(parts));
+            }
+        }
+        if !subsystems_differ(old, &new) && before == after {
+            return Ok(Prepared::Unchanged);
+        }
+        let built = match to_build(old, &new) {
+            Some((config, fields)) => Some(build(config, &fields).await?),
+            None => None,
+        };
+        Ok(Prepared::Apply(Box::new(Plan {
+            config: new,
+            built,
+            before,
+            after,
+        })))
+    }
+
+    /// Applies a prepared reload to `target` (listeners: see the module's documentation) and
+    /// makes its configuration the one in force.
+    pub async fn apply(&mut self, target: &Arc<Target>, plan: Box<Plan>) -> Summary {
+        let new = plan.config;
+        let diff = Diff::new(&self.current, &new);
+        let mut summary = Summary {
+            subsystems_added: diff.added_subsystems.len(),
+            namespaces_added: diff.added_namespaces,
+            namespaces_changed: diff.changed_namespaces,
+            listeners_added: plan.after.difference(&plan.before).count(),
+            listeners_removed: plan.before.difference(&plan.after).count(),
+            ..Summary::default()
+        };
+        let removed = apply::remove_unwanted(target, &FileWanted(&new), ORIGIN).await;
+        summary.subsystems_removed = removed.subsystems;
+        summary.namespaces_removed = removed.namespaces;
+        summary.hosts_changed = removed.hosts_changed;
+        summary.controllers_closed = removed.controllers_closed;
+        if let Some(built) = &plan.built {
+            let hosts = |nqn: &str| {
+                new.subsystems
+                    .iter()
+                    .find(|s| s.nqn == nqn)
+                    .map(|s| WantedHosts::from_config(s.allow_any_host, &s.hosts))
+            };
+            apply::add_built(
+                target,
+                built,
+                &hosts,
+                &apply::AddOptions {
+                    // The standalone gateway's groups are optimized, as at the start.
+                    new_groups_inaccessible: false,
+                    what: "reloaded",
+                    origin: ORIGIN,
+                },
+            )
+            .await;
+        }
+        add_to_discovery_log(target, &new);
+        self.current = new;
+        summary
+    }
+}
+
+/// The listeners a file declares.
+pub fn listeners_of(config: &Config) -> BTreeSet<PushedListener> {
+    let tcp = config
+        .listen_addrs()
+        .into_iter()
+        .map(|addr| PushedListener { rdma: false, addr });
+    let rdma = config
+        .rdma_listen_addrs()
+        .into_iter()
+        .map(|addr| PushedListener { rdma: true, addr });
+    tcp.chain(rdma).collect()
+}
+
+/// The file's listeners that the discovery log does not list yet, added with port IDs no
+/// listener has (a removed listener leaves it in main.rs' `Listeners::forget`).
+fn add_to_discovery_log(target: &Target, config: &Config) {
+    for l in listeners_of(config) {
+        let transport = if l.rdma {
+            TransportType::Rdma
+        } else {
+            TransportType::Tcp
+        };
+        let address = l.addr.ip().to_string();
+        let known = target.listeners();
+        if known
+            .iter()
+            .any(|k| k.transport == transport && k.address == address && k.port == l.addr.port())
+        {
+            continue;
+        }
+        let Some(port_id) =
+            (1..=MAX_FILE_PORT_ID).find(|id| known.iter().all(|k| k.port_id != *id))
+        else {
+            continue;
+        };
+        target.add_listener(ListenerInfo {
+            transport,
+            address,
+            port: l.addr.port(),
+            port_id,
+        });
+    }
+}
+
+/// The settings that differ and cannot change in a running gateway, by field.
+fn not_live_changes(old: &Config, new: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    macro_rules! fields {
+        ($section:literal, $old:expr, $new:expr, [$($field:ident),* $(,)?]) => {{
+            let before = out.len();
+            $(
+                if $old.$field != $new.$field {
+                    out.push(concat!($section, ".", stringify!($field)).to_string());
+                }
+            )*
+            // A field added to the section since this list was written.
+            if out.len() == before && $old != $new {
+                out.push(format!("[{}]", $section));
+            }
+        }};
+    }
+    let (og, ng) = (&old.gateway, &new.gateway);
+    fields!(
+        "gateway",
+        og,
+        ng,
+        [
+            name,
+            cntlid_min,
+            cntlid_max,
+            worker_threads,
+            metrics_listen,
+            tcp_busy_poll_us,
+            tcp_busy_poll_adaptive,
+            tcp_data_budget,
+            dhchap_hashes,
+            dhchap_dhgroups,
+            reservations,
+        ]
+    );
+    let default_ceph = Default::default();
+    let (oc, nc) = (
+        old.ceph.as_ref().unwrap_or(&default_ceph),
+        new.ceph.as_ref().unwrap_or(&default_ceph),
+    );
+    fields!(
+        "ceph",
+        oc,
+        nc,
+        [
+            conf,
+            keyring,
+            client_name,
+            cluster,
+            args,
+            options,
+            use_ceph_args_env,
+            connections,
+        ]
+    );
+    match (&old.group, &new.group) {
+        (Some(og), Some(ng)) => fields!(
+            "group",
+            og,
+            ng,
+            [
+                control_plane,
+                ana_group,
+                beacon_interval_ms,
+                tls_ca,
+                tls_cert,
+                tls_key,
+            ]
+        ),
+        (None, None) => {}
+        _ => out.push("[group]".into()),
+    }
+    for (i, s) in new.subsystems.iter().enumerate() {
+        let Some(o) = old.subsystems.iter().find(|o| o.nqn == s.nqn) else {
+            continue;
+        };
+        if o.serial != s.serial {
+            out.push(format!("subsystem[{i}].serial"));
+        }
+        if o.model != s.model {
+            out.push(format!("subsystem[{i}].model"));
+        }
+    }
+    out
+}
+
+/// The subsystems and namespaces a new file adds, changes and removes.
+struct Diff {
+    /// NQNs of subsystems new in the file.
+    added_subsystems: BTreeSet<String>,
+    /// New namespaces of subsystems served already.
+    added_namespaces: usize,
+    /// Namespaces whose settings changed (the NSID stays; the device is opened again).
+    changed_namespaces: usize,
+}
+
+impl Diff {
+    fn new(old: &Config, new: &Config) -> Self {
+        let mut diff = Diff {
+            added_subsystems: BTreeSet::new(),
+            added_namespaces: 0,
+            changed_namespaces: 0,
+        };
+        for s in &new.subsystems {
+            let Some(o) = old.subsystems.iter().find(|o| o.nqn == s.nqn) else {
+                diff.added_subsystems.insert(s.nqn.clone());
+                continue;
+            };
+            for ns in &s.namespaces {
+                match o.namespaces.iter().find(|n| n.nsid == ns.nsid) {
+                    None => diff.added_namespaces += 1,
+                    Some(on) if on != ns => diff.changed_namespaces += 1,
+                    Some(_) => {}
+                }
+            }
+        }
+        diff
+    }
+}
+
+/// Whether the subsystems (with their hosts and namespaces) differ, whatever their order.
+fn subsystems_differ(old: &Config, new: &Config) -> bool {
+    let by_nqn = |c: &Config| -> Vec<SubsystemConfig> {
+        let mut v = c.subsystems.clone();
+        v.sort_by(|a, b| a.nqn.cmp(&b.nqn));
+        for s in &mut v {
+            s.namespaces.sort_by_key(|n| n.nsid);
+        }
+        v
+    };
+    by_nqn(old) != by_nqn(new)
+}
+
+/// The configuration to build for a reload from `old` to `new`: the new subsystems whole, and
+/// the subsystems served already with only their new or changed namespaces (listeners as the
+/// new file's: the built target's are not used); with each built namespace's field in the
+/// new file, in build order. None: nothing to open.
+fn to_build(old: &Config, new: &Config) -> Option<(Config, Vec<Vec<String>>)> {
+    let mut config = new.clone();
+    config.subsystems = Vec::new();
+    let mut fields = Vec::new();
+    for (i, s) in new.subsystems.iter().enumerate() {
+        let existing = old.subsystems.iter().find(|o| o.nqn == s.nqn);
+        let wanted: Vec<(usize, &NamespaceConfig)> = s
+            .namespaces
+            .iter()
+            .enumerate()
+            .filter(|(_, ns)| existing.is_none_or(|o| !o.namespaces.iter().any(|on| on == *ns)))
+            .collect();
+        if existing.is_some() && wanted.is_empty() {
+            continue;
+        }
+        fields.push(
+            wanted
+                .iter()
+                .map(|(j, _)| format!("subsystem[{i}].namespace[{j}]"))
+                .collect(),
+        );
+        config.subsystems.push(SubsystemConfig {
+            namespaces: wanted.into_iter().map(|(_, ns)| ns.clone()).collect(),
+            ..s.clone()
+        });
+    }
+    (!config.subsystems.is_empty()).then_some((config, fields))
+}
+
+/// Opens what `config` declares (blocking work off the runtime); a namespace that does not
+/// open refuses the reload (its devices close when dropped). `fields[i][j]`: the field in the
+/// reloaded file of `config.subsystems[i].namespaces[j]`.
+async fn build(config: Config, fields: &[Vec<String>]) -> Result<Arc<Target>, ReloadError> {
+    let (built, skipped) = tokio::task::spawn_blocking(move || config.build_target_report())
+        .await
+        .map_err(|e| ReloadError::Build(e.to_string()))??;
+    if let Some(k) = skipped.first() {
+        let field = fields
+            .get(k.subsystem_index)
+            .and_then(|f| f.get(k.namespace_index))
+            .cloned()
+            .unwrap_or_else(|| k.field.clone());
+        return Err(ReloadError::Open {
+            field,
+            nqn: k.nqn.clone(),
+            nsid: k.nsid,
+            device: k.device.clone(),
+            error: k.error.clone(),
+        });
+    }
+    Ok(built)
+}
+
+/// What a reloaded file wants: its subsystems, their namespaces and hosts.
+struct FileWanted<'a>(&'a Config);
+
+impl FileWanted<'_> {
+    fn subsystem(&self, nqn: &str) -> Option<&SubsystemConfig> {
+        self.0.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+}
+
+impl apply::Wanted for FileWanted<'_> {
+    fn keeps_subsystem(&self, nqn: &str) -> bool {
+        self.subsystem(nqn).is_some()
+    }
+
+    fn keeps_namespace(&self, nqn: &str, nsid: u32) -> bool {
+        self.subsystem(nqn).is_some_and(|s| {
+            s.namespaces
+                .iter()
+                .any(|n: &NamespaceConfig| n.nsid == nsid)
+        })
+    }
+
+    fn hosts(&self, nqn: &str) -> Option<WantedHosts> {
+        self.subsystem(nqn)
+            .map(|s| WantedHosts::from_config(s.allow_any_host, &s.hosts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LISTENER: &str =
+        "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1\"\nport = 4420\n";
+
+    fn subsystem(nqn: &str, extra: &str) -> String {
+        format!(
+            "\n[[subsystem]]\nnqn = \"{nqn}\"\nallow_any_host = true\n{extra}\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"memory\"\nsize = \"1MiB\"\n"
+        )
+    }
+
+    /// A reloader of `first` (written to a fresh file), then `second` written over it.
+    fn reloader(name: &str, first: &str, second: &str) -> Reloader {
+        let dir =
+            std::env::temp_dir().join(format!("nvmeof-reload-unit-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("gateway.toml");
+        std::fs::write(&path, first).expect("write");
+        let current = Config::load(&path).expect("first file valid");
+        std::fs::write(&path, second).expect("write");
+        Reloader::new(&path, current)
+    }
+
+    #[test]
+    fn settings_that_cannot_change_live_are_named() {
+        let old = Config::from_toml_str(&format!(
+            "[gateway]\nname = \"a\"\n{LISTENER}{}",
+            subsystem("nqn.2016-06.io.x:a", "serial = \"S1\"")
+        ))
+        .expect("valid");
+        let new = Config::from_toml_str(&format!(
+            "[gateway]\nname = \"b\"\nworker_threads = 2\n[ceph]\ncluster = \"other\"\n{LISTENER}{}",
+            subsystem("nqn.2016-06.io.x:a", "serial = \"S2\"")
+        ))
+        .expect("valid");
+        assert_eq!(
+            not_live_changes(&old, &new),
+            [
+                "gateway.name",
+                "gateway.worker_threads",
+                "ceph.cluster",
+                "subsystem[0].serial"
+            ]
+        );
+        assert!(not_live_changes(&old, &old).is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_same_subsystems_in_another_order_change_nothing() {
+        let (a, b) = (
+            subsystem("nqn.2016-06.io.x:a", ""),
+            subsystem("nqn.2016-06.io.x:b", ""),
+        );
+        let r = reloader(
+            "order",
+            &format!("{LISTENER}{a}{b}"),
+            &format!("{LISTENER}{b}{a}"),
+        );
+        assert!(matches!(r.prepare().await, Ok(Prepared::Unchanged)));
+    }
+
+    #[tokio::test]
+    async fn a_group_gateway_refuses_changes_of_what_the_control_plane_manages() {
+        let head = format!(
+            "[gateway]\nname = \"gw1\"\n[group]\ncontrol_plane = [\"127.0.0.1:5500\"]\n{LISTENER}"
+        );
+        let a = subsystem("nqn.2016-06.io.x:a", "");
+        let b = subsystem("nqn.2016-06.io.x:b", "");
+        let r = reloader("group", &format!("{head}{a}"), &format!("{head}{a}{b}"));
+        match r.prepare().await {
+            Err(e @ ReloadError::GroupManaged(_)) => {
+                assert!(e.to_string().contains("come from the control plane"), "{e}")
+            }
+            Err(e) => panic!("expected a refusal for the group, got {e}"),
+            Ok(_) => panic!("expected a refusal for the group"),
+        }
+        let same = reloader("group-same", &format!("{head}{a}"), &format!("{head}{a}"));
+        assert!(matches!(same.prepare().await, Ok(Prepared::Unchanged)));
+    }
+}
