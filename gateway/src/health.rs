@@ -125,6 +125,10 @@ impl Health {
             if !p.serving {
                 return Err("starting: building the target and binding the listeners".into());
             }
+            // Before the group's progress: a missing keyring is what the admin must fix, and
+            // it also keeps the control plane's replicas (same Secret) from ever sending the
+            // first assignment, which would otherwise be the only reason shown.
+            self.ceph.check_files().map_err(|e| e.to_string())?;
             if let Some(applied) = &p.group_applied {
                 if !applied.load(Ordering::SeqCst) || !p.pushed_listeners_followed {
                     return Err("waiting for the first assignment from the control plane".into());
@@ -134,7 +138,6 @@ impl Health {
                 return Err(format!("listener {addr} not bound: {why}"));
             }
         }
-        self.ceph.check_files().map_err(|e| e.to_string())?;
         let target = self
             .target
             .lock()
@@ -218,6 +221,13 @@ mod tests {
         health.serving(&target);
         let applied = Arc::new(AtomicBool::new(false));
         health.joining_group(applied.clone());
+        let why = health.ready().expect_err("no keyring file");
+        assert!(
+            why.starts_with(&format!("ceph keyring {}: missing", keyring.display())),
+            "a missing keyring comes before the group's progress: {why}"
+        );
+        // Kubernetes updates a Secret volume in place: the file appears later.
+        std::fs::write(&keyring, "[client.admin]\n\tkey = x\n").expect("keyring");
         assert_eq!(
             health.ready(),
             Err("waiting for the first assignment from the control plane".into())
@@ -234,13 +244,6 @@ mod tests {
             Err("listener 10.0.0.1:4420 not bound: Cannot assign requested address".into())
         );
         health.listeners_followed(Vec::new());
-        let why = health.ready().expect_err("no keyring file");
-        assert!(
-            why.starts_with(&format!("ceph keyring {}: missing", keyring.display())),
-            "{why}"
-        );
-        // Kubernetes updates a Secret volume in place: the file appears later.
-        std::fs::write(&keyring, "[client.admin]\n\tkey = x\n").expect("keyring");
         assert_eq!(health.ready(), Ok(()));
         health.shutting_down();
         assert_eq!(health.ready(), Err("shutting down".into()));
