@@ -110,10 +110,12 @@ NQN2=nqn.2016-06.io.ceph-nvmeof-rs:scale2
 "${CTL[@]}" subsystem add --nqn "$NQN" --allow-any-host >/dev/null
 
 GW_PORT=$(free_port)
+METRICS_PORT=$(free_port)
 cat >"$WORK/gw1.toml" <<EOF
 [gateway]
 name = "gw1"
 worker_threads = 2
+metrics_listen = "127.0.0.1:$METRICS_PORT"
 
 [group]
 control_plane = ["$CP"]
@@ -130,21 +132,29 @@ conf = "$CEPH_CONF"
 EOF
 
 GW_PID=
-# start_gateway LOG NAMESPACES: starts gw1, waits until the pushed subsystem with that many
-# namespaces is served and group 1 is optimized; prints the times.
+# start_gateway LOG NAMESPACES: starts gw1, waits until its /readyz answers 200 (what a
+# Kubernetes readiness probe waits for: polled every 50 ms), the pushed subsystem with that
+# many namespaces is served and group 1 is optimized; prints the times.
 start_gateway() {
-    local log=$1 count=$2 t0 t1 t2
+    local log=$1 count=$2 t0 t1 t2 ready=none i
     t0=$(now)
     RUST_LOG=info "$BIN/nvmeof-gateway" --config "$WORK/gw1.toml" >"$log" 2>&1 &
     GW_PID=$!
     PIDS+=("$GW_PID")
+    for i in $(seq 1200); do
+        if curl -sf -o /dev/null "http://127.0.0.1:$METRICS_PORT/readyz"; then
+            ready=$(elapsed "$t0" "$(now)")
+            break
+        fi
+        sleep 0.05
+    done
     wait_log "$log" "pushed subsystem served.*namespaces=$count\b" 600
     t1=$(now)
     local optimized=none
     if wait_log "$log" "ANA state optimized" 60; then
         optimized=$(elapsed "$t0" "$(now)")
     fi
-    echo "scale: gateway_start namespaces=$count served_s=$(elapsed "$t0" "$t1") optimized_s=$optimized"
+    echo "scale: gateway_start namespaces=$count ready_s=$ready served_s=$(elapsed "$t0" "$t1") optimized_s=$optimized"
 }
 
 stop_gateway() {
