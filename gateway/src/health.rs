@@ -1,9 +1,9 @@
 //! Liveness and readiness of the gateway, answered on the metrics endpoint (`/healthz`,
 //! `/readyz`; see `metrics_exposition::HealthChecks`) for Kubernetes' probes.
 //!
-//! - Alive: the runtime makes progress. A task beats every [`HEARTBEAT`]; a beat older than
-//!   [`STALL_LIMIT`] means the runtime's workers are all stuck (a blocking call on a worker,
-//!   a deadlock), which only a restart cures.
+//! - Alive: the runtime makes progress (`metrics_exposition::heartbeat`: a task beats every
+//!   second; no beat for 5 s means the runtime's workers are stuck, which only a restart
+//!   cures).
 //! - Ready: this gateway serves what it was configured with. Standalone: the target is built
 //!   and every configured listener is bound. In a gateway group also: the agent has applied
 //!   its first assignment from the control plane and the listeners the control plane holds
@@ -16,19 +16,13 @@
 //! pod that stays not ready says why in its log as well as in the probe's answer.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
 
-use metrics_exposition::HealthChecks;
+use metrics_exposition::{HealthChecks, Heartbeat};
 use rbd_backend::rbd::CephSettings;
 
 use crate::core::Target;
-
-/// How often the liveness task beats (and the readiness reason is logged when it changed).
-pub const HEARTBEAT: Duration = Duration::from_secs(1);
-/// A heartbeat older than this makes `/healthz` fail.
-pub const STALL_LIMIT: Duration = Duration::from_secs(5);
 
 /// What the gateway has reached so far.
 #[derive(Default)]
@@ -45,9 +39,7 @@ struct Progress {
 
 /// The gateway's health, shared by the daemon's tasks and the probe handlers.
 pub struct Health {
-    started: Instant,
-    /// Milliseconds after `started` of the last heartbeat.
-    last_beat_ms: AtomicU64,
+    heartbeat: Heartbeat,
     shutting_down: AtomicBool,
     progress: Mutex<Progress>,
     /// The files `[ceph]` names are checked at every probe.
@@ -59,8 +51,7 @@ pub struct Health {
 impl Health {
     pub fn new(ceph: CephSettings) -> Arc<Self> {
         Arc::new(Health {
-            started: Instant::now(),
-            last_beat_ms: AtomicU64::new(0),
+            heartbeat: Heartbeat::default(),
             shutting_down: AtomicBool::new(false),
             progress: Mutex::new(Progress::default()),
             ceph,
@@ -97,22 +88,9 @@ impl Health {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
 
-    fn beat(&self) {
-        self.last_beat_ms
-            .store(self.started.elapsed().as_millis() as u64, Ordering::SeqCst);
-    }
-
     /// `/healthz`: Ok while the heartbeat is recent.
     pub fn live(&self) -> Result<(), String> {
-        let now = self.started.elapsed().as_millis() as u64;
-        let silent = now.saturating_sub(self.last_beat_ms.load(Ordering::SeqCst));
-        if silent > STALL_LIMIT.as_millis() as u64 {
-            return Err(format!(
-                "the runtime made no progress for {silent} ms (heartbeat every {} ms)",
-                HEARTBEAT.as_millis()
-            ));
-        }
-        Ok(())
+        self.heartbeat.live()
     }
 
     /// `/readyz`: Ok, or the first reason this gateway is not ready.
@@ -166,18 +144,17 @@ impl Health {
     /// Starts the heartbeat task (on the current runtime); it also logs every change of the
     /// readiness reason. It ends when the last other holder of the health drops it.
     pub fn spawn_heartbeat(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        self.beat();
+        self.heartbeat.beat();
         let health = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(HEARTBEAT);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tick = Heartbeat::ticker();
             let mut logged: Option<Result<(), String>> = None;
             loop {
                 tick.tick().await;
                 let Some(health) = health.upgrade() else {
                     return;
                 };
-                health.beat();
+                health.heartbeat.beat();
                 let now = health.ready();
                 if logged.as_ref() != Some(&now) {
                     log_readiness(&now);
@@ -248,23 +225,5 @@ mod tests {
         health.shutting_down();
         assert_eq!(health.ready(), Err("shutting down".into()));
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn liveness_fails_when_the_heartbeat_stops() {
-        let health = Health::new(CephSettings::default());
-        health.beat();
-        assert_eq!(health.live(), Ok(()));
-        // A heartbeat from long ago, as a runtime stuck since then leaves it.
-        health.last_beat_ms.store(0, Ordering::SeqCst);
-        let health = Health {
-            started: Instant::now() - STALL_LIMIT - Duration::from_secs(1),
-            ..Arc::into_inner(health).expect("one holder")
-        };
-        let why = health.live().expect_err("stalled");
-        assert!(
-            why.starts_with("the runtime made no progress for "),
-            "{why}"
-        );
     }
 }

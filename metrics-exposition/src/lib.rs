@@ -6,9 +6,12 @@
 //!   scrape, and the probes `GET /healthz` and `GET /readyz` (200, or 503 with a one-line
 //!   reason, from [`HealthChecks`]), one request per connection, bounded in size, time and
 //!   connections.
+//! - [`heartbeat`]: the liveness `/healthz` reports (the runtime makes progress).
 
+pub mod heartbeat;
 pub mod http;
 pub mod text;
 
+pub use heartbeat::Heartbeat;
 pub use http::{Check, HealthChecks, MetricsServer};
 pub use text::Family;
