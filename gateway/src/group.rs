@@ -773,7 +773,7 @@ impl apply::Wanted for AssignmentWanted<'_> {
 /// namespace is re-registered with the new group and hosts are told (Namespace Attribute
 /// Changed: they re-read ANAGRPID). An RBD image is reopened on the new group's cluster
 /// clients first, so fencing that group covers it (if that fails it stays on the old
-/// group's clients, logged). A group new to the subsystem starts inaccessible; [`apply`] sets
+/// group's clients, logged). A group new to the subsystem starts inaccessible; [`apply()`] sets
 /// the pushed state right after.
 pub async fn move_namespaces(target: &Target, a: &Assignment) {
     for n in &a.namespaces {
@@ -933,7 +933,7 @@ pub async fn refresh_group_clients(target: &Target, pool: &Arc<ClusterPool>, gro
 /// Adds the subsystems and namespaces of an assignment that this gateway does not serve yet
 /// (opening their RBD images off the runtime). Nothing is removed or changed: subsystems and
 /// namespaces from the gateway's own file stay, and a pushed namespace whose NSID is taken is
-/// left out. New ANA groups start inaccessible; [`apply`] then sets the pushed states. A new
+/// left out. New ANA groups start inaccessible; [`apply()`] then sets the pushed states. A new
 /// subsystem has its hosts' DH-HMAC-CHAP keys before it is served.
 pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
     move_namespaces(target, a).await;
@@ -1077,7 +1077,7 @@ pub async fn apply(target: &Target, a: &Assignment) -> bool {
     apply_with_clients(target, a, &GroupClientsState::default()).await
 }
 
-/// [`apply`], also keeping each group's cluster clients fresh: a group leaving optimized or
+/// [`apply()`], also keeping each group's cluster clients fresh: a group leaving optimized or
 /// change here is remembered as lost, and a lost (or found blocklisted) group gets fresh
 /// clients and reopened images before it turns optimized here again. A group whose images
 /// cannot all be reopened is not promoted (the assignment is not acknowledged; the next one
