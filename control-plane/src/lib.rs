@@ -13,6 +13,7 @@ pub mod store;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 pub mod tls;
+pub mod visibility;
 
 /// The generated gRPC types, clients and servers.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]

@@ -91,15 +91,18 @@ fn config_status(e: ConfigError) -> Status {
         | ConfigError::NoNamespace { .. }
         | ConfigError::NoListener(_)
         | ConfigError::NoHost { .. }
+        | ConfigError::NoNamespaceHost { .. }
         | ConfigError::NoAnaGroup(_) => Status::not_found(msg),
         ConfigError::SubsystemExists(_)
         | ConfigError::NamespaceExists { .. }
         | ConfigError::ListenerExists(_)
         | ConfigError::HostExists { .. }
+        | ConfigError::NamespaceHostExists { .. }
         | ConfigError::ImageInUse(..) => Status::already_exists(msg),
-        ConfigError::SubsystemNotEmpty { .. } | ConfigError::NoFreeNsid { .. } => {
-            Status::failed_precondition(msg)
-        }
+        ConfigError::SubsystemNotEmpty { .. }
+        | ConfigError::NoFreeNsid { .. }
+        | ConfigError::NamespaceAutoVisible { .. } => Status::failed_precondition(msg),
+        ConfigError::TooManyNamespaceHosts { .. } => Status::resource_exhausted(msg),
         ConfigError::Corrupt { .. } => Status::internal(msg),
         _ => Status::invalid_argument(msg),
     }
@@ -580,6 +583,8 @@ fn namespace_proto(n: &NamespaceEntry) -> proto::Namespace {
         nguid,
         uuid,
         moving_from_group: n.moving_from,
+        no_auto_visible: n.no_auto_visible,
+        hosts: n.hosts.iter().cloned().collect(),
     }
 }
 
@@ -593,6 +598,8 @@ fn namespace_entry(r: proto::NamespaceAddRequest) -> NamespaceEntry {
         block_size: r.block_size,
         ana_group: r.ana_group,
         moving_from: 0,
+        no_auto_visible: r.no_auto_visible,
+        hosts: std::collections::BTreeSet::new(),
     }
 }
 
@@ -1228,6 +1235,48 @@ impl proto::admin_server::Admin for AdminService {
             .0
             .update(move |st| st.del_host(&h.subsystem_nqn, &h.host_nqn))
             .await?;
+        Ok(reply(&st, text))
+    }
+
+    async fn namespace_add_host(
+        &self,
+        r: Request<proto::NamespaceHostRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let (nqn, nsid, host) = (r.subsystem_nqn.clone(), r.nsid, r.host_nqn.clone());
+        let (_, st) = self
+            .0
+            .update(move |st| st.add_namespace_host(&r.subsystem_nqn, r.nsid, &r.host_nqn))
+            .await?;
+        tracing::info!(nqn = %nqn, nsid, host = %host, "namespace made visible to a host");
+        let mut text = format!("namespace {nsid} of {nqn} visible to host {host}");
+        if !st.host_allowed(&nqn, &host) {
+            text.push_str(&format!(
+                "\nhost {host} is not allowed on {nqn} yet: it sees the namespace once it is \
+                 (nvmeofctl host add)"
+            ));
+        }
+        if let Some(warning) = crate::nqn::format_warning("host NQN", &host) {
+            text = format!("{text}\nwarning: {warning}");
+        }
+        Ok(reply(&st, text))
+    }
+
+    async fn namespace_del_host(
+        &self,
+        r: Request<proto::NamespaceHostRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let text = format!(
+            "namespace {} of {} hidden from host {}",
+            r.nsid, r.subsystem_nqn, r.host_nqn
+        );
+        let (nqn, nsid, host) = (r.subsystem_nqn.clone(), r.nsid, r.host_nqn.clone());
+        let (_, st) = self
+            .0
+            .update(move |st| st.del_namespace_host(&r.subsystem_nqn, r.nsid, &r.host_nqn))
+            .await?;
+        tracing::info!(nqn = %nqn, nsid, host = %host, "namespace hidden from a host");
         Ok(reply(&st, text))
     }
 

@@ -54,6 +54,14 @@ pub struct NamespaceEntry {
     /// While a move drains: the ANA group it leaves (0: not moving).
     #[serde(default)]
     pub moving_from: u32,
+    /// Visible only to `hosts` (`namespace add --no-auto-visible`); false: to every host
+    /// allowed on the subsystem (see [`crate::visibility`]). Left out of the stored JSON
+    /// when false, so entries without it encode as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_auto_visible: bool,
+    /// With `no_auto_visible`: the host NQNs that see it (`namespace add-host/del-host`).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub hosts: BTreeSet<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -196,6 +204,26 @@ pub enum ConfigError {
     /// A DH-HMAC-CHAP key that does not parse, or a controller key without a host key.
     #[error("invalid {field}: {why}")]
     BadKey { field: &'static str, why: String },
+    /// `namespace add-host/del-host` on a namespace every allowed host sees.
+    #[error(
+        "namespace {nsid} of {nqn} is visible to every allowed host (it was added without \
+         --no-auto-visible): it has no host list"
+    )]
+    NamespaceAutoVisible { nqn: String, nsid: u32 },
+    #[error("host {host} already sees namespace {nsid} of {nqn}")]
+    NamespaceHostExists {
+        nqn: String,
+        nsid: u32,
+        host: String,
+    },
+    #[error("host {host} is not on the host list of namespace {nsid} of {nqn}")]
+    NoNamespaceHost {
+        nqn: String,
+        nsid: u32,
+        host: String,
+    },
+    #[error("namespace {nsid} of {nqn} already has {max} hosts, the most a namespace may have")]
+    TooManyNamespaceHosts { nqn: String, nsid: u32, max: usize },
 }
 
 /// Checks an NQN as Linux nvmet takes it ([`crate::nqn::check`]); `what` names it in the
@@ -870,6 +898,8 @@ mod tests {
             block_size: 0,
             ana_group: 0,
             moving_from: 0,
+            no_auto_visible: false,
+            hosts: BTreeSet::new(),
         }
     }
 

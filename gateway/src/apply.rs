@@ -16,7 +16,7 @@ use std::time::Duration;
 use rbd_backend::{BlockDevice, DeviceEvent, DeviceEventSink};
 
 use crate::config::HostEntry;
-use crate::core::{HostAccess, HostKeys, Subsystem, Target};
+use crate::core::{HostAccess, HostKeys, Subsystem, Target, Visibility};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
 
@@ -155,6 +155,11 @@ pub trait Wanted {
     /// The hosts wanted for the (staying) subsystem `nqn`; None: its hosts are not this
     /// source's to change.
     fn hosts(&self, nqn: &str) -> Option<WantedHosts>;
+    /// The hosts that see the (staying) namespace `nsid` of `nqn`; None: not this source's
+    /// to change.
+    fn visibility(&self, _nqn: &str, _nsid: u32) -> Option<Visibility> {
+        None
+    }
 }
 
 /// What [`remove_unwanted`] did.
@@ -165,6 +170,8 @@ pub struct Removed {
     /// Subsystems whose allowed hosts or keys changed.
     pub hosts_changed: usize,
     pub controllers_closed: usize,
+    /// Namespaces whose visible hosts changed.
+    pub visibility_changed: usize,
 }
 
 /// Takes out of `target` what `wanted` no longer wants: a subsystem not kept is removed (its
@@ -195,6 +202,11 @@ pub async fn remove_unwanted(
         }
         for ns in sub.namespaces() {
             if wanted.keeps_namespace(sub.nqn(), ns.nsid) {
+                if let Some(visibility) = wanted.visibility(sub.nqn(), ns.nsid) {
+                    if apply_visibility(&sub, ns.nsid, visibility, origin) {
+                        removed.visibility_changed += 1;
+                    }
+                }
                 continue;
             }
             if let Some(gone) = sub.remove_namespace(ns.nsid) {
@@ -222,6 +234,28 @@ pub async fn remove_unwanted(
 }
 
 /// Waits until `devices` have no command in flight (at most [`DRAIN_TIMEOUT`]); logs
+/// Makes namespace `nsid` of `sub` visible to `visibility`'s hosts; the controllers whose
+/// view changes are told ([`Subsystem::set_visibility`]). Whether it changed.
+pub fn apply_visibility(sub: &Subsystem, nsid: u32, visibility: Visibility, origin: &str) -> bool {
+    if sub.visibility(nsid) == visibility {
+        return false;
+    }
+    let hosts = match &visibility {
+        Visibility::AllHosts => None,
+        Visibility::Only(h) => Some(h.len()),
+    };
+    let told = sub.set_visibility(nsid, visibility);
+    tracing::info!(
+        nqn = %sub.nqn(),
+        nsid,
+        all_hosts = hosts.is_none(),
+        hosts = hosts.unwrap_or(0),
+        controllers_told = told.len(),
+        "namespace visibility changed {origin}"
+    );
+    true
+}
+
 /// `what` when there were any devices.
 async fn drain(devices: &[Arc<dyn BlockDevice>], what: &str) {
     let started = std::time::Instant::now();
@@ -299,6 +333,8 @@ pub async fn add_built(
                     } else {
                         added.namespaces += 1;
                     }
+                    // Its hosts before it is served: no host it is hidden from sees it.
+                    apply_visibility(&existing, nsid, sub.visibility(nsid), options.origin);
                     existing.add_namespace(ns);
                     existing.notify_namespace_changed(nsid);
                     tracing::info!(nqn = %existing.nqn(), nsid, "{what} namespace served");

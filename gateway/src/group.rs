@@ -45,7 +45,7 @@ use tonic::transport::{Channel, ClientTlsConfig};
 
 use crate::apply::{self, Detached, WantedHosts, DRAIN_TIMEOUT};
 use crate::config::{Config, HostEntry, HostTable, NamespaceConfig, SubsystemConfig};
-use crate::core::{ListenerInfo, Namespace, Subsystem, Target, TransportType};
+use crate::core::{ListenerInfo, Namespace, Subsystem, Target, TransportType, Visibility};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
 
@@ -767,6 +767,19 @@ impl apply::Wanted for AssignmentWanted<'_> {
         }
         self.pushed(nqn).map(pushed_hosts)
     }
+
+    /// A pushed namespace's hosts (`nvmeofctl namespace add-host/del-host`); the file's
+    /// namespaces keep the file's.
+    fn visibility(&self, nqn: &str, nsid: u32) -> Option<Visibility> {
+        if self.in_file(nqn).is_some() {
+            return None;
+        }
+        self.a
+            .namespaces
+            .iter()
+            .find(|n| n.subsystem_nqn == nqn && n.nsid == nsid)
+            .map(|n| Visibility::from_hosts(!n.no_auto_visible, n.hosts.iter().map(String::as_str)))
+    }
 }
 
 /// Namespaces whose ANA group the control plane changed (`nvmeofctl namespace move`): the
@@ -966,6 +979,8 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
                 pool: Some(n.pool.clone()),
                 rados_namespace: (!n.rados_namespace.is_empty()).then(|| n.rados_namespace.clone()),
                 image: Some(n.image.clone()),
+                auto_visible: !n.no_auto_visible,
+                hosts: n.hosts.clone(),
             })
             .collect();
         if existing.is_none() || !namespaces.is_empty() {
@@ -1373,6 +1388,45 @@ ana_group = 2
         assert!(target.subsystem(PUSHED).is_none());
         assert!(target.subsystem("nqn.2016-06.io.test:group").is_some());
         assert!(target.discovery_generation() > generation);
+    }
+
+    /// `nvmeofctl namespace add-host/del-host` reach a gateway as the pushed namespace's
+    /// hosts: the served namespace follows each assignment, no device is reopened.
+    #[tokio::test]
+    async fn pushed_namespace_hosts_set_who_sees_a_served_namespace() {
+        let base = Config::from_toml_str(TOML).expect("config");
+        let with_pushed = format!(
+            "{TOML}\n[[subsystem]]\nnqn = \"{PUSHED}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\nbackend = \"memory\"\nsize = \"1MiB\"\n"
+        );
+        let target = Config::from_toml_str(&with_pushed)
+            .expect("config")
+            .build_target()
+            .expect("target");
+        let pushed = target.subsystem(PUSHED).expect("pushed");
+        let device = pushed.namespace(1).expect("ns 1").device.clone();
+        let host = "nqn.2014-08.org.nvmexpress:uuid:only";
+        let with_hosts = |version: u64, no_auto_visible: bool, hosts: &[&str]| {
+            let mut a = pushed_assignment(version, &[1], &[]);
+            a.namespaces[0].no_auto_visible = no_auto_visible;
+            a.namespaces[0].hosts = hosts.iter().map(|h| h.to_string()).collect();
+            a
+        };
+        apply_removals(&target, &base, &with_hosts(5, true, &[host])).await;
+        assert_eq!(
+            pushed.visibility(1),
+            Visibility::Only([host.to_string()].into())
+        );
+        assert!(pushed.namespace_for_host(1, host).is_some());
+        assert!(pushed
+            .namespace_for_host(1, "nqn.2014-08.org.nvmexpress:uuid:other")
+            .is_none());
+        apply_removals(&target, &base, &with_hosts(6, true, &[])).await;
+        assert!(pushed.namespace_for_host(1, host).is_none());
+        apply_removals(&target, &base, &with_hosts(7, false, &[])).await;
+        assert_eq!(pushed.visibility(1), Visibility::AllHosts);
+        let same = pushed.namespace(1).expect("still served").device.clone();
+        assert!(Arc::ptr_eq(&device, &same), "the device was not reopened");
     }
 
     const PLAIN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000c1";

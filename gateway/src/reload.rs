@@ -136,6 +136,8 @@ pub struct Summary {
     pub namespaces_removed: usize,
     pub hosts_changed: usize,
     pub controllers_closed: usize,
+    /// Namespaces whose visible hosts changed.
+    pub visibility_changed: usize,
     pub listeners_added: usize,
     pub listeners_removed: usize,
 }
@@ -242,6 +244,7 @@ impl Reloader {
         summary.namespaces_removed = removed.namespaces;
         summary.hosts_changed = removed.hosts_changed;
         summary.controllers_closed = removed.controllers_closed;
+        summary.visibility_changed = removed.visibility_changed;
         if let Some(built) = &plan.built {
             let hosts = |nqn: &str| {
                 new.subsystems
@@ -424,7 +427,8 @@ impl Diff {
             for ns in &s.namespaces {
                 match o.namespaces.iter().find(|n| n.nsid == ns.nsid) {
                     None => diff.added_namespaces += 1,
-                    Some(on) if on != ns => diff.changed_namespaces += 1,
+                    // The hosts that see it change without a new device.
+                    Some(on) if !on.same_device(ns) => diff.changed_namespaces += 1,
                     Some(_) => {}
                 }
             }
@@ -460,7 +464,9 @@ fn to_build(old: &Config, new: &Config) -> Option<(Config, Vec<Vec<String>>)> {
             .namespaces
             .iter()
             .enumerate()
-            .filter(|(_, ns)| existing.is_none_or(|o| !o.namespaces.iter().any(|on| on == *ns)))
+            .filter(|(_, ns)| {
+                existing.is_none_or(|o| !o.namespaces.iter().any(|on| on.same_device(ns)))
+            })
             .collect();
         if existing.is_some() && wanted.is_empty() {
             continue;
@@ -528,6 +534,14 @@ impl apply::Wanted for FileWanted<'_> {
     fn hosts(&self, nqn: &str) -> Option<WantedHosts> {
         self.subsystem(nqn)
             .map(|s| WantedHosts::from_config(s.allow_any_host, &s.hosts))
+    }
+
+    fn visibility(&self, nqn: &str, nsid: u32) -> Option<crate::core::Visibility> {
+        self.subsystem(nqn)?
+            .namespaces
+            .iter()
+            .find(|n| n.nsid == nsid)
+            .map(NamespaceConfig::visibility)
     }
 }
 

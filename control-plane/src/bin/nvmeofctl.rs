@@ -118,6 +118,10 @@ enum NamespaceCmd {
         /// 0: the group with the fewest namespaces.
         #[arg(long, default_value_t = 0)]
         ana_group: u32,
+        /// Visible to no host until `namespace add-host` names one (default: to every host
+        /// allowed on the subsystem).
+        #[arg(long)]
+        no_auto_visible: bool,
     },
     /// Adds many namespaces over one connection (a process per namespace costs ~50 ms, most
     /// of it start-up). FILE (`-`: stdin) has one namespace per line: `IMAGE [NSID
@@ -140,6 +144,9 @@ enum NamespaceCmd {
         ana_group: u32,
         #[arg(long)]
         file: PathBuf,
+        /// Each visible to no host until `namespace add-host` names one.
+        #[arg(long)]
+        no_auto_visible: bool,
     },
     Del {
         #[arg(long, short = 'n')]
@@ -169,6 +176,28 @@ enum NamespaceCmd {
     List {
         #[arg(long, short = 'n', default_value = "")]
         subsystem: String,
+    },
+    /// Makes a namespace added with --no-auto-visible visible to one more host (at most 1024
+    /// per namespace). The host need not be allowed on the subsystem yet; it sees the
+    /// namespace once it is. Connected controllers of that host see it at once (Namespace
+    /// Attribute Changed), without reconnecting.
+    AddHost {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        nsid: u32,
+        #[arg(long)]
+        host: String,
+    },
+    /// Hides a namespace added with --no-auto-visible from a host on its list again; that
+    /// host's connected controllers lose it at once (Namespace Attribute Changed).
+    DelHost {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        nsid: u32,
+        #[arg(long)]
+        host: String,
     },
 }
 
@@ -532,6 +561,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             nsid,
             block_size,
             ana_group,
+            no_auto_visible,
         }) => {
             let request = proto::NamespaceAddRequest {
                 subsystem_nqn: subsystem,
@@ -541,6 +571,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 image,
                 block_size,
                 ana_group,
+                no_auto_visible,
             };
             done(out, answer(c.namespace_add(request), tls_on).await?)
         }
@@ -551,6 +582,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             block_size,
             ana_group,
             file,
+            no_auto_visible,
         }) => {
             let started = std::time::Instant::now();
             let request = |line: &NamespaceLine| proto::NamespaceAddRequest {
@@ -561,6 +593,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 image: line.image.clone(),
                 block_size,
                 ana_group: line.ana_group.unwrap_or(ana_group),
+                no_auto_visible,
             };
             let refused_line = |line: &NamespaceLine, before: usize, s: tonic::Status| {
                 Failure::Refused(tonic::Status::new(
@@ -673,6 +706,30 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             };
             let r = answer(c.namespace_list(request), tls_on).await?;
             print_list(out, &r, &r.namespaces);
+        }
+        Cmd::Namespace(NamespaceCmd::AddHost {
+            subsystem,
+            nsid,
+            host,
+        }) => {
+            let request = proto::NamespaceHostRequest {
+                subsystem_nqn: subsystem,
+                nsid,
+                host_nqn: host,
+            };
+            done(out, answer(c.namespace_add_host(request), tls_on).await?)
+        }
+        Cmd::Namespace(NamespaceCmd::DelHost {
+            subsystem,
+            nsid,
+            host,
+        }) => {
+            let request = proto::NamespaceHostRequest {
+                subsystem_nqn: subsystem,
+                nsid,
+                host_nqn: host,
+            };
+            done(out, answer(c.namespace_del_host(request), tls_on).await?)
         }
         Cmd::Listener(ListenerCmd::Add(a)) => {
             done(out, answer(c.listener_add(listener(a)), tls_on).await?)

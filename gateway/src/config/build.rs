@@ -58,6 +58,8 @@ fn attach_namespace(
     device.set_event_sink(Arc::new(crate::events::NamespaceEvents::new(
         subsystem, ns.nsid,
     )));
+    // Its hosts first: no host it is hidden from ever sees it.
+    subsystem.set_visibility(ns.nsid, ns.visibility());
     subsystem.add_namespace(namespace);
 }
 

@@ -213,6 +213,43 @@ pub struct NamespaceConfig {
     /// reported to connected hosts).
     #[serde(default)]
     pub image: Option<String>,
+    /// Whether every host allowed on the subsystem sees the namespace (the default); false:
+    /// only the `hosts` named here (see `core::visibility`). Changed by a reload without
+    /// reopening the device.
+    #[serde(default = "default_auto_visible")]
+    pub auto_visible: bool,
+    /// With `auto_visible = false`: the host NQNs that see the namespace (at most
+    /// [`MAX_HOSTS_PER_NAMESPACE`]; none: no host yet).
+    #[serde(default)]
+    pub hosts: Vec<String>,
+}
+
+/// Hosts a namespace may be made visible to (the control plane's limit).
+pub const MAX_HOSTS_PER_NAMESPACE: usize = control_plane::visibility::MAX_HOSTS_PER_NAMESPACE;
+
+fn default_auto_visible() -> bool {
+    true
+}
+
+impl NamespaceConfig {
+    /// The hosts that see this namespace.
+    pub fn visibility(&self) -> crate::core::Visibility {
+        crate::core::Visibility::from_hosts(
+            self.auto_visible,
+            self.hosts.iter().map(String::as_str),
+        )
+    }
+
+    /// Whether `other` serves the same device the same way: equal but for the hosts that see
+    /// it (a change of those alone needs no new device).
+    pub fn same_device(&self, other: &NamespaceConfig) -> bool {
+        let strip = |n: &NamespaceConfig| NamespaceConfig {
+            auto_visible: true,
+            hosts: Vec::new(),
+            ..n.clone()
+        };
+        strip(self) == strip(other)
+    }
 }
 
 /// A Ceph option value in `[ceph.options]`: `rados_osd_op_timeout = 30`, `rbd_cache = false`.

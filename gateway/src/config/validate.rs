@@ -19,6 +19,39 @@ fn check_nqn(field: &str, nqn: &str) -> Result<(), ConfigError> {
         .map_err(|e| invalid(field, format!("{nqn:?}: {e}")))
 }
 
+/// A namespace's `hosts`: only with `auto_visible = false`, each a valid NQN listed once,
+/// at most [`super::MAX_HOSTS_PER_NAMESPACE`]. A host need not be allowed on the subsystem
+/// (as with ceph-nvmeof's `namespace add_host`): the list only narrows who of the allowed
+/// hosts sees the namespace.
+fn check_namespace_hosts(nfield: &str, ns: &super::NamespaceConfig) -> Result<(), ConfigError> {
+    if ns.auto_visible && !ns.hosts.is_empty() {
+        return Err(invalid(
+            format!("{nfield}.hosts"),
+            "a host list needs auto_visible = false (with auto_visible every allowed host \
+             sees the namespace)",
+        ));
+    }
+    if ns.hosts.len() > super::MAX_HOSTS_PER_NAMESPACE {
+        return Err(invalid(
+            format!("{nfield}.hosts"),
+            format!(
+                "{} hosts; at most {} per namespace",
+                ns.hosts.len(),
+                super::MAX_HOSTS_PER_NAMESPACE
+            ),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (h, host) in ns.hosts.iter().enumerate() {
+        let hfield = format!("{nfield}.hosts[{h}]");
+        check_nqn(&hfield, host)?;
+        if !seen.insert(host) {
+            return Err(invalid(hfield, format!("{host:?} is listed twice")));
+        }
+    }
+    Ok(())
+}
+
 impl Config {
     /// What is valid but worth an admin's attention: subsystem and host NQNs outside the
     /// NVMe formats (each naming its field). [`Config::load`] logs them.
@@ -311,6 +344,7 @@ impl Config {
                         ));
                     }
                 }
+                check_namespace_hosts(&nfield, ns)?;
                 match ns.backend.as_str() {
                     "memory" => {
                         for (name, set) in [

@@ -77,9 +77,10 @@ fn host_data(data: Option<IoBuf>, range: &LbaRange) -> Result<IoBuf, (Status, Op
 
 impl Queue {
     fn namespace_for_io(&self, ctrl: &Controller, cmd: &Command) -> Result<Arc<Namespace>, Status> {
+        // A namespace hidden from this host is an inactive NSID to it.
         let ns = ctrl
             .subsystem
-            .namespace(cmd.nsid())
+            .namespace_for_host(cmd.nsid(), &ctrl.hostnqn)
             .ok_or(Status::error(sc::INVALID_NS))?;
         match ana_path_status(ctrl, &ns) {
             Some(status) => Err(status),

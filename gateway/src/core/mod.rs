@@ -17,6 +17,7 @@ pub mod refusals;
 pub mod subsystem;
 pub(crate) mod supported;
 pub mod target;
+pub mod visibility;
 mod wire;
 
 pub use auth::{AuthCounters, AuthPolicy, HostKeys};
@@ -30,6 +31,7 @@ pub use subsystem::{HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSp
 pub use target::{
     ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType, UnavailableNamespace,
 };
+pub use visibility::Visibility;
 
 #[cfg(test)]
 mod auth_tests;
@@ -39,3 +41,5 @@ mod pr_tests;
 mod refusal_tests;
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod visibility_tests;
