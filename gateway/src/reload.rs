@@ -608,6 +608,35 @@ mod tests {
         assert!(matches!(r.prepare().await, Ok(Prepared::Unchanged)));
     }
 
+    /// A reload that changes only who sees a namespace keeps its device and tells only the
+    /// hosts whose view changed (the core's tests check whom); the NSID stays served.
+    #[tokio::test]
+    async fn a_reload_changes_a_namespaces_hosts_without_reopening_it() {
+        let nqn = "nqn.2016-06.io.x:vis";
+        let host = "nqn.2014-08.org.nvmexpress:uuid:only";
+        let first = format!("{LISTENER}{}", subsystem(nqn, ""));
+        let second = format!("{first}auto_visible = false\nhosts = [\"{host}\"]\n");
+        let mut r = reloader("visibility", &first, &second);
+        let target = Config::from_toml_str(&first)
+            .expect("valid")
+            .build_target()
+            .expect("target");
+        let sub = target.subsystem(nqn).expect("subsystem");
+        let device = sub.namespace(1).expect("ns").device.clone();
+        let Ok(Prepared::Apply(plan)) = r.prepare().await else {
+            panic!("the hosts changed: a reload to apply");
+        };
+        let summary = r.apply(&target, plan).await;
+        assert_eq!(summary.visibility_changed, 1);
+        assert_eq!(summary.namespaces_changed, 0, "{summary:?}");
+        assert!(sub.namespace_for_host(1, host).is_some());
+        assert!(sub
+            .namespace_for_host(1, "nqn.2014-08.org.nvmexpress:uuid:other")
+            .is_none());
+        let same = sub.namespace(1).expect("still served").device.clone();
+        assert!(Arc::ptr_eq(&device, &same), "the device was not reopened");
+    }
+
     #[tokio::test]
     async fn a_group_gateway_refuses_changes_of_what_the_control_plane_manages() {
         let head = format!(

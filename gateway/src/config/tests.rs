@@ -663,3 +663,60 @@ fn nqns_are_taken_as_linux_nvmet_takes_them_with_a_warning_outside_the_spec() {
         assert!(e.starts_with("subsystem[0].hosts[0]"), "{bad:?}: {e}");
     }
 }
+
+/// `auto_visible` and `hosts` of a namespace: a list only with `auto_visible = false`, each
+/// host a valid NQN once, at most MAX_HOSTS_PER_NAMESPACE; each error names its field.
+#[test]
+fn namespace_hosts_are_checked() {
+    let with = |lines: &str| GOOD.replace("size = \"1GiB\"", &format!("size = \"1GiB\"\n{lines}"));
+    let host = |i: usize| format!("\"nqn.2014-08.org.nvmexpress:uuid:{i:08}\"");
+    let ok = parse(&with(&format!(
+        "auto_visible = false\nhosts = [{}]",
+        host(1)
+    )))
+    .expect("valid");
+    let ns = &ok.subsystems[0].namespaces[0];
+    assert_eq!(
+        ns.visibility(),
+        crate::core::Visibility::Only(
+            ["nqn.2014-08.org.nvmexpress:uuid:00000001".to_string()].into()
+        )
+    );
+    parse(&with("auto_visible = false")).expect("visible to no host yet");
+    let many: Vec<String> = (0..=MAX_HOSTS_PER_NAMESPACE).map(host).collect();
+    let cases = [
+        (
+            with(&format!("hosts = [{}]", host(1))),
+            "subsystem[0].namespace[0].hosts",
+        ),
+        (
+            with(&format!(
+                "auto_visible = false\nhosts = [{}, {}]",
+                host(1),
+                host(1)
+            )),
+            "subsystem[0].namespace[0].hosts[1]",
+        ),
+        (
+            with("auto_visible = false\nhosts = [\"bad host\"]"),
+            "subsystem[0].namespace[0].hosts[0]",
+        ),
+        (
+            with(&format!(
+                "auto_visible = false\nhosts = [{}]",
+                many.join(", ")
+            )),
+            "subsystem[0].namespace[0].hosts",
+        ),
+    ];
+    for (text, field) in cases {
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.starts_with(field), "{err:?} should name {field}");
+    }
+    let at_limit = &many[..MAX_HOSTS_PER_NAMESPACE];
+    parse(&with(&format!(
+        "auto_visible = false\nhosts = [{}]",
+        at_limit.join(", ")
+    )))
+    .expect("the limit itself is taken");
+}

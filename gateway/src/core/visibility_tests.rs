@@ -275,3 +275,76 @@ fn a_namespace_visible_to_no_host_yet_is_inactive_for_all() {
     let r = one(run(&mut admin_a, Command::from_bytes(&raw), None));
     assert_eq!(r.completion.status.code(), sc::INVALID_FIELD);
 }
+
+/// The cost of visibility checks (issue 25's figure, docs/performance.md): Identify's active
+/// list and a one-block read through the whole core, with 1000 namespaces visible to every
+/// host, then with each of them visible only to 64 hosts (this one among them). Run with
+/// `cargo test --release -p nvmeof-gateway --lib visibility_cost -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement; run in release with --ignored --nocapture"]
+fn visibility_cost_with_1000_namespaces_and_64_hosts_each() {
+    use std::time::Instant;
+    const NAMESPACES: u32 = 1000;
+    const HOSTS: usize = 64;
+    let measure = |restricted: bool| -> (f64, f64) {
+        let f = fixture();
+        let sub = f.target.subsystem(SUBNQN).expect("subsystem");
+        for nsid in 2..=NAMESPACES {
+            if restricted {
+                let mut hosts: BTreeSet<String> = (0..HOSTS - 1)
+                    .map(|i| {
+                        format!("nqn.2014-08.org.nvmexpress:uuid:{i:08}-0000-4000-8000-{nsid:012}")
+                    })
+                    .collect();
+                hosts.insert(HOSTNQN.to_string());
+                sub.set_visibility(nsid, Visibility::Only(hosts));
+            }
+            sub.add_namespace(Arc::new(Namespace {
+                nsid,
+                device: Arc::new(MemoryDevice::new("mem", 4096)),
+                lba_shift: 9,
+                nguid: [0; 16],
+                uuid: [0; 16],
+                ana_group: 1,
+                read_only: false,
+            }));
+        }
+        let (mut admin, mut io) = attach(&f, HOSTNQN);
+        assert_eq!(
+            active_list(&mut admin, spec::cns::NS_ACTIVE_LIST).len(),
+            1000
+        );
+        let rounds = 2000;
+        let t = Instant::now();
+        for _ in 0..rounds {
+            active_list(&mut admin, spec::cns::NS_ACTIVE_LIST);
+        }
+        let identify_us = t.elapsed().as_secs_f64() * 1e6 / f64::from(rounds);
+        let reads = 200_000u32;
+        let t = Instant::now();
+        for i in 0..reads {
+            assert!(read_status(&mut io, 2 + i % (NAMESPACES - 1)).is_success());
+        }
+        let read_ns = t.elapsed().as_secs_f64() * 1e9 / f64::from(reads);
+        (identify_us, read_ns)
+    };
+    // Twice each, alternating, so a warm-up or a busy neighbour shows as a spread.
+    let mut rows = Vec::new();
+    for _ in 0..2 {
+        for restricted in [false, true] {
+            let (identify_us, read_ns) = measure(restricted);
+            rows.push((restricted, identify_us, read_ns));
+        }
+    }
+    for (restricted, identify_us, read_ns) in rows {
+        let what = if restricted {
+            "64 hosts each"
+        } else {
+            "every host  "
+        };
+        println!(
+            "1000 namespaces, {what}: Identify active list {identify_us:.1} us, \
+             1-block read through the core {read_ns:.0} ns"
+        );
+    }
+}
