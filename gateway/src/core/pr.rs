@@ -21,9 +21,10 @@
 //! Where nvmet and the spec differ, the spec wins: a Release whose type does not match the
 //! reservation gets Invalid Field, and under the all-registrants types every registrant is
 //! a holder (an Acquire of the same type by any of them succeeds). Preempt and Abort
-//! preempts like Preempt; the preempted host's commands already at the device complete,
-//! later ones get Reservation Conflict (nvmet waits for them before completing; SPDK
-//! refuses the action).
+//! preempts like Preempt, then completes only after a Flush of the namespace's device that
+//! is submitted once the change is in effect: the preempted hosts' later commands get
+//! Reservation Conflict, and the ones already at the device (librbd's flush waits for every
+//! op started before it) have finished by the completion, as nvmet waits for them.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -632,6 +633,15 @@ pub(crate) struct StoringChange {
     nsid: u32,
     state: Option<ReservationState>,
     notices: Vec<Notice>,
+    /// A Preempt and Abort: once stored, it completes after a barrier
+    /// ([`Queue::preempt_barrier`]).
+    abort_barrier: bool,
+}
+
+/// Whether a reservation command is an Acquire with the Preempt and Abort action.
+fn is_preempt_and_abort(opcode: u8, cdw10: u32) -> bool {
+    opcode == io_opcode::RESV_ACQUIRE
+        && cdw10 & pr::ACTION_MASK == pr::ACQUIRE_ACT_PREEMPT_AND_ABORT
 }
 
 impl StoringChange {
@@ -824,6 +834,9 @@ impl Queue {
         match result {
             Ok(notices) => {
                 ctrl.subsystem.notify_reservation(ns.nsid, &notices);
+                if is_preempt_and_abort(cmd.opcode(), cdw10) {
+                    return self.preempt_barrier(cid, ns.device.clone(), out);
+                }
                 self.respond(out, cid, Status::SUCCESS);
             }
             Err(status) => self.respond(out, cid, status),
@@ -864,6 +877,7 @@ impl Queue {
                         nsid: ns.nsid,
                         state: Some(state),
                         notices,
+                        abort_barrier: is_preempt_and_abort(change.opcode, change.cdw10),
                     })),
                 );
                 out.push(Action::Submit {
@@ -889,13 +903,38 @@ impl Queue {
         result: &Result<(), IoError>,
         out: &mut Vec<Action>,
     ) {
+        let barrier = result.is_ok() && change.abort_barrier;
+        let device = change
+            .subsystem
+            .namespace(change.nsid)
+            .map(|ns| ns.device.clone());
         change.finish(result);
+        if let (true, Some(device)) = (barrier, device) {
+            return self.preempt_barrier(cid, device, out);
+        }
         let status = match result {
             Ok(()) => Status::SUCCESS,
             Err(IoError::Fenced(_)) => Status::retryable(sc::ANA_INACCESSIBLE),
             Err(_) => Status::retryable(sc::INTERNAL),
         };
         self.respond(out, cid, status);
+    }
+
+    /// Preempt and Abort, once the preemption is in effect: a Flush of the device, after
+    /// which the command completes (with the Flush's status), so the commands of the
+    /// preempted hosts already at the device have finished by then.
+    fn preempt_barrier(
+        &mut self,
+        cid: u16,
+        device: Arc<dyn rbd_backend::BlockDevice>,
+        out: &mut Vec<Action>,
+    ) {
+        self.inflight.insert(cid, InFlight::Flush);
+        out.push(Action::Submit {
+            device,
+            tag: u64::from(cid),
+            op: IoOp::Flush,
+        });
     }
 
     /// Retries the reservation changes parked behind another change's store (the queue was

@@ -573,3 +573,72 @@ fn a_loaded_record_becomes_the_state() {
     );
     assert_eq!(sub.reservations.state(1), record);
 }
+
+/// Preempt and Abort completes only after a Flush of the device submitted once the
+/// preemption is in effect (standalone: at once; in a group: after the store).
+#[test]
+fn preempt_and_abort_completes_after_a_barrier_at_the_device() {
+    for group in [false, true] {
+        let f = if group {
+            group_fixture()
+        } else {
+            two_hosts().0
+        };
+        let sub = f.target.subsystem(SUBNQN).expect("subsystem");
+        if !group {
+            sub.set_access(HostAccess::AnyHost);
+        }
+        let (_a_admin, mut a) = attach(&f, HOSTNQN, ID_A);
+        let (_b_admin, mut b) = attach(&f, OTHER_HOST, ID_B);
+        assert!(register(&mut a, 0xaaaa).is_success());
+        assert!(register(&mut b, 0xbbbb).is_success());
+        assert!(acquire(&mut a, 0, pr::WRITE_EXCLUSIVE, 0xaaaa, 0).is_success());
+        let cdw10 =
+            pr::ACQUIRE_ACT_PREEMPT_AND_ABORT | (u32::from(pr::WRITE_EXCLUSIVE) << pr::RTYPE_SHIFT);
+        let mut actions = start_resv(
+            &mut b,
+            io_opcode::RESV_ACQUIRE,
+            cdw10,
+            &[0xbbbb, 0xaaaa],
+            46,
+        );
+        if group {
+            // The store first; its completion brings the barrier, not the response.
+            the_store(&actions);
+            let Some(Action::Submit { device, tag, op }) = actions.pop() else {
+                unreachable!()
+            };
+            let sink = std::sync::Arc::new(Sink::default());
+            let dyn_sink: std::sync::Arc<dyn rbd_backend::IoCompletion> = sink.clone();
+            device.submit(tag, op, &dyn_sink);
+            let done = sink.0.lock().unwrap().pop().expect("store done");
+            b.complete_io(done, &mut actions);
+        }
+        assert_eq!(actions.len(), 1, "group {group}: {actions:?}");
+        assert!(
+            matches!(
+                actions[0],
+                Action::Submit {
+                    op: rbd_backend::IoOp::Flush,
+                    ..
+                }
+            ),
+            "group {group}: a Flush before the completion: {actions:?}"
+        );
+        assert_eq!(
+            write_status(&mut a),
+            conflict(),
+            "in effect before the barrier"
+        );
+        let done = super::tests::settle(&mut b, actions);
+        assert!(one(done).completion.status.is_success(), "group {group}");
+    }
+}
+
+#[derive(Default)]
+struct Sink(std::sync::Mutex<Vec<rbd_backend::IoDone>>);
+impl rbd_backend::IoCompletion for Sink {
+    fn complete(&self, done: rbd_backend::IoDone) {
+        self.0.lock().unwrap().push(done);
+    }
+}
