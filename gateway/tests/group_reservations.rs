@@ -243,10 +243,12 @@ async fn reservations_survive_the_owner_s_kill_and_failback() {
         "group 1 optimized on gw2 {} ms after gw1 was killed",
         killed.elapsed().as_millis()
     );
-    assert!(
-        gw2.log_text().contains("reservation state loaded"),
-        "gw2 turned optimized without loading the reservations"
-    );
+    let log = gw2.log_text();
+    let loaded = log
+        .lines()
+        .find(|l| l.contains("reservation state loaded") && l.contains("nsid=1"))
+        .expect("gw2 turned optimized without loading the reservations");
+    eprintln!("gw2: {loaded}");
     let a2 = connect(gw2.port, HOST_A).await;
     assert_eq!(report(&b2.io).await, before, "same state through gw2");
     assert_eq!(
