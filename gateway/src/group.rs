@@ -1196,9 +1196,77 @@ pub async fn apply_with_clients(
                 clients.lost().remove(&g);
             }
         }
+        if target.reservations_persisted() && !load_reservations(&subsystems, g).await {
+            tracing::error!(
+                group = g,
+                "ANA group not turned optimized: its reservations could not all be loaded"
+            );
+            all = false;
+            continue;
+        }
         tracing::info!(group = g, epoch = a.version, "ANA state optimized");
         for s in &subsystems {
             s.set_ana_state(g, ana::OPTIMIZED);
+        }
+    }
+    all
+}
+
+/// Loads the reservation state of every namespace of ANA group `group` from its device (the
+/// record the previous owner stored, through this gateway's fresh clients), before the group
+/// turns optimized here: the hosts then see the same registrations, holder and generation
+/// as through the previous owner. False if any could not be read (the group stays as it is;
+/// the next assignment retries).
+pub(crate) async fn load_reservations(subsystems: &[Arc<Subsystem>], group: u32) -> bool {
+    let mut all = true;
+    for sub in subsystems {
+        for ns in sub
+            .namespaces()
+            .into_iter()
+            .filter(|n| n.ana_group == group)
+        {
+            let device = ns.device.clone();
+            let started = std::time::Instant::now();
+            let loaded = tokio::task::spawn_blocking(move || {
+                device.load_record(crate::core::pr::RECORD_KEY)
+            })
+            .await;
+            let state = match loaded {
+                Ok(Ok(None)) => crate::core::pr::ReservationState::default(),
+                Ok(Ok(Some(record))) => match crate::core::pr::ReservationState::decode(&record) {
+                    Ok(state) => state,
+                    Err(e) => {
+                        tracing::error!(subsystem = %sub.nqn(), nsid = ns.nsid, "{e}");
+                        all = false;
+                        continue;
+                    }
+                },
+                Ok(Err(e)) => {
+                    tracing::error!(
+                        subsystem = %sub.nqn(),
+                        nsid = ns.nsid,
+                        "cannot load the reservation state: {e}"
+                    );
+                    all = false;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!("reservation load task failed: {e}");
+                    all = false;
+                    continue;
+                }
+            };
+            tracing::info!(
+                subsystem = %sub.nqn(),
+                nsid = ns.nsid,
+                group,
+                generation = state.generation,
+                registrants = state.registrants.len(),
+                reserved = state.holder.is_some(),
+                ms = started.elapsed().as_millis() as u64,
+                "reservation state loaded"
+            );
+            sub.reservations.load(ns.nsid, state);
         }
     }
     all

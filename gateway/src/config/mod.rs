@@ -87,9 +87,9 @@ pub struct GatewaySection {
     /// `null` out to require a key exchange.
     #[serde(default)]
     pub dhchap_dhgroups: Option<Vec<String>>,
-    /// Namespaces offer reservations (Register, Acquire, Release, Report): default true,
-    /// except in a gateway group, which cannot have them yet (each gateway would keep its
-    /// own, and a host failing over would find its reservation gone).
+    /// Namespaces offer reservations (Register, Acquire, Release, Report): default true. In a
+    /// gateway group the ANA owner of a namespace stores every change with the namespace's
+    /// image before completing it, and the next owner loads it (see `core::pr`).
     #[serde(default)]
     pub reservations: Option<bool>,
 }

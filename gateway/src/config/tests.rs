@@ -583,9 +583,10 @@ fn bad_keys_and_preferences_name_the_field_without_the_secret() {
 }
 
 #[test]
-fn reservations_are_on_alone_and_refused_in_a_group() {
+fn reservations_are_on_by_default_and_persisted_in_a_group() {
     let target = parse(GOOD).unwrap().build_target().unwrap();
     assert!(target.reservations_enabled());
+    assert!(!target.reservations_persisted(), "alone: in memory");
     let off = GOOD.replace(
         "[[listener]]",
         "[gateway]\nreservations = false\n\n[[listener]]",
@@ -598,14 +599,18 @@ fn reservations_are_on_alone_and_refused_in_a_group() {
     let grouped = format!(
         "[gateway]\nname = \"gw1\"\nreservations = true\n\n[group]\ncontrol_plane = [\"127.0.0.1:5500\"]\n{GOOD}"
     );
-    let e = parse(&grouped).unwrap_err().to_string();
-    assert!(
-        e.starts_with("gateway.reservations: not available in a gateway group"),
-        "{e}"
-    );
+    let target = parse(&grouped).unwrap().build_target().unwrap();
+    assert!(target.reservations_enabled() && target.reservations_persisted());
     let grouped_default = grouped.replace("reservations = true\n", "");
     let target = parse(&grouped_default).unwrap().build_target().unwrap();
-    assert!(!target.reservations_enabled(), "off by default in a group");
+    assert!(target.reservations_enabled(), "on by default in a group");
+    assert!(
+        target.reservations_persisted(),
+        "stored with the image in a group"
+    );
+    let grouped_off = grouped.replace("reservations = true", "reservations = false");
+    let target = parse(&grouped_off).unwrap().build_target().unwrap();
+    assert!(!target.reservations_enabled(), "the switch");
 }
 
 #[test]

@@ -143,13 +143,6 @@ impl Config {
                 ));
             }
             g.validate_tls()?;
-            if self.gateway.reservations == Some(true) {
-                return Err(invalid(
-                    "gateway.reservations",
-                    "not available in a gateway group yet: each gateway keeps reservations in \
-                     its own memory, so a host failing over to another path would find them gone",
-                ));
-            }
             if let Some(ms) = g.beacon_interval_ms {
                 if ms == 0 || ms > 1000 {
                     return Err(invalid(

@@ -444,6 +444,9 @@ impl Queue {
                 }
             }
             (InFlight::Ranges { status, .. }, _) => self.respond(out, cid, status),
+            (InFlight::ReservationStore(change), _) => {
+                self.finish_reservation_store(cid, *change, &done.result, out)
+            }
             (_, op) => {
                 let status = status_of(&done.result);
                 if let IoOp::Write { buf, .. } | IoOp::Read { buf, .. } = op {

@@ -83,6 +83,11 @@ pub(crate) enum InFlight {
     },
     /// The compare half of a fused pair, held so its CID is not reused meanwhile.
     FusedFirstHalf,
+    /// A reservation change being stored with the namespace's device (a gateway of a
+    /// group): it takes effect and completes when the store completes.
+    ReservationStore(Box<super::pr::StoringChange>),
+    /// A reservation change waiting for another change of its namespace to be stored.
+    ReservationParked,
 }
 
 /// The queue's association with a controller, set by Connect.
@@ -110,6 +115,8 @@ pub struct Queue {
     pub(crate) local_address: Option<(TransportType, IpAddr)>,
     /// In-band authentication, when the host must authenticate this queue.
     pub(crate) auth: Option<QueueAuth>,
+    /// Reservation changes waiting for another change of their namespace to be stored.
+    pub(crate) parked_reservations: Vec<super::pr::ParkedChange>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -143,6 +150,7 @@ impl Queue {
             notifier,
             local_address: None,
             auth: None,
+            parked_reservations: Vec::new(),
         }
     }
 
@@ -372,6 +380,8 @@ impl Queue {
             for completion in binding.controller.take_ready_completions() {
                 self.respond_with(out, completion, None);
             }
+        } else {
+            self.retry_parked_reservations(out);
         }
     }
 

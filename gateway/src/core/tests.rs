@@ -1546,8 +1546,8 @@ fn executed_io_commands(io: &mut Queue) -> BTreeSet<u8> {
 }
 
 /// Identify's ONCS, the Commands Supported and Effects log, the Supported Log Pages log and
-/// the I/O queue agree, with reservations offered (standalone) and not (a gateway of a
-/// group): the effects log listed the reservation commands that ONCS denied.
+/// the I/O queue agree, with reservations offered and not (`[gateway] reservations =
+/// false`): the effects log listed the reservation commands that ONCS denied.
 #[test]
 fn effects_log_lists_exactly_the_io_commands_identify_announces_and_io_queues_run() {
     for reservations in [true, false] {
