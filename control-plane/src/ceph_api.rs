@@ -10,8 +10,8 @@
 //!
 //! Three features of the API are another change's work (per-namespace QoS, per-namespace
 //! host visibility and RBD image creation): each has one function here, answering EOPNOTSUPP
-//! until it is wired ([`set_qos_limits`], [`add_namespace_host`], [`delete_namespace_host`],
-//! [`create_image`], [`no_auto_visible`]).
+//! until it is wired (`set_qos_limits`, `add_namespace_host`, `delete_namespace_host`,
+//! `create_image`, `no_auto_visible`).
 
 use std::sync::Arc;
 
