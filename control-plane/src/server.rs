@@ -250,12 +250,41 @@ impl ControlPlane {
         self: &Arc<Self>,
         change: impl FnMut(&mut GroupState) -> Result<T, ConfigError> + Send + 'static,
     ) -> Result<(T, Arc<GroupState>), Status> {
+        self.try_update(change).await.map_err(status)
+    }
+
+    /// [`ControlPlane::update`] with the refusal as it is (the ceph-nvmeof API answers each
+    /// [`ConfigError`] with its own errno, which a gRPC status would blur).
+    pub(crate) async fn try_update<T: Send + 'static>(
+        self: &Arc<Self>,
+        change: impl FnMut(&mut GroupState) -> Result<T, ConfigError> + Send + 'static,
+    ) -> Result<(T, Arc<GroupState>), StoreError> {
         let s = self.store.clone();
         let me = self.clone();
-        let (out, st) = blocking(move || s.update_from(|| Some(me.snapshot()), change)).await?;
+        let (out, st) =
+            tokio::task::spawn_blocking(move || s.update_from(|| Some(me.snapshot()), change))
+                .await
+                .map_err(|e| StoreError::Other(format!("task failed: {e}")))??;
         let st = Arc::new(st);
         self.set_cached(st.clone());
         Ok((out, st))
+    }
+
+    /// The state object's backend (RBD image checks and resizes go through it).
+    pub(crate) fn backend(&self) -> &Arc<dyn crate::store::Backend> {
+        self.store.backend()
+    }
+
+    /// The host connections to `nqn` the gateways reported in their last beacons.
+    pub(crate) fn connections_of(&self, nqn: &str) -> Vec<proto::Connection> {
+        self.connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .flatten()
+            .filter(|c| c.subsystem_nqn == nqn)
+            .cloned()
+            .collect()
     }
 
     /// Leader election and the leader's timer; runs until the process ends.
@@ -1463,7 +1492,8 @@ impl proto::gateway_control_server::GatewayControl for GatewayService {
     }
 }
 
-/// Serves both services on `listener` until `shutdown` resolves.
+/// Serves the admin, gateway and ceph-nvmeof API ([`crate::ceph_api`]) services on
+/// `listener` until `shutdown` resolves.
 pub async fn serve(
     cp: Arc<ControlPlane>,
     listener: tokio::net::TcpListener,
@@ -1474,8 +1504,9 @@ pub async fn serve(
             cp.clone(),
         )))
         .add_service(proto::gateway_control_server::GatewayControlServer::new(
-            GatewayService(cp),
+            GatewayService(cp.clone()),
         ))
+        .add_service(crate::ceph_api::service(cp))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             shutdown,

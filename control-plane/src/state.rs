@@ -744,6 +744,30 @@ impl GroupState {
         Ok(())
     }
 
+    /// Opens `nqn` to any host, or closes it to the listed hosts only. Refused when it
+    /// already is so ([`ConfigError::HostExists`] / [`ConfigError::NoHost`] for host `*`,
+    /// how ceph-nvmeof's API names "any host").
+    pub fn set_allow_any_host(&mut self, nqn: &str, allow: bool) -> Result<(), ConfigError> {
+        let entry = self
+            .subsystems
+            .get_mut(nqn)
+            .ok_or_else(|| ConfigError::NoSubsystem(nqn.to_string()))?;
+        match (entry.allow_any_host, allow) {
+            (true, true) => Err(ConfigError::HostExists {
+                nqn: nqn.into(),
+                host: "*".into(),
+            }),
+            (false, false) => Err(ConfigError::NoHost {
+                nqn: nqn.into(),
+                host: "*".into(),
+            }),
+            _ => {
+                entry.allow_any_host = allow;
+                Ok(())
+            }
+        }
+    }
+
     /// The hosts allowed on `nqn`.
     pub fn hosts_of(&self, nqn: &str) -> Vec<String> {
         self.host_entries_of(nqn)

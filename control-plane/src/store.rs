@@ -114,12 +114,16 @@ fn version_bytes(v: u64) -> Vec<u8> {
     }
 }
 
+/// Why a grow to the image's own size is refused ([`ConfigError::Invalid`]'s `why`): callers
+/// for which that is no change (the ceph-nvmeof API's resize) tell it from a shrink by it.
+pub const SIZE_UNCHANGED: &str = "is the image's size already";
+
 fn refuse_shrink(image: String, old: u64, size: u64) -> StoreError {
     StoreError::Config(ConfigError::Invalid {
         what: "size",
         value: format!("{size} for {image} (now {old} bytes)"),
         why: if size == old {
-            "is the image's size already"
+            SIZE_UNCHANGED
         } else {
             "is smaller than the image (namespaces only grow)"
         },
