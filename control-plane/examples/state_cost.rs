@@ -25,6 +25,7 @@ fn entry(i: u32) -> NamespaceEntry {
         block_size: 512,
         ana_group: 1,
         moving_from: 0,
+        qos: Default::default(),
     }
 }
 

@@ -7,6 +7,7 @@ pub mod ana;
 pub mod health;
 pub mod metrics;
 pub mod nqn;
+pub mod qos;
 pub mod server;
 pub mod state;
 pub mod store;

@@ -134,6 +134,8 @@ pub struct Summary {
     pub namespaces_added: usize,
     pub namespaces_changed: usize,
     pub namespaces_removed: usize,
+    /// Namespaces whose QoS limits only changed: applied live, the device stays open.
+    pub namespaces_qos_changed: usize,
     pub hosts_changed: usize,
     pub controllers_closed: usize,
     pub listeners_added: usize,
@@ -233,6 +235,7 @@ impl Reloader {
             subsystems_added: diff.added_subsystems.len(),
             namespaces_added: diff.added_namespaces,
             namespaces_changed: diff.changed_namespaces,
+            namespaces_qos_changed: diff.qos_changed_namespaces,
             listeners_added: plan.after.difference(&plan.before).count(),
             listeners_removed: plan.before.difference(&plan.after).count(),
             ..Summary::default()
@@ -262,6 +265,7 @@ impl Reloader {
             )
             .await;
         }
+        apply_file_qos(target, &new);
         add_to_discovery_log(target, &new);
         self.current = new;
         summary
@@ -407,6 +411,8 @@ struct Diff {
     added_namespaces: usize,
     /// Namespaces whose settings changed (the NSID stays; the device is opened again).
     changed_namespaces: usize,
+    /// Namespaces whose QoS limits only changed (applied live).
+    qos_changed_namespaces: usize,
 }
 
 impl Diff {
@@ -415,6 +421,7 @@ impl Diff {
             added_subsystems: BTreeSet::new(),
             added_namespaces: 0,
             changed_namespaces: 0,
+            qos_changed_namespaces: 0,
         };
         for s in &new.subsystems {
             let Some(o) = old.subsystems.iter().find(|o| o.nqn == s.nqn) else {
@@ -424,12 +431,31 @@ impl Diff {
             for ns in &s.namespaces {
                 match o.namespaces.iter().find(|n| n.nsid == ns.nsid) {
                     None => diff.added_namespaces += 1,
-                    Some(on) if on != ns => diff.changed_namespaces += 1,
-                    Some(_) => {}
+                    Some(on) if on == ns => {}
+                    Some(on) if on.same_but_qos(ns) => diff.qos_changed_namespaces += 1,
+                    Some(_) => diff.changed_namespaces += 1,
                 }
             }
         }
         diff
+    }
+}
+
+/// Gives every namespace of `config` its QoS limits (live: the next op is held to them).
+fn apply_file_qos(target: &Target, config: &Config) {
+    for s in &config.subsystems {
+        let Some(sub) = target.subsystem(&s.nqn) else {
+            continue;
+        };
+        for n in &s.namespaces {
+            let Some(ns) = sub.namespace(n.nsid) else {
+                continue;
+            };
+            let limits = n.qos_limits();
+            if ns.qos.set_limits(limits) {
+                tracing::info!(nqn = %s.nqn, nsid = n.nsid, qos = %limits, "QoS limits changed {ORIGIN}");
+            }
+        }
     }
 }
 
@@ -460,7 +486,11 @@ fn to_build(old: &Config, new: &Config) -> Option<(Config, Vec<Vec<String>>)> {
             .namespaces
             .iter()
             .enumerate()
-            .filter(|(_, ns)| existing.is_none_or(|o| !o.namespaces.iter().any(|on| on == *ns)))
+            // A namespace whose QoS limits only changed is not opened again: its limits
+            // change live (`apply_file_qos`).
+            .filter(|(_, ns)| {
+                existing.is_none_or(|o| !o.namespaces.iter().any(|on| on.same_but_qos(ns)))
+            })
             .collect();
         if existing.is_some() && wanted.is_empty() {
             continue;

@@ -213,6 +213,40 @@ pub struct NamespaceConfig {
     /// reported to connected hosts).
     #[serde(default)]
     pub image: Option<String>,
+    /// QoS limits (ceph-nvmeof's names; 0 = no limit, a megabyte is 2^20 bytes): read and
+    /// write commands per second, and read plus write, read, and write bandwidth in MB/s.
+    /// A reload (SIGHUP) that changes only these applies them live.
+    #[serde(default)]
+    pub rw_ios_per_second: u64,
+    #[serde(default)]
+    pub rw_megabytes_per_second: u64,
+    #[serde(default)]
+    pub r_megabytes_per_second: u64,
+    #[serde(default)]
+    pub w_megabytes_per_second: u64,
+}
+
+impl NamespaceConfig {
+    /// The namespace's QoS limits.
+    pub fn qos_limits(&self) -> crate::core::qos::QosLimits {
+        crate::core::qos::QosLimits {
+            rw_ios_per_second: self.rw_ios_per_second,
+            rw_megabytes_per_second: self.rw_megabytes_per_second,
+            r_megabytes_per_second: self.r_megabytes_per_second,
+            w_megabytes_per_second: self.w_megabytes_per_second,
+        }
+    }
+
+    /// Whether `other` is this namespace with other QoS limits at most (a reload applies
+    /// those live, without reopening the device).
+    pub fn same_but_qos(&self, other: &NamespaceConfig) -> bool {
+        let mut other = other.clone();
+        other.rw_ios_per_second = self.rw_ios_per_second;
+        other.rw_megabytes_per_second = self.rw_megabytes_per_second;
+        other.r_megabytes_per_second = self.r_megabytes_per_second;
+        other.w_megabytes_per_second = self.w_megabytes_per_second;
+        *self == other
+    }
 }
 
 /// A Ceph option value in `[ceph.options]`: `rados_osd_op_timeout = 30`, `rbd_cache = false`.

@@ -109,8 +109,15 @@ impl Listing for proto::Subsystem {
 }
 
 impl Listing for proto::Namespace {
-    const HEADERS: &'static [&'static str] =
-        &["SUBSYSTEM", "NSID", "IMAGE", "BLOCK", "ANA GROUP", "NGUID"];
+    const HEADERS: &'static [&'static str] = &[
+        "SUBSYSTEM",
+        "NSID",
+        "IMAGE",
+        "BLOCK",
+        "ANA GROUP",
+        "NGUID",
+        "QOS",
+    ];
     fn row(&self) -> Vec<String> {
         let image = if self.rados_namespace.is_empty() {
             format!("{}/{}", self.pool, self.image)
@@ -124,6 +131,7 @@ impl Listing for proto::Namespace {
             self.block_size.to_string(),
             self.ana_group.to_string(),
             self.nguid.clone(),
+            control_plane::qos::QosLimits::from_proto(self.qos.as_ref()).to_string(),
         ]
     }
 }
