@@ -433,6 +433,8 @@ enum Failure {
 const EXIT_TLS: u8 = 4;
 
 fn main() -> ExitCode {
+    // `nvmeofctl ... | head`: end by SIGPIPE when the reader has gone, not by a panic.
+    sigpipe::reset();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
