@@ -611,6 +611,70 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn qos_limits_change_live_without_reopening_the_device() {
+        let nqn = "nqn.2016-06.io.x:qos";
+        let first = format!("{LISTENER}{}", subsystem(nqn, ""));
+        let limited = format!("{first}rw_ios_per_second = 2000\nw_megabytes_per_second = 40\n");
+        let mut r = reloader("qos", &first, &limited);
+        let target = r.current.build_target().expect("target");
+        let before = target
+            .subsystem(nqn)
+            .and_then(|s| s.namespace(1))
+            .expect("ns");
+        assert!(!before.qos.is_limited());
+        let Ok(Prepared::Apply(plan)) = r.prepare().await else {
+            panic!("the new limits are a change");
+        };
+        assert!(plan.built.is_none(), "no device to open for new limits");
+        let summary = r.apply(&target, plan).await;
+        assert_eq!(
+            (summary.namespaces_qos_changed, summary.namespaces_changed),
+            (1, 0)
+        );
+        let after = target
+            .subsystem(nqn)
+            .and_then(|s| s.namespace(1))
+            .expect("ns");
+        assert!(
+            Arc::ptr_eq(&before, &after),
+            "the namespace was not replaced"
+        );
+        let want = crate::core::qos::QosLimits {
+            rw_ios_per_second: 2000,
+            w_megabytes_per_second: 40,
+            ..crate::core::qos::QosLimits::UNLIMITED
+        };
+        assert_eq!(after.qos.limits(), want);
+        // Back to no limits.
+        std::fs::write(r.path(), &first).expect("write");
+        let Ok(Prepared::Apply(plan)) = r.prepare().await else {
+            panic!("cleared limits are a change");
+        };
+        r.apply(&target, plan).await;
+        assert!(!after.qos.is_limited());
+    }
+
+    #[test]
+    fn bad_qos_limits_are_refused_with_their_field() {
+        let nqn = "nqn.2016-06.io.x:qos";
+        for (bad, field) in [
+            ("rw_ios_per_second = 3", "rw_ios_per_second"),
+            (
+                "r_megabytes_per_second = 99999999",
+                "r_megabytes_per_second",
+            ),
+        ] {
+            let text = format!("{LISTENER}{}{bad}\n", subsystem(nqn, ""));
+            let config: Config = toml::from_str(&text).expect("parses");
+            let e = config.validate().expect_err("refused").to_string();
+            assert!(
+                e.contains(&format!("subsystem[0].namespace[0].{field}")),
+                "{e}"
+            );
+        }
+    }
+
+    #[tokio::test]
     async fn the_same_subsystems_in_another_order_change_nothing() {
         let (a, b) = (
             subsystem("nqn.2016-06.io.x:a", ""),
