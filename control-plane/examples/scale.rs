@@ -293,6 +293,7 @@ async fn run(args: Arc<Args>) -> Result<(), String> {
                     block_size: 512,
                     ana_group: args.ana_group,
                     no_auto_visible: false,
+                    ..Default::default()
                 })
                 .await
                 .map_err(|s| format!("namespace add {n}: {}", s.message()))?;

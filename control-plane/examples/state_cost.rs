@@ -27,6 +27,7 @@ fn entry(i: u32) -> NamespaceEntry {
         moving_from: 0,
         no_auto_visible: false,
         hosts: Default::default(),
+        qos: Default::default(),
     }
 }
 

@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::ana::{self, GroupMap};
+use crate::qos::{QosError, QosLimits};
 
 pub use crate::nqn::NQN_MAX_LEN;
 /// NSIDs a subsystem may hold (the gateway's Identify Controller NN).
@@ -62,6 +63,10 @@ pub struct NamespaceEntry {
     /// With `no_auto_visible`: the host NQNs that see it (`namespace add-host/del-host`).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub hosts: BTreeSet<String>,
+    /// QoS limits (absent in the stored JSON when there are none, so states without them
+    /// load unchanged and older replicas read the entry).
+    #[serde(default, skip_serializing_if = "QosLimits::is_unlimited")]
+    pub qos: QosLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -224,6 +229,8 @@ pub enum ConfigError {
     },
     #[error("namespace {nsid} of {nqn} already has {max} hosts, the most a namespace may have")]
     TooManyNamespaceHosts { nqn: String, nsid: u32, max: usize },
+    #[error(transparent)]
+    Qos(#[from] QosError),
 }
 
 /// Checks an NQN as Linux nvmet takes it ([`crate::nqn::check`]); `what` names it in the
@@ -522,6 +529,7 @@ impl GroupState {
     /// added (NSID, ANA group and block size chosen).
     pub fn check_namespace(&self, mut ns: NamespaceEntry) -> Result<NamespaceEntry, ConfigError> {
         let max = self.subsystem(&ns.subsystem_nqn)?.max_namespaces;
+        ns.qos.check()?;
         check_name("pool", &ns.pool)?;
         check_name("image", &ns.image)?;
         if !ns.rados_namespace.is_empty() {
@@ -591,6 +599,28 @@ impl GroupState {
                 nqn: nqn.into(),
                 nsid,
             })
+    }
+
+    /// Changes a namespace's QoS limits by `change` (absent limits stay, 0 clears one);
+    /// returns the limits now in force. Refused limits change nothing.
+    pub fn set_qos(
+        &mut self,
+        nqn: &str,
+        nsid: u32,
+        change: &crate::proto::QosLimits,
+    ) -> Result<QosLimits, ConfigError> {
+        self.subsystem(nqn)?;
+        let ns =
+            self.namespaces
+                .get_mut(&(nqn.to_string(), nsid))
+                .ok_or(ConfigError::NoNamespace {
+                    nqn: nqn.into(),
+                    nsid,
+                })?;
+        let limits = ns.qos.changed_by(change);
+        limits.check()?;
+        ns.qos = limits;
+        Ok(limits)
     }
 
     /// Moves a namespace to another ANA group (another gateway's optimized path).
@@ -924,6 +954,7 @@ mod tests {
             moving_from: 0,
             no_auto_visible: false,
             hosts: BTreeSet::new(),
+            qos: Default::default(),
         }
     }
 

@@ -13,10 +13,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rbd_backend::{BlockDevice, DeviceEvent, DeviceEventSink};
+use rbd_backend::{DeviceEvent, DeviceEventSink};
 
 use crate::config::HostEntry;
-use crate::core::{HostAccess, HostKeys, Subsystem, Target, Visibility};
+use crate::core::{HostAccess, HostKeys, Namespace, Subsystem, Target, Visibility};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
 
@@ -196,7 +196,7 @@ pub async fn remove_unwanted(
             let controllers = sub.controllers().len();
             target.remove_subsystem(sub.nqn());
             tracing::info!(nqn = %sub.nqn(), controllers, "subsystem deleted {origin}: removed");
-            removed_devices.extend(sub.namespaces().into_iter().map(|ns| ns.device.clone()));
+            removed_devices.extend(sub.namespaces());
             removed.subsystems += 1;
             continue;
         }
@@ -213,7 +213,7 @@ pub async fn remove_unwanted(
                 gone.device.set_event_sink(Arc::new(Detached));
                 sub.notify_namespace_changed(ns.nsid);
                 tracing::info!(nqn = %sub.nqn(), nsid = ns.nsid, "namespace deleted {origin}: removed");
-                removed_devices.push(gone.device.clone());
+                removed_devices.push(gone.clone());
                 removed.namespaces += 1;
             }
         }
@@ -233,7 +233,6 @@ pub async fn remove_unwanted(
     removed
 }
 
-/// Waits until `devices` have no command in flight (at most [`DRAIN_TIMEOUT`]); logs
 /// Makes namespace `nsid` of `sub` visible to `visibility`'s hosts; the controllers whose
 /// view changes are told ([`Subsystem::set_visibility`]). Whether it changed.
 pub fn apply_visibility(sub: &Subsystem, nsid: u32, visibility: Visibility, origin: &str) -> bool {
@@ -256,10 +255,17 @@ pub fn apply_visibility(sub: &Subsystem, nsid: u32, visibility: Visibility, orig
     true
 }
 
-/// `what` when there were any devices.
-async fn drain(devices: &[Arc<dyn BlockDevice>], what: &str) {
+/// Waits until the devices of `namespaces` have no command in flight, nor any waiting for
+/// its QoS turn (at most [`DRAIN_TIMEOUT`]); logs `what` when there were any.
+async fn drain(namespaces: &[Arc<Namespace>], what: &str) {
+    let devices = namespaces;
     let started = std::time::Instant::now();
-    let in_flight = || devices.iter().map(|d| d.in_flight()).sum::<usize>();
+    let in_flight = || {
+        devices
+            .iter()
+            .map(|n| n.device.in_flight() + n.qos.waiting())
+            .sum::<usize>()
+    };
     while in_flight() > 0 && started.elapsed() < DRAIN_TIMEOUT {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -328,7 +334,7 @@ pub async fn add_built(
                     let nsid = ns.nsid;
                     if let Some(old) = existing.namespace(nsid) {
                         old.device.set_event_sink(Arc::new(Detached));
-                        replaced_devices.push(old.device.clone());
+                        replaced_devices.push(old.clone());
                         added.replaced += 1;
                     } else {
                         added.namespaces += 1;

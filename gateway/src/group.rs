@@ -568,6 +568,7 @@ async fn assignment_loop(
                         Ok(Some(a)) => {
                             if let Some(config) = &settings.config {
                                 apply_config(&target, config, &a).await;
+                                apply_qos(&target, config, &a);
                                 apply_removals(&target, config, &a).await;
                                 apply_listeners(&target, &a);
                                 let own = Some(own_listeners(&a, &settings.gateway));
@@ -838,7 +839,8 @@ pub async fn move_namespaces(target: &Target, a: &Assignment) {
             // Served here until now: its commands in flight finish before the assignment is
             // acknowledged.
             let started = std::time::Instant::now();
-            while ns.device.in_flight() > 0 && started.elapsed() < DRAIN_TIMEOUT {
+            while ns.device.in_flight() + ns.qos.waiting() > 0 && started.elapsed() < DRAIN_TIMEOUT
+            {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             tracing::info!(
@@ -872,6 +874,7 @@ fn replace_namespace(
         uuid: old.uuid,
         ana_group: group,
         read_only: old.read_only,
+        qos: old.qos.clone(),
     }));
 }
 
@@ -981,6 +984,10 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
                 image: Some(n.image.clone()),
                 auto_visible: !n.no_auto_visible,
                 hosts: n.hosts.clone(),
+                rw_ios_per_second: pushed_qos(n).rw_ios_per_second,
+                rw_megabytes_per_second: pushed_qos(n).rw_megabytes_per_second,
+                r_megabytes_per_second: pushed_qos(n).r_megabytes_per_second,
+                w_megabytes_per_second: pushed_qos(n).w_megabytes_per_second,
             })
             .collect();
         if existing.is_none() || !namespaces.is_empty() {
@@ -1043,6 +1050,46 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
     }
 }
 
+/// A pushed namespace's QoS limits (absent: none).
+fn pushed_qos(n: &control_plane::proto::Namespace) -> control_plane::qos::QosLimits {
+    control_plane::qos::QosLimits::from_proto(n.qos.as_ref())
+}
+
+/// Gives every pushed namespace this gateway serves the QoS limits of the assignment, live
+/// (`nvmeofctl namespace set-qos`; the next op is held to them). Whichever gateway serves a
+/// namespace, after a failover too, enforces the limits the group state has. Namespaces from
+/// the gateway's own file keep the file's. Returns how many namespaces' limits changed.
+pub fn apply_qos(target: &Target, base: &Config, a: &Assignment) -> usize {
+    let mut changed = 0;
+    for n in &a.namespaces {
+        let in_file = base
+            .subsystems
+            .iter()
+            .any(|s| s.nqn == n.subsystem_nqn && s.namespaces.iter().any(|f| f.nsid == n.nsid));
+        if in_file {
+            continue;
+        }
+        let Some(ns) = target
+            .subsystem(&n.subsystem_nqn)
+            .and_then(|sub| sub.namespace(n.nsid))
+        else {
+            continue;
+        };
+        let q = pushed_qos(n);
+        let limits = crate::core::qos::QosLimits {
+            rw_ios_per_second: q.rw_ios_per_second,
+            rw_megabytes_per_second: q.rw_megabytes_per_second,
+            r_megabytes_per_second: q.r_megabytes_per_second,
+            w_megabytes_per_second: q.w_megabytes_per_second,
+        };
+        if ns.qos.set_limits(limits) {
+            changed += 1;
+            tracing::info!(nqn = %n.subsystem_nqn, nsid = n.nsid, qos = %limits, "QoS limits changed in the control plane");
+        }
+    }
+    changed
+}
+
 /// How often the last assignment's removals are applied again between assignments.
 const REMOVALS_RECHECK: Duration = Duration::from_secs(5);
 
@@ -1055,7 +1102,8 @@ async fn drain_group(subsystems: &[Arc<Subsystem>], group: u32) {
             .iter()
             .flat_map(|s| s.namespaces())
             .filter(|ns| ns.ana_group == group)
-            .map(|ns| ns.device.in_flight())
+            // Commands waiting for their QoS turn would reach the device after the drain.
+            .map(|ns| ns.device.in_flight() + ns.qos.waiting())
             .sum()
     };
     let mut waited = false;

@@ -54,6 +54,7 @@ fn attach_namespace(
         uuid,
         ana_group: ns.ana_group,
         read_only: ns.read_only,
+        qos: Arc::new(crate::core::qos::NamespaceQos::new(ns.qos_limits())),
     });
     device.set_event_sink(Arc::new(crate::events::NamespaceEvents::new(
         subsystem, ns.nsid,

@@ -222,6 +222,17 @@ pub struct NamespaceConfig {
     /// [`MAX_HOSTS_PER_NAMESPACE`]; none: no host yet).
     #[serde(default)]
     pub hosts: Vec<String>,
+    /// QoS limits (ceph-nvmeof's names; 0 = no limit, a megabyte is 2^20 bytes): read and
+    /// write commands per second, and read plus write, read, and write bandwidth in MB/s.
+    /// A reload (SIGHUP) that changes only these applies them live.
+    #[serde(default)]
+    pub rw_ios_per_second: u64,
+    #[serde(default)]
+    pub rw_megabytes_per_second: u64,
+    #[serde(default)]
+    pub r_megabytes_per_second: u64,
+    #[serde(default)]
+    pub w_megabytes_per_second: u64,
 }
 
 /// Hosts a namespace may be made visible to (the control plane's limit).
@@ -240,15 +251,34 @@ impl NamespaceConfig {
         )
     }
 
+    /// The namespace's QoS limits.
+    pub fn qos_limits(&self) -> crate::core::qos::QosLimits {
+        crate::core::qos::QosLimits {
+            rw_ios_per_second: self.rw_ios_per_second,
+            rw_megabytes_per_second: self.rw_megabytes_per_second,
+            r_megabytes_per_second: self.r_megabytes_per_second,
+            w_megabytes_per_second: self.w_megabytes_per_second,
+        }
+    }
+
     /// Whether `other` serves the same device the same way: equal but for the hosts that see
-    /// it (a change of those alone needs no new device).
+    /// it and its QoS limits (a reload changes those live, without a new device).
     pub fn same_device(&self, other: &NamespaceConfig) -> bool {
         let strip = |n: &NamespaceConfig| NamespaceConfig {
             auto_visible: true,
             hosts: Vec::new(),
+            rw_ios_per_second: 0,
+            rw_megabytes_per_second: 0,
+            r_megabytes_per_second: 0,
+            w_megabytes_per_second: 0,
             ..n.clone()
         };
         strip(self) == strip(other)
+    }
+
+    /// Whether `other` has other QoS limits than this namespace.
+    pub fn qos_differs(&self, other: &NamespaceConfig) -> bool {
+        self.qos_limits() != other.qos_limits()
     }
 }
 

@@ -329,6 +329,15 @@ impl Config {
                         "must be within 1..=128",
                     ));
                 }
+                let limits = control_plane::qos::QosLimits {
+                    rw_ios_per_second: ns.rw_ios_per_second,
+                    rw_megabytes_per_second: ns.rw_megabytes_per_second,
+                    r_megabytes_per_second: ns.r_megabytes_per_second,
+                    w_megabytes_per_second: ns.w_megabytes_per_second,
+                };
+                if let Err(e) = limits.check() {
+                    return Err(invalid(format!("{nfield}.{}", e.field), e.to_string()));
+                }
                 if let Some(u) = &ns.uuid {
                     if uuid::Uuid::parse_str(u).map(|u| u.is_nil()).unwrap_or(true) {
                         return Err(invalid(

@@ -12,6 +12,7 @@ pub mod identify;
 pub mod io;
 pub mod log_page;
 pub mod pr;
+pub mod qos;
 pub mod queue;
 pub mod refusals;
 pub mod subsystem;

@@ -16,6 +16,7 @@ use super::auth::{allowed_before_authentication, QueueAuth};
 use super::buffers::{BufferSource, RecycledBuffers};
 use super::command::{Command, Completion, Status};
 use super::controller::{Controller, QueueNotifier, TeardownReason};
+use super::qos::NamespaceQos;
 use super::refusals::{Refusal, RefusalReason};
 use super::target::{Target, TransportCaps, TransportType};
 use crate::spec::{fuse, io_opcode, sc};
@@ -43,6 +44,14 @@ pub enum Action {
         tag: u64,
         op: IoOp,
     },
+    /// Like [`Action::Submit`], for a namespace with QoS limits: `op` waits its turn under
+    /// `qos` (without holding up the queue's other commands), then goes to `device`.
+    SubmitThrottled {
+        qos: Arc<NamespaceQos>,
+        device: Arc<dyn BlockDevice>,
+        tag: u64,
+        op: IoOp,
+    },
     /// Close the connection after sending what came before.
     Close,
 }
@@ -54,6 +63,19 @@ impl std::fmt::Debug for Action {
             Action::Submit { device, tag, op } => f
                 .debug_struct("Submit")
                 .field("device", &device.name())
+                .field("tag", tag)
+                .field("op", op)
+                .finish(),
+            Action::SubmitThrottled {
+                qos,
+                device,
+                tag,
+                op,
+                ..
+            } => f
+                .debug_struct("SubmitThrottled")
+                .field("device", &device.name())
+                .field("limits", &qos.limits())
                 .field("tag", tag)
                 .field("op", op)
                 .finish(),

@@ -9,6 +9,7 @@ use rbd_backend::BlockDevice;
 use super::auth::HostKeys;
 use super::controller::{Controller, TeardownReason};
 use super::pr::{Notice, Reservations};
+use super::qos::NamespaceQos;
 use super::visibility::{NamespaceTable, Visibility};
 use crate::spec::{ana, cntlid};
 
@@ -24,6 +25,9 @@ pub struct Namespace {
     pub uuid: [u8; 16],
     pub ana_group: u32,
     pub read_only: bool,
+    /// QoS limits, shared by the namespace's every queue and changed in place (live); a
+    /// namespace re-registered on another device or ANA group keeps them.
+    pub qos: Arc<NamespaceQos>,
 }
 
 impl Namespace {

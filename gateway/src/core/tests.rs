@@ -63,6 +63,7 @@ pub(crate) fn fixture() -> Fixture {
         uuid: [2; 16],
         ana_group: 1,
         read_only: false,
+        qos: Default::default(),
     }));
     device.set_event_sink(Arc::new(crate::events::NamespaceEvents::new(&sub, 1)));
     target.add_subsystem(sub);
@@ -146,7 +147,10 @@ pub(crate) fn settle(q: &mut Queue, mut actions: Vec<Action>) -> Vec<Response> {
         for a in actions {
             match a {
                 Action::Respond(r) => responses.push(r),
-                Action::Submit { device, tag, op } => {
+                Action::Submit { device, tag, op }
+                | Action::SubmitThrottled {
+                    device, tag, op, ..
+                } => {
                     let sink = Arc::new(Collect::default());
                     let dyn_sink: Arc<dyn IoCompletion> = sink.clone();
                     device.submit(tag, op, &dyn_sink);

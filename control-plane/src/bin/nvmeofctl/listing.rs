@@ -119,6 +119,7 @@ impl Listing for proto::Namespace {
         "ANA GROUP",
         "NGUID",
         "VISIBLE TO",
+        "QOS",
     ];
     fn row(&self) -> Vec<String> {
         let image = if self.rados_namespace.is_empty() {
@@ -138,6 +139,7 @@ impl Listing for proto::Namespace {
                 (true, true) => "none".into(),
                 (true, false) => self.hosts.join(","),
             },
+            control_plane::qos::QosLimits::from_proto(self.qos.as_ref()).to_string(),
         ]
     }
 }
