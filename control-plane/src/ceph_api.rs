@@ -8,10 +8,6 @@
 //! error status. The mapping, and what is not supported with the errno a client then gets,
 //! is in docs/ceph-nvmeof-api.md.
 //!
-//! Three features of the API are another change's work (per-namespace QoS, per-namespace
-//! host visibility and RBD image creation): each has one function here, answering EOPNOTSUPP
-//! until it is wired (`set_qos_limits`, `add_namespace_host`, `delete_namespace_host`,
-//! `create_image`, `no_auto_visible`).
 
 use std::sync::Arc;
 
@@ -20,7 +16,7 @@ use tonic::{Request, Response, Status};
 use crate::ceph_proto as pb;
 use crate::server::ControlPlane;
 use crate::state::{self, ConfigError, GroupState, ListenerEntry, NamespaceEntry};
-use crate::store::StoreError;
+use crate::store::{ImageError, StoreError};
 
 /// The NVMe/TCP port a listener gets when the request names none (IANA's NVMe/TCP port, and
 /// ceph-nvmeof's default).
@@ -67,22 +63,29 @@ impl From<ConfigError> for Refusal {
         let errno = match &e {
             ConfigError::NoSubsystem(_)
             | ConfigError::NoHost { .. }
-            | ConfigError::NoListener(_) => libc::ENOENT,
+            | ConfigError::NoListener(_)
+            | ConfigError::NoNamespaceHost { .. } => libc::ENOENT,
             ConfigError::NoNamespace { .. } | ConfigError::NoAnaGroup(_) => libc::ENODEV,
             ConfigError::SubsystemExists(_)
             | ConfigError::NamespaceExists { .. }
             | ConfigError::ListenerExists(_)
             | ConfigError::HostExists { .. }
+            | ConfigError::NamespaceHostExists { .. }
             | ConfigError::ImageInUse(..) => libc::EEXIST,
             ConfigError::SubsystemNotEmpty { .. } => libc::EBUSY,
-            ConfigError::NoFreeNsid { .. } => libc::ENOSPC,
+            ConfigError::NoFreeNsid { .. } | ConfigError::TooManyNamespaceHosts { .. } => {
+                libc::ENOSPC
+            }
+            // ceph-nvmeof answers EINVAL for a host list on an auto-visible namespace.
+            ConfigError::NamespaceAutoVisible { .. } => libc::EINVAL,
             ConfigError::NsidRange { .. } => libc::ERANGE,
             ConfigError::Corrupt { .. } => libc::EIO,
             ConfigError::InvalidNqn { .. }
             | ConfigError::BlockSize(_)
             | ConfigError::Empty { .. }
             | ConfigError::Invalid { .. }
-            | ConfigError::BadKey { .. } => libc::EINVAL,
+            | ConfigError::BadKey { .. }
+            | ConfigError::Qos(_) => libc::EINVAL,
         };
         Refusal::new(errno, e.to_string())
     }
@@ -93,6 +96,16 @@ impl From<StoreError> for Refusal {
         match e {
             StoreError::Config(c) => c.into(),
             StoreError::Contended(_) => Refusal::new(libc::EAGAIN, e.to_string()),
+            StoreError::Image(i) => {
+                let errno = match &i {
+                    ImageError::Exists(_) => libc::EEXIST,
+                    ImageError::NotFound(_) | ImageError::NoPool(_) => libc::ENOENT,
+                    ImageError::NoSpace(..) => libc::ENOSPC,
+                    ImageError::Busy(_) => libc::EBUSY,
+                    ImageError::Other(..) => libc::EIO,
+                };
+                Refusal::new(errno, i.to_string())
+            }
             other => Refusal::new(libc::EIO, other.to_string()),
         }
     }
@@ -147,53 +160,86 @@ fn namespace_of(st: &GroupState, nqn: &str, nsid: u32) -> Outcome<NamespaceEntry
         })
 }
 
-// ------------------------------------------------------------------ wired by the lead
+// ------------------------------------------------------------------ QoS, visibility, images
 
-// lead: wire to state::... (per-namespace QoS, NamespaceSetQos) after merge
-/// `namespace_set_qos_limits` on an existing namespace.
-async fn set_qos_limits(_cp: &Arc<ControlPlane>, _r: &pb::NamespaceSetQosReq) -> Outcome<String> {
-    Err(Refusal::unsupported(
-        "per-namespace QoS (namespace_set_qos_limits)",
+/// `namespace_set_qos_limits` on an existing namespace: the Admin service's NamespaceSetQos
+/// (an absent limit stays, 0 clears one; the MB/s fields are ceph-nvmeof's `mbytes`).
+async fn set_qos_limits(cp: &Arc<ControlPlane>, r: &pb::NamespaceSetQosReq) -> Outcome<String> {
+    let change = crate::proto::QosLimits {
+        rw_ios_per_second: r.rw_ios_per_second,
+        rw_megabytes_per_second: r.rw_mbytes_per_second,
+        r_megabytes_per_second: r.r_mbytes_per_second,
+        w_megabytes_per_second: r.w_mbytes_per_second,
+    };
+    let (nqn, nsid) = (r.subsystem_nqn.clone(), r.nsid);
+    let (limits, _) = cp
+        .try_update(move |st| st.set_qos(&nqn, nsid, &change))
+        .await?;
+    tracing::info!(nqn = %r.subsystem_nqn, nsid, qos = %limits, "namespace QoS limits set (ceph-nvmeof API)");
+    Ok(format!(
+        "namespace {nsid} of {}: QoS limits {limits}",
+        r.subsystem_nqn
     ))
 }
 
-// lead: wire to state::... (per-namespace visibility, NamespaceAddHost) after merge
-/// `namespace_add_host` on an existing namespace.
+/// `namespace_add_host` on an existing namespace added with `no_auto_visible`.
 async fn add_namespace_host(
-    _cp: &Arc<ControlPlane>,
-    _r: &pb::NamespaceAddHostReq,
+    cp: &Arc<ControlPlane>,
+    r: &pb::NamespaceAddHostReq,
 ) -> Outcome<String> {
-    Err(Refusal::unsupported(
-        "per-namespace host visibility (namespace_add_host)",
+    let (nqn, nsid, host) = (r.subsystem_nqn.clone(), r.nsid, r.host_nqn.clone());
+    cp.try_update(move |st| st.add_namespace_host(&nqn, nsid, &host))
+        .await?;
+    tracing::info!(nqn = %r.subsystem_nqn, nsid, host = %r.host_nqn, "namespace made visible to a host (ceph-nvmeof API)");
+    Ok(format!(
+        "namespace {nsid} of {} visible to host {}",
+        r.subsystem_nqn, r.host_nqn
     ))
 }
 
-// lead: wire to state::... (per-namespace visibility, NamespaceDelHost) after merge
-/// `namespace_delete_host` on an existing namespace.
+/// `namespace_delete_host` on an existing namespace added with `no_auto_visible`.
 async fn delete_namespace_host(
-    _cp: &Arc<ControlPlane>,
-    _r: &pb::NamespaceDeleteHostReq,
+    cp: &Arc<ControlPlane>,
+    r: &pb::NamespaceDeleteHostReq,
 ) -> Outcome<String> {
-    Err(Refusal::unsupported(
-        "per-namespace host visibility (namespace_delete_host)",
+    let (nqn, nsid, host) = (r.subsystem_nqn.clone(), r.nsid, r.host_nqn.clone());
+    cp.try_update(move |st| st.del_namespace_host(&nqn, nsid, &host))
+        .await?;
+    tracing::info!(nqn = %r.subsystem_nqn, nsid, host = %r.host_nqn, "namespace hidden from a host (ceph-nvmeof API)");
+    Ok(format!(
+        "namespace {nsid} of {} hidden from host {}",
+        r.subsystem_nqn, r.host_nqn
     ))
 }
 
-// lead: wire to state::... (image lifecycle, NamespaceAddRequest create_image/size_bytes) after merge
-/// `namespace_add` with `create_image`: creates the RBD image of `size` bytes before the
-/// namespace is added.
-async fn create_image(_cp: &Arc<ControlPlane>, _entry: &NamespaceEntry, _size: u64) -> Outcome<()> {
-    Err(Refusal::unsupported(
-        "RBD image creation (namespace_add create_image)",
-    ))
+/// `namespace_add` with `create_image`: creates the RBD image of `size` bytes (a non-zero
+/// multiple of the block size) before the namespace is added.
+async fn create_image(cp: &Arc<ControlPlane>, entry: &NamespaceEntry, size: u64) -> Outcome<()> {
+    let block = u64::from(entry.block_size);
+    if size == 0 || block == 0 || !size.is_multiple_of(block) {
+        return Err(Refusal::new(
+            libc::EINVAL,
+            format!(
+                "create_image needs a size that is a non-zero multiple of the block size \
+                 {block} (got {size})"
+            ),
+        ));
+    }
+    let backend = cp.backend().clone();
+    let e = entry.clone();
+    tokio::task::spawn_blocking(move || {
+        backend.create_image(&e.pool, &e.rados_namespace, &e.image, size)
+    })
+    .await
+    .map_err(|e| Refusal::new(libc::EIO, format!("task failed: {e}")))??;
+    tracing::info!(image = %state::image_spec(entry), size, "image created for a namespace (ceph-nvmeof API)");
+    Ok(())
 }
 
-// lead: wire to state::... (per-namespace visibility, NamespaceAddRequest no_auto_visible) after merge
 /// `namespace_add` with `no_auto_visible`: the namespace starts visible to no host.
-fn no_auto_visible(_entry: &mut NamespaceEntry) -> Outcome<()> {
-    Err(Refusal::unsupported(
-        "per-namespace host visibility (namespace_add no_auto_visible)",
-    ))
+fn no_auto_visible(entry: &mut NamespaceEntry) -> Outcome<()> {
+    entry.no_auto_visible = true;
+    Ok(())
 }
 
 // ------------------------------------------------------------------ subsystems
@@ -440,6 +486,9 @@ async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcom
         block_size: r.block_size,
         ana_group,
         moving_from: 0,
+        no_auto_visible: false,
+        hosts: Default::default(),
+        qos: Default::default(),
     };
     if flag(r.no_auto_visible) {
         no_auto_visible(&mut entry)?;
@@ -477,9 +526,30 @@ async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcom
             ));
         }
     }
-    let (added, _) = cp
-        .try_update(move |st| st.add_namespace(checked.clone()))
-        .await?;
+    let created = flag(r.create_image);
+    let entry = checked.clone();
+    let added = cp
+        .try_update(move |st| st.add_namespace(entry.clone()))
+        .await;
+    let (added, _) = match added {
+        Ok(a) => a,
+        Err(refused) => {
+            if created {
+                // The namespace was refused (the state changed since the check): the image
+                // made for it goes too, so nothing is left behind.
+                let backend = cp.backend().clone();
+                let e = checked.clone();
+                let removed = tokio::task::spawn_blocking(move || {
+                    backend.remove_image(&e.pool, &e.rados_namespace, &e.image)
+                })
+                .await;
+                if !matches!(removed, Ok(Ok(()))) {
+                    tracing::error!(image = %state::image_spec(&checked), "image created for a refused namespace not removed: {removed:?}");
+                }
+            }
+            return Err(refused.into());
+        }
+    };
     tracing::info!(nqn = %added.subsystem_nqn, nsid = added.nsid, ana_group = added.ana_group, image = %state::image_spec(&added), "namespace added (ceph-nvmeof API)");
     Ok(added.nsid)
 }
@@ -504,12 +574,12 @@ fn namespace_cli(n: &NamespaceEntry) -> pb::NamespaceCli {
         // Not known to the control plane (the image's size lives in RBD).
         rbd_image_size: 0,
         uuid,
-        rw_ios_per_second: 0,
-        rw_mbytes_per_second: 0,
-        r_mbytes_per_second: 0,
-        w_mbytes_per_second: 0,
-        auto_visible: true,
-        hosts: Vec::new(),
+        rw_ios_per_second: n.qos.rw_ios_per_second,
+        rw_mbytes_per_second: n.qos.rw_megabytes_per_second,
+        r_mbytes_per_second: n.qos.r_megabytes_per_second,
+        w_mbytes_per_second: n.qos.w_megabytes_per_second,
+        auto_visible: !n.no_auto_visible,
+        hosts: n.hosts.iter().cloned().collect(),
         ns_subsystem_nqn: Some(n.subsystem_nqn.clone()),
         trash_image: Some(false),
         disable_auto_resize: Some(false),

@@ -148,6 +148,7 @@ mod tests {
                 moving_from: 0,
                 no_auto_visible: restricted,
                 hosts: Default::default(),
+                qos: Default::default(),
             })
             .expect("namespace");
         }

@@ -750,11 +750,12 @@ async fn bad_input_is_refused_with_its_errno_and_changes_nothing() {
     );
 }
 
-/// What ceph-nvmeof's other options and calls get: the features other changes bring answer
-/// EOPNOTSUPP (after the namespace is found), a host with connections is removed with EBUSY
-/// (as ceph-nvmeof answers; ceph-csi takes it as done), `*` opens the subsystem.
+/// QoS limits, per-host visibility and image creation through the API (and their refusals,
+/// state unchanged), I/O stats answered EOPNOTSUPP (after the namespace is found), a host
+/// with connections is removed with EBUSY (as ceph-nvmeof answers; ceph-csi takes it as
+/// done), `*` opens the subsystem.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unsupported_options_busy_hosts_and_any_host() {
+async fn qos_visibility_images_busy_hosts_and_any_host() {
     let mut f = start().await;
     let gw = &mut f.gw;
     assert_eq!(
@@ -775,77 +776,137 @@ async fn unsupported_options_busy_hosts_and_any_host() {
     );
     let before = config(&f.cp);
 
-    let qos = |nsid| pb::NamespaceSetQosReq {
+    // QoS: set (read back by list_namespaces), cleared by 0; a bad limit EINVAL, a missing
+    // namespace ENODEV, both leaving the state.
+    let qos = |nsid, iops| pb::NamespaceSetQosReq {
         subsystem_nqn: NQN.into(),
         nsid,
-        rw_ios_per_second: Some(1000),
+        rw_ios_per_second: Some(iops),
+        w_mbytes_per_second: Some(50),
         ..Default::default()
     };
     let r = gw
-        .namespace_set_qos_limits(qos(1))
+        .namespace_set_qos_limits(qos(1, 1000))
         .await
         .expect("qos")
         .into_inner();
-    assert_eq!(r.status, EOPNOTSUPP, "{r:?}");
-    assert!(r
-        .error_message
-        .contains("not supported by this gateway yet"));
-    assert_eq!(
-        gw.namespace_set_qos_limits(qos(7))
+    assert_eq!(r.status, 0, "{r:?}");
+    let listed = |gw: &mut GatewayClient<Channel>| {
+        let mut gw = gw.clone();
+        async move {
+            gw.list_namespaces(pb::ListNamespacesReq {
+                subsystem: NQN.into(),
+                nsid: Some(1),
+                uuid: None,
+            })
+            .await
+            .expect("list")
+            .into_inner()
+            .namespaces
+            .remove(0)
+        }
+    };
+    let ns = listed(gw).await;
+    assert_eq!((ns.rw_ios_per_second, ns.w_mbytes_per_second), (1000, 50));
+    let limited = config(&f.cp);
+    for (what, req, want) in [
+        ("absurd IOPS", qos(1, 1 << 40), EINVAL),
+        ("IOPS below the minimum", qos(1, 3), EINVAL),
+        ("missing namespace", qos(7, 1000), ENODEV),
+    ] {
+        let r = gw
+            .namespace_set_qos_limits(req)
             .await
             .expect("qos")
-            .get_ref()
-            .status,
-        ENODEV
+            .into_inner();
+        assert_eq!(r.status, want, "{what}: {r:?}");
+        assert_eq!(config(&f.cp), limited, "{what} changed the state");
+    }
+    let r = gw
+        .namespace_set_qos_limits(pb::NamespaceSetQosReq {
+            subsystem_nqn: NQN.into(),
+            nsid: 1,
+            rw_ios_per_second: Some(0),
+            w_mbytes_per_second: Some(0),
+            ..Default::default()
+        })
+        .await
+        .expect("qos")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(
+        f.cp.state().namespaces,
+        before.namespaces,
+        "limits cleared: the namespaces as before"
     );
-    let ns_host = pb::NamespaceAddHostReq {
+
+    // Per-host visibility: a namespace added no_auto_visible is listed with no host, gains
+    // and loses one; twice answers EEXIST / ENOENT; on an auto-visible one EINVAL.
+    let mut hidden = namespace_req("img2", 512);
+    hidden.no_auto_visible = Some(true);
+    let added = gw.namespace_add(hidden).await.expect("rpc").into_inner();
+    assert_eq!((added.status, added.nsid), (0, 2), "{added:?}");
+    let ns_host = |nsid| pb::NamespaceAddHostReq {
         subsystem_nqn: NQN.into(),
-        nsid: 1,
+        nsid,
         host_nqn: NODE.into(),
         force: None,
     };
-    assert_eq!(
-        gw.namespace_add_host(ns_host)
-            .await
-            .expect("rpc")
-            .get_ref()
-            .status,
-        EOPNOTSUPP
-    );
-    let ns_del_host = pb::NamespaceDeleteHostReq {
+    let ns_del_host = |nsid| pb::NamespaceDeleteHostReq {
         subsystem_nqn: NQN.into(),
-        nsid: 1,
+        nsid,
         host_nqn: NODE.into(),
     };
-    assert_eq!(
-        gw.namespace_delete_host(ns_del_host)
+    for (what, nsid, want) in [
+        ("add host", 2, 0),
+        ("add host again", 2, EEXIST),
+        ("add host to an auto-visible namespace", 1, EINVAL),
+    ] {
+        let r = gw
+            .namespace_add_host(ns_host(nsid))
             .await
             .expect("rpc")
-            .get_ref()
-            .status,
-        EOPNOTSUPP
-    );
+            .into_inner();
+        assert_eq!(r.status, want, "{what}: {r:?}");
+    }
+    let entry = &f.cp.state().namespaces[&(NQN.to_string(), 2)];
+    assert!(entry.no_auto_visible);
+    assert_eq!(entry.hosts.iter().collect::<Vec<_>>(), vec![NODE]);
+    for (what, want) in [("delete host", 0), ("delete host again", ENOENT)] {
+        let r = gw
+            .namespace_delete_host(ns_del_host(2))
+            .await
+            .expect("rpc")
+            .into_inner();
+        assert_eq!(r.status, want, "{what}: {r:?}");
+    }
+    assert!(f.cp.state().namespaces[&(NQN.to_string(), 2)]
+        .hosts
+        .is_empty());
+
+    // create_image: the image made, then the namespace; again EEXIST; no size EINVAL.
     let mut create = namespace_req("new-image", 512);
     create.create_image = Some(true);
     create.size = Some(GIB);
-    assert_eq!(
-        gw.namespace_add(create)
-            .await
-            .expect("rpc")
-            .get_ref()
-            .status,
-        EOPNOTSUPP
-    );
-    let mut hidden = namespace_req("img2", 512);
-    hidden.no_auto_visible = Some(true);
-    assert_eq!(
-        gw.namespace_add(hidden)
-            .await
-            .expect("rpc")
-            .get_ref()
-            .status,
-        EOPNOTSUPP
-    );
+    let r = gw
+        .namespace_add(create.clone())
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!((r.status, r.nsid), (0, 3), "{r:?}");
+    let made = config(&f.cp);
+    create.nsid = Some(9);
+    let r = gw
+        .namespace_add(create.clone())
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, EEXIST, "image exists: {r:?}");
+    create.rbd_image_name = "other-image".into();
+    create.size = None;
+    let r = gw.namespace_add(create).await.expect("rpc").into_inner();
+    assert_eq!(r.status, EINVAL, "no size: {r:?}");
+    assert_eq!(config(&f.cp), made, "refusals changed the state");
     let stats = gw
         .namespace_get_io_stats(pb::NamespaceGetIoStatsReq {
             subsystem_nqn: NQN.into(),
@@ -857,7 +918,6 @@ async fn unsupported_options_busy_hosts_and_any_host() {
         .into_inner();
     assert_eq!(stats.status, EOPNOTSUPP);
     assert!(stats.error_message.contains("nvmeof_namespace_ops_total"));
-    assert_eq!(config(&f.cp), before);
 
     // A host still connected: removed (the gateways close its controllers), EBUSY says it
     // was; with keep_connections it is refused and stays.

@@ -84,7 +84,8 @@ pub struct Cost {
 impl Cost {
     /// Reads (and a Compare's read) and writes count their data; Write Zeroes and each
     /// deallocated range count as one I/O without data (nothing crosses the wire); a
-    /// Flush carries no data and is not throttled, so durability is never held back.
+    /// Flush carries no data and is not throttled, so durability is never held back; nor is
+    /// storing a reservation record (the gateway's own bookkeeping, not the host's I/O).
     pub fn of(op: &IoOp) -> Cost {
         match op {
             IoOp::Read { buf, .. } => Cost {
@@ -107,7 +108,7 @@ impl Cost {
                 read_bytes: 0,
                 write_bytes: 0,
             },
-            IoOp::Flush => Cost::default(),
+            IoOp::Flush | IoOp::StoreRecord { .. } => Cost::default(),
         }
     }
 }

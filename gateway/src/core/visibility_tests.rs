@@ -31,6 +31,7 @@ fn add_namespace(sub: &Subsystem, nsid: u32) {
         uuid: [0x40 + nsid as u8; 16],
         ana_group: 1,
         read_only: false,
+        qos: Default::default(),
     }));
 }
 
@@ -307,6 +308,7 @@ fn visibility_cost_with_1000_namespaces_and_64_hosts_each() {
                 uuid: [0; 16],
                 ana_group: 1,
                 read_only: false,
+                qos: Default::default(),
             }));
         }
         let (mut admin, mut io) = attach(&f, HOSTNQN);
