@@ -1511,6 +1511,12 @@ fn records_are_stored_with_the_image_and_a_fenced_client_cannot_store_them() {
         None,
         "records belong to their image"
     );
+    // The records thread counts a store down just after delivering its completion (so a
+    // drain never sees a device idle before its completion is out): wait for that moment.
+    let counted_down = Instant::now();
+    while RbdDevice::in_flight(&owner) != 0 && counted_down.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert_eq!(
         RbdDevice::in_flight(&owner),
         0,

@@ -56,6 +56,27 @@ connected_ctrls() {
     [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] && echo "${c##*/}"
   done
 }
+ctrls_live() { # NQN SECONDS: every controller of NQN live within SECONDS
+  local end=$(( $(date +%s) + $2 )) c all
+  while [ "$(date +%s)" -lt "$end" ]; do
+    all=1
+    for c in $(connected_ctrls "$1"); do
+      [ "$(cat "/sys/class/nvme/$c/state" 2>/dev/null)" = live ] || all=0
+    done
+    [ $all -eq 1 ] && return 0
+    sleep 0.2
+  done
+  return 1
+}
+ctrls_report() { # NQN: its controllers' states, and the kernel's blocked tasks (sysrq w)
+  local c
+  for c in $(connected_ctrls "$1"); do
+    say "  $c $(cat "/sys/class/nvme/$c/state" 2>/dev/null) $(cat "/sys/class/nvme/$c/address" 2>/dev/null)"
+  done
+  echo w > /proc/sysrq-trigger 2>/dev/null
+  sleep 1
+  dmesg | tail -n 60 | sed 's/^/    dmesg: /'
+}
 disconnect_nqn() {
   timeout -k 5 60 nvme disconnect -n "$1" 2>&1 | sed 's/^/    /'
   for _ in $(seq 150); do [ -z "$(connected_ctrls "$1")" ] && return 0; sleep 0.1; done

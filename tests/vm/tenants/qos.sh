@@ -6,7 +6,7 @@
 #                 creates (namespace add --create-image --size), connected through both gateways
 #   qos.refused   bad limits (5 IOPS, absurd MB/s) and an unknown namespace: refused, limits as
 #                 they were; --delete-image while connected: refused
-#   qos.iops      4K randread QD16 on nsid 1 unthrottled, then limited to a quarter of that
+#   qos.iops      4K randread QD16 on nsid 1 unthrottled, then limited to an eighth of that
 #                 (set-qos live) while nsid 2 runs beside it: nsid 1 within 10% of its limit,
 #                 nsid 2 keeps at least half its own unthrottled rate
 #   qos.bw        the same for bandwidth (64K reads, rw_megabytes_per_second)
@@ -98,7 +98,10 @@ qos_iops() {
   read -r base _ < <(qos_fio 1 4k) || return 1
   read -r base2 _ < <(qos_fio 2 4k) || return 1
   say "unthrottled: nsid 1 $base IOPS, nsid 2 $base2 IOPS"
-  limit=$(( ${base%.*} / 4 ))
+  # An eighth: at a quarter nsid 1 reached 85-97% of its limit over three runs with nsid 2's
+  # fio beside it saturating the guest (TCG, 2 vCPUs), and 99% with nothing beside it
+  # (qos.failover): the guest's CPU, not the throttle, held it below
+  limit=$(( ${base%.*} / 8 ))
   [ "$limit" -ge 50 ] || { say "unthrottled rate $base too low to test a limit"; return 1; }
   QOS_IOPS_LIMIT=$limit
   ctl namespace set-qos -n "$QOS_NQN" --nsid 1 --rw-ios-per-second "$limit" || return 1
@@ -157,11 +160,12 @@ qos_failover() {
   both_available 60 > /dev/null || ok=1
   # The host's path to the restarted gw1 is back (failback: optimized there again) before
   # the part goes on: cleanup must not disconnect a controller still reconnecting.
-  if qos_optimized_via "${PORTS[0]}" 60; then say "failback: nsid 1 optimized through gw1 again"
+  # (A path keeps its last ANA state while its controller reconnects: every controller live
+  # first.)
+  if ctrls_live "$QOS_NQN" 60 && qos_optimized_via "${PORTS[0]}" 60; then say "failback: nsid 1 optimized through gw1 again"
   else
-    say "nsid 1 not optimized through the restarted gw1 within 60 s; controllers:"
-    local c
-    for c in $(connected_ctrls "$QOS_NQN"); do say "  $c $(cat /sys/class/nvme/$c/state) $(cat /sys/class/nvme/$c/address)"; done
+    say "the host's controllers did not all come back live with nsid 1 optimized through the restarted gw1 within 60 s:"
+    ctrls_report "$QOS_NQN"
     ok=1
   fi
   return $ok
@@ -169,6 +173,11 @@ qos_failover() {
 
 qos_cleanup() {
   local ok=0 i
+  # Deleting a controller that is stuck reconnecting blocks in the kernel (6.1): not tried
+  if ! ctrls_live "$QOS_NQN" 30; then
+    say "a controller of $QOS_NQN is not live: not disconnecting (it would block)"; ctrls_report "$QOS_NQN"
+    return 1
+  fi
   disconnect_nqn "$QOS_NQN" || { delete_ctrls "$QOS_NQN"; ok=1; }
   # The gateways' beacons must stop reporting the connections before --delete-image is taken.
   for i in 1 2; do
@@ -192,7 +201,7 @@ qos_cleanup() {
 tenant_qos() {
   if step qos.setup "subsystem, 2 namespaces on gw1 with images made by --create-image, connected" qos_setup; then
     step qos.refused "bad limits, unknown namespace, --delete-image while connected: refused, state unchanged" qos_refused
-    step qos.iops "IOPS limit (a quarter of the unthrottled rate) within 10%, nsid 2 keeps its rate" qos_iops
+    step qos.iops "IOPS limit (an eighth of the unthrottled rate) within 10%, nsid 2 keeps its rate" qos_iops
     step qos.bw "bandwidth limit (a quarter of the unthrottled MiB/s) within 10%" qos_bw
     step qos.failover "IOPS limit holds through gw2 after kill -9 of gw1 (gw1 started again)" qos_failover
   else
