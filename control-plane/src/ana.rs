@@ -8,8 +8,10 @@
 //! Rules:
 //! - Each gateway owns one ANA group. A group's *holder* is the gateway whose path is
 //!   optimized for it: its owner, or a survivor after a failover.
-//! - A gateway that has not beaconed for `grace_ms` is unavailable. Each group it holds is
-//!   fenced first ([`Action::Fence`]); only the [`Event::Fenced`] for that fence moves the group
+//! - A gateway that has not beaconed for `grace_ms` is unavailable; so is one whose control
+//!   stream ended ([`Event::StreamEnded`]: its process died and the kernel reset its
+//!   connections, or the network between it and the replica broke). Either way each group it
+//!   holds is fenced first ([`Action::Fence`]); only the [`Event::Fenced`] for that fence moves the group
 //!   to a survivor (the owner if it is available, else the available gateway holding the
 //!   fewest groups, ties by name). No survivor: the group is orphaned and moves as soon as
 //!   one appears (after the fence).
@@ -233,6 +235,17 @@ pub enum Event {
         gateway: String,
         now_ms: u64,
     },
+    /// A control stream (`Join`) of the gateway's process `incarnation` ended: the process died
+    /// (the kernel reset its connections) or the network to it broke. A fast *suspicion*, not
+    /// proof of death: the gateway is unavailable at once, so the groups it holds are fenced
+    /// at once, and they move only when that fence is done, exactly as after missed beacons.
+    /// Ignored for another incarnation (the gateway restarted meanwhile) or a gateway that is
+    /// not available.
+    StreamEnded {
+        gateway: String,
+        incarnation: u64,
+        now_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -438,8 +451,37 @@ impl GroupMap {
                 }
                 self.advance(now_ms, &mut actions);
             }
+            Event::StreamEnded {
+                gateway,
+                incarnation,
+                now_ms,
+            } => self.stream_ended(&gateway, incarnation, now_ms, &mut actions),
         }
         Ok(actions)
+    }
+
+    fn stream_ended(
+        &mut self,
+        gateway: &str,
+        incarnation: u64,
+        now_ms: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(gw) = self.gateways.get_mut(gateway) else {
+            return;
+        };
+        if gw.incarnation != incarnation || gw.availability != Availability::Available {
+            return;
+        }
+        tracing::warn!(
+            gateway = %gateway,
+            incarnation,
+            silent_ms = gw.last_beacon_ms.map(|t| now_ms.saturating_sub(t)),
+            "gateway's control stream ended: unavailable (fencing what it holds at once)"
+        );
+        gw.availability = Availability::Unavailable;
+        gw.available_since_ms = None;
+        self.advance(now_ms, actions);
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -78,6 +78,9 @@ pub struct ControlPlane {
     /// Namespace moves this replica is ending (an admin request waiting for the drain, or
     /// the leader ending a move whose request died with its replica).
     ending_moves: Mutex<std::collections::BTreeSet<(String, u32)>>,
+    /// Set when this replica's server stops: the gateways' streams it ends then say nothing
+    /// about the gateways.
+    stopping: AtomicBool,
 }
 
 fn status(e: StoreError) -> Status {
@@ -156,6 +159,7 @@ impl ControlPlane {
             connections: Mutex::new(std::collections::BTreeMap::new()),
             applied_state: Mutex::new(std::collections::BTreeMap::new()),
             ending_moves: Mutex::new(std::collections::BTreeSet::new()),
+            stopping: AtomicBool::new(false),
         });
         // Follow every notify off the librados thread: apply the write it carries, or re-read.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<Vec<u8>>>();
@@ -502,6 +506,51 @@ impl ControlPlane {
             .update(move |st| st.finish_move_from(&nqn, nsid, from))
             .await?;
         Ok(st)
+    }
+
+    /// `shutdown`, which marks this replica stopping when it resolves: the gateways' streams
+    /// its server then ends are no sign of their death.
+    pub(crate) fn stopping_on(
+        self: &Arc<Self>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let cp = Arc::downgrade(self);
+        async move {
+            shutdown.await;
+            if let Some(cp) = cp.upgrade() {
+                cp.stopping.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// A gateway's `Join` stream ended (see [`Event::StreamEnded`]): on the leader, the
+    /// gateway is suspected dead and what it holds is fenced at once, without waiting out the
+    /// beacon grace. Nothing on a replica that does not lead (the gateway holds a stream to
+    /// every replica: the leader has its own) or whose server is stopping. A stream without
+    /// an incarnation (an old gateway) says nothing about which process ended.
+    async fn stream_ended(self: &Arc<Self>, gateway: String, incarnation: u64) {
+        if incarnation == 0 || self.stopping.load(Ordering::SeqCst) || !self.is_leader() {
+            return;
+        }
+        let now = self.now_ms();
+        match self
+            .feed(Event::StreamEnded {
+                gateway: gateway.clone(),
+                incarnation,
+                now_ms: now,
+            })
+            .await
+        {
+            Ok(actions) if actions.iter().any(|a| matches!(a, Action::Fence { .. })) => {
+                tracing::warn!(gateway = %gateway, incarnation, "gateway's control stream ended: fencing it now")
+            }
+            Ok(_) => {
+                tracing::debug!(gateway = %gateway, incarnation, "gateway's control stream ended")
+            }
+            Err(e) => {
+                tracing::debug!(gateway = %gateway, "stream end not applied: {}", e.message())
+            }
+        }
     }
 
     /// Blocklists a restarted gateway's previous clients in the background (logged; nothing
@@ -1624,7 +1673,8 @@ impl proto::gateway_control_server::GatewayControl for GatewayService {
         &self,
         r: Request<proto::JoinRequest>,
     ) -> Result<Response<Self::JoinStream>, Status> {
-        let gateway = r.into_inner().gateway;
+        let r = r.into_inner();
+        let (gateway, incarnation, presence_only) = (r.gateway, r.incarnation, r.presence_only);
         if gateway.is_empty() {
             return Err(Status::invalid_argument("join without a gateway name"));
         }
@@ -1634,20 +1684,27 @@ impl proto::gateway_control_server::GatewayControl for GatewayService {
         tokio::spawn(async move {
             let mut last: Option<proto::Assignment> = None;
             loop {
-                let a = cp.assignment(&gateway);
+                let a = if presence_only {
+                    None
+                } else {
+                    cp.assignment(&gateway)
+                };
                 if a.is_some() && a != last {
                     if let Some(a) = a.clone() {
                         if tx.send(Ok(a)).await.is_err() {
-                            return;
+                            break;
                         }
                     }
                     last = a;
                 }
                 tokio::select! {
                     r = changed.changed() => if r.is_err() { return },
-                    _ = tx.closed() => return,
+                    _ = tx.closed() => break,
                 }
             }
+            // The gateway's end of the stream is gone: its process died (the kernel reset
+            // its connection), it dropped the stream, or the network broke.
+            cp.stream_ended(gateway, incarnation).await;
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -1662,6 +1719,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    let shutdown = cp.stopping_on(shutdown);
     tonic::transport::Server::builder()
         .add_service(proto::admin_server::AdminServer::new(AdminService(
             cp.clone(),

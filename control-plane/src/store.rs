@@ -273,10 +273,17 @@ impl Backend for RadosBackend {
     }
 
     fn fence(&self, addrs: &[String]) -> Result<(), StoreError> {
-        for a in addrs {
-            let status = self.client.blocklist_add(a, Some(BLOCKLIST_EXPIRE))?;
-            tracing::warn!(addr = %a, "blocklisted: {status}");
+        // All at once: one osdmap commit for all of them (one by one, each after the first
+        // waited up to the monitor's propose interval, ~1 s).
+        for status in self
+            .client
+            .blocklist_add_all(addrs, Some(BLOCKLIST_EXPIRE))?
+        {
+            tracing::warn!("blocklisted: {status}");
         }
+        // A few ms: the survivor refreshes its own clients' osdmaps before it turns the group
+        // optimized (what keeps the fenced writer out); this one keeps the replica's view
+        // current for whatever it reads next.
         self.client.wait_for_latest_osdmap()?;
         Ok(())
     }

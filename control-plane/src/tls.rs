@@ -179,6 +179,7 @@ pub async fn serve(
     let Some(tls) = tls else {
         return crate::server::serve(cp, listener, shutdown).await;
     };
+    let shutdown = cp.stopping_on(shutdown);
     tonic::transport::Server::builder()
         .tls_config(tls)?
         .add_service(proto::admin_server::AdminServer::new(AdminService(

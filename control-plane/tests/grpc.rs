@@ -258,6 +258,7 @@ async fn assignments_follow_a_fenced_failover() {
         .join(proto::JoinRequest {
             gateway: "gw1".into(),
             incarnation: 1,
+            presence_only: false,
         })
         .await
         .expect("join")

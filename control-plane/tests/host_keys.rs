@@ -112,6 +112,7 @@ async fn keys_reach_the_gateways_and_no_list() {
         .join(proto::JoinRequest {
             gateway: "gw1".into(),
             incarnation: 1,
+            presence_only: false,
         })
         .await
         .expect("join")

@@ -187,6 +187,7 @@ async fn the_other_replica_takes_over_and_still_fails_over() {
         .join(proto::JoinRequest {
             gateway: "gw1".into(),
             incarnation: 7,
+            presence_only: false,
         })
         .await
         .expect("join")

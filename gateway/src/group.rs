@@ -415,8 +415,17 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         clients.clone(),
         listeners_tx,
     ));
+    let mut tasks = vec![beacons, assignments];
+    for (addr, ch) in &channels {
+        tasks.push(tokio::spawn(presence_loop(
+            gateway.clone(),
+            incarnation,
+            addr.clone(),
+            ch.clone(),
+        )));
+    }
     GroupAgent {
-        tasks: vec![beacons, assignments],
+        tasks,
         applied,
         first_applied,
         incarnation,
@@ -536,6 +545,32 @@ async fn beacon_loop(
     }
 }
 
+/// Holds a `Join` stream that carries no assignment (`presence_only`) open with the replica at
+/// `addr`, re-opened whenever it ends: the leader (whichever replica it is) sees this process
+/// die at once, from its connection being reset, instead of after the beacon grace. Nothing
+/// arrives on it (an older replica that ignores the flag sends assignments: skipped).
+async fn presence_loop(gateway: String, incarnation: u64, addr: String, ch: Channel) {
+    loop {
+        let mut client = GatewayControlClient::new(ch.clone());
+        match client
+            .join(JoinRequest {
+                gateway: gateway.clone(),
+                incarnation,
+                presence_only: true,
+            })
+            .await
+        {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                while let Ok(Some(_)) = stream.message().await {}
+                tracing::debug!(control_plane = %addr, "presence stream ended; re-opening it");
+            }
+            Err(s) => tracing::debug!(control_plane = %addr, "presence stream: {}", s.message()),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// Runs the futures concurrently and collects their outputs in order.
 async fn futures_join_all<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
 where
@@ -577,6 +612,7 @@ async fn assignment_loop(
             .join(JoinRequest {
                 gateway: settings.gateway.clone(),
                 incarnation,
+                presence_only: false,
             })
             .await
         {

@@ -109,6 +109,39 @@ impl Client {
         Ok(last)
     }
 
+    /// `osd blocklist add` of every address of every client in `clients` (each as
+    /// [`Client::blocklist_add`] takes it), all at once: the monitor commits blocklist entries
+    /// that arrive together in one osdmap proposal, where one after the other each waits for
+    /// its own, and from the second on for the monitor's propose interval (1 s by default)
+    /// too. Returns the monitor's status text per address; the first refusal is the error
+    /// (the others were still asked).
+    pub fn blocklist_add_all(
+        &self,
+        clients: &[String],
+        expire: Option<Duration>,
+    ) -> Result<Vec<String>, RadosError> {
+        let addrs: std::collections::BTreeSet<String> =
+            clients.iter().flat_map(|c| split_addrs(c)).collect();
+        std::thread::scope(|scope| {
+            let asked: Vec<_> = addrs
+                .iter()
+                .map(|a| scope.spawn(move || self.blocklist_add(a, expire)))
+                .collect();
+            asked
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(RadosError::MonCommand {
+                            cmd: "osd blocklist add".into(),
+                            errno: 5,
+                            status: "the thread asking it panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        })
+    }
+
     /// `osd blocklist rm ADDR` for every address of a client.
     pub fn blocklist_rm(&self, addr: &str) -> Result<(), RadosError> {
         for a in split_addrs(addr) {

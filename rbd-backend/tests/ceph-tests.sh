@@ -8,6 +8,7 @@
 #   - control-plane/tests/rados_store.rs (group state in RADOS, watch refresh, leader lease)
 #   - control-plane/tests/replicas.rs    (kill -9 the leading nvmeof-control; failover after)
 #   - gateway/tests/failover.rs   (two gateway processes + control plane: fenced failover)
+#   - gateway/tests/failover_kill.rs   (kill -9 of a gateway: fenced and moved at once, no grace)
 #   - gateway/tests/group_config.rs (subsystems/namespaces pushed from the control plane)
 #   - gateway/tests/osd_down_start.rs (gateway start with the OSD stopped: serves, RBD later)
 #   - gateway/tests/osd_stall_budget.rs (hosts writing into a stopped OSD: the data budget
@@ -60,6 +61,7 @@ bounded "${CARGO:-cargo}" test -p control-plane --features ceph-tests --test rep
 bounded "${CARGO:-cargo}" test -p control-plane --features ceph-tests --test health -- "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test failover -- --ignored "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test failover_kill -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_config -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_down_start -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_stall_budget -- --ignored "$@" || rc=1

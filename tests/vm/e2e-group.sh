@@ -23,6 +23,8 @@
 #                          fenced and past the grace, then thawed (SIGCONT); the same
 #                          connection at once writes 0x5A there: that write must fail, and
 #                          `rbd export` must still hold 0xA5 (data intact)
+#   freeze-gw N / thaw-gw N  SIGSTOP / SIGCONT gateway N (a frozen process: its sockets stay
+#                          open, so only missed beacons and the hosts' keep-alive notice it)
 #   kill-leader            kill -9 the leading nvmeof-control replica (nvmeofctl says which);
 #                          answer once the other leads, after restarting the killed one
 #   check IMAGE {zero OFF LEN | cmp OFF FILE}...   rbd export IMAGE, compare ranges
@@ -264,6 +266,14 @@ act_start_gw() { # N
     echo ok; echo "gw$n restarted (pid ${GWPID[$n]}), listening after $(since "$t0")s"
   else echo fail; cat "$WORK/start.out"; fi
 }
+act_signal_gw() { # N STOP|CONT
+  local n=$1 p=${GWPID[$1]:-}
+  [ -n "$p" ] && kill -0 "$p" 2>/dev/null || { echo fail; echo "gw$n is not running"; return; }
+  kill "-$2" "$p"
+  [ "$2" = STOP ] && FENCES_CAUSED=$((FENCES_CAUSED + 1))
+  echo "---- SIG$2 $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
+  echo ok; echo "gw$n (pid $p) SIG$2"
+}
 gw_state() { # N: the control plane's availability of gwN
   ctl -o json gateway list 2>/dev/null | python3 -c '
 import json, sys
@@ -368,6 +378,8 @@ handle() { # reads one request line, prints the answer
     kill-gw) gw_ok "${1:-}" && act_kill_gw "$1" || { echo fail; echo "bad request '$line'"; } ;;
     start-gw) gw_ok "${1:-}" && act_start_gw "$1" || { echo fail; echo "bad request '$line'"; } ;;
     fence-cycle) gw_ok "${1:-}" && [ $# -eq 3 ] && act_fence_cycle "$@" || { echo fail; echo "bad request '$line'"; } ;;
+    freeze-gw) gw_ok "${1:-}" && act_signal_gw "$1" STOP || { echo fail; echo "bad request '$line'"; } ;;
+    thaw-gw) gw_ok "${1:-}" && act_signal_gw "$1" CONT || { echo fail; echo "bad request '$line'"; } ;;
     kill-leader) act_kill_leader ;;
     check) check_image "$@" ;;
     restart-all) act_restart_all ;;

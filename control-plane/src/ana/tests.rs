@@ -586,6 +586,15 @@ fn random_run(seed: u64) -> (GroupMap, Vec<Action>) {
                 if alive[i] && rng.below(2) == 0 {
                     inc[i] += 1; // restarted rather than resumed
                 }
+                if !alive[i] && rng.below(2) == 0 {
+                    // Its control stream ends too (the process died, or the network broke).
+                    s.event(Event::StreamEnded {
+                        gateway: names[i].into(),
+                        incarnation: inc[i],
+                        now_ms: s.now,
+                    })
+                    .expect("stream end");
+                }
             }
             3 => {
                 // A planned shutdown: the gateway leaves, then stops (and later restarts).
@@ -892,4 +901,126 @@ fn a_restarted_gateway_s_previous_clients_are_blocklisted() {
     );
     // Still optimized for its group: a restart within the grace moves nothing.
     assert_eq!(s.state("gw1", 1), AnaState::Optimized);
+}
+
+#[test]
+fn a_stream_end_fences_at_once_and_moves_the_group_only_when_fenced() {
+    let mut s = two_gateways();
+    s.now += 10; // well within the grace
+    let a = s
+        .event(Event::StreamEnded {
+            gateway: "gw2".into(),
+            incarnation: 22,
+            now_ms: s.now,
+        })
+        .expect("stream end");
+    assert_eq!(
+        a,
+        vec![Action::Fence {
+            fence: 1,
+            group: 2,
+            gateway: "gw2".into(),
+            addrs: vec!["127.0.0.1:0/22".into()],
+            scope: FenceScope::Gateway,
+        }]
+    );
+    assert_eq!(
+        s.map.gateways["gw2"].availability,
+        Availability::Unavailable
+    );
+    // Until the fence is done nobody else is optimized for group 2.
+    s.now += 100;
+    s.beacon("gw1", 1, 11);
+    s.tick();
+    assert_eq!(s.state("gw1", 2), AnaState::Inaccessible);
+    assert_eq!(s.holder(2), "gw2");
+    let a = s.complete_fence();
+    assert_eq!(s.state("gw1", 2), AnaState::Optimized);
+    assert_eq!(s.map.gateways["gw2"].availability, Availability::Fenced);
+    assert!(a.contains(&Action::Push {
+        gateway: "gw1".into()
+    }));
+}
+
+#[test]
+fn a_gateway_beaconing_again_after_its_stream_ended_is_still_fenced() {
+    // A network blip on a live gateway: its stream ends, it beacons on. It must still be
+    // fenced before anyone else writes, and stays fenced.
+    let mut s = two_gateways();
+    s.event(Event::StreamEnded {
+        gateway: "gw2".into(),
+        incarnation: 22,
+        now_ms: s.now,
+    })
+    .expect("stream end");
+    s.now += 50;
+    s.beacon("gw2", 2, 22);
+    s.beacon("gw1", 1, 11);
+    s.tick();
+    assert!(matches!(
+        s.map.groups[&2].phase,
+        Phase::FailoverWaitFence {
+            incarnation: 22,
+            ..
+        }
+    ));
+    assert_eq!(s.state("gw2", 2), AnaState::Optimized, "still its holder");
+    s.complete_fence();
+    assert_eq!(s.holder(2), "gw1");
+    for _ in 0..5 {
+        s.now += 500;
+        s.beacon("gw1", 1, 11);
+        s.beacon("gw2", 2, 22);
+        s.tick();
+        assert_eq!(s.map.gateways["gw2"].availability, Availability::Fenced);
+        assert_eq!(s.state("gw2", 2), AnaState::Inaccessible);
+    }
+}
+
+#[test]
+fn a_stream_end_of_another_process_or_an_unknown_gateway_does_nothing() {
+    let mut s = two_gateways();
+    // gw2 restarted (incarnation 23): the old process's stream ends after that.
+    s.now += 100;
+    s.beacon("gw2", 2, 23);
+    s.actions.clear();
+    for (gateway, incarnation) in [("gw2", 22), ("gw9", 1)] {
+        let a = s
+            .event(Event::StreamEnded {
+                gateway: gateway.into(),
+                incarnation,
+                now_ms: s.now,
+            })
+            .expect("stream end");
+        assert!(a.is_empty(), "{gateway}/{incarnation}: {a:?}");
+    }
+    assert_eq!(s.map.gateways["gw2"].availability, Availability::Available);
+    assert_eq!(s.state("gw2", 2), AnaState::Optimized);
+}
+
+#[test]
+fn a_stream_end_of_a_gateway_holding_nothing_fences_nothing() {
+    let mut s = failed_over(); // gw2 fenced, gw1 holds both groups
+    s.now += 100;
+    s.beacon("gw2", 2, 23); // restarted: available, not yet failed back
+    s.event(Event::StreamEnded {
+        gateway: "gw2".into(),
+        incarnation: 23,
+        now_ms: s.now,
+    })
+    .expect("stream end");
+    assert!(s.fences.is_empty());
+    assert_eq!(
+        s.map.gateways["gw2"].availability,
+        Availability::Unavailable
+    );
+    // No failback to it meanwhile; it beacons again: available, and failback follows.
+    for _ in 0..4 {
+        s.now += 500;
+        s.beacon("gw1", 1, 11);
+        s.tick();
+        assert_eq!(s.holder(2), "gw1");
+    }
+    s.beacon("gw2", 2, 23);
+    assert_eq!(s.map.gateways["gw2"].availability, Availability::Available);
 }

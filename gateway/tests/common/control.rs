@@ -30,6 +30,15 @@ pub struct RadosControlPlane {
 /// Starts a replica keeping the state of `group` in the test pool; a gateway is fenced after
 /// [`GRACE_MS`] of silence and a group fails back `failback_delay_ms` after its owner is back.
 pub async fn start_rados_control_plane(group: &str, failback_delay_ms: u64) -> RadosControlPlane {
+    start_rados_control_plane_with_grace(group, failback_delay_ms, GRACE_MS).await
+}
+
+/// The same with a beacon grace of `grace_ms`.
+pub async fn start_rados_control_plane_with_grace(
+    group: &str,
+    failback_delay_ms: u64,
+    grace_ms: u64,
+) -> RadosControlPlane {
     let (settings, pool, group) = (ceph_settings(), pool(), group.to_string());
     // Connecting blocks (librados): off the runtime's threads.
     let backend =
@@ -40,7 +49,7 @@ pub async fn start_rados_control_plane(group: &str, failback_delay_ms: u64) -> R
     let state_oid = backend.oid().to_string();
     let options = Options {
         timing: Timing {
-            grace_ms: GRACE_MS,
+            grace_ms,
             failback_delay_ms,
         },
         lease: Duration::from_secs(3),
