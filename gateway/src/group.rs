@@ -688,6 +688,8 @@ fn pushed_hosts(s: &control_plane::proto::Subsystem) -> WantedHosts {
                 nqn: h.host_nqn.clone(),
                 dhchap_key: given(&h.dhchap_key),
                 dhchap_ctrl_key: given(&h.dhchap_ctrl_key),
+                psk: None,
+                psk_derivation: None,
             })
         };
         match entry.keys() {
@@ -982,6 +984,7 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
                 } else {
                     pushed_hosts(s).entries
                 },
+                require_tls: false,
                 namespaces,
             });
         }

@@ -18,6 +18,7 @@ use nvmeof_gateway::health::Health;
 use nvmeof_gateway::rdma::server::RdmaServer;
 use nvmeof_gateway::reload::{self, Outcome, Prepared, Reloader};
 use nvmeof_gateway::tcp::server::TcpServer;
+use nvmeof_gateway::tcp::tls::TlsAcceptor;
 use tokio::sync::watch;
 
 /// NVMe over Fabrics gateway in front of Ceph RBD.
@@ -297,6 +298,7 @@ struct Listeners {
     /// `[gateway] tcp_busy_poll_us` and `tcp_busy_poll_adaptive`, for every NVMe/TCP listener.
     tcp_busy_poll: Option<nvmeof_gateway::tcp::busy_poll::BusyPollConfig>,
     running: BTreeMap<PushedListener, (watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+    tls: Option<Arc<TlsAcceptor>>,
 }
 
 impl Listeners {
@@ -308,6 +310,7 @@ impl Listeners {
             target,
             tcp_busy_poll,
             running: BTreeMap::new(),
+            tls: None,
         }
     }
 
@@ -323,14 +326,34 @@ impl Listeners {
                 .map_err(|e| format!("cannot listen on rdma {addr}: {e}"))?;
             tokio::spawn(server.serve(stopped))
         } else {
-            let server = TcpServer::bind(addr, self.target.clone())
+            let mut server = TcpServer::bind(addr, self.target.clone())
                 .await
                 .map_err(|e| format!("cannot listen on {addr}: {e}"))?
                 .with_busy_poll(self.tcp_busy_poll);
+            if self
+                .target
+                .secure_listeners
+                .is_secure(&addr.ip().to_string(), addr.port())
+            {
+                server = server.with_tls(self.tls_acceptor()?);
+            }
             tokio::spawn(server.serve(stopped))
         };
         self.running.insert(key, (stop, task));
         Ok(())
+    }
+
+    /// The TLS server side every secure listener shares (made at the first one).
+    fn tls_acceptor(&mut self) -> Result<Arc<TlsAcceptor>, String> {
+        if let Some(acceptor) = &self.tls {
+            return Ok(acceptor.clone());
+        }
+        let acceptor = Arc::new(
+            TlsAcceptor::new(self.target.clone())
+                .map_err(|e| format!("cannot set up TLS for secure listeners: {e}"))?,
+        );
+        self.tls = Some(acceptor.clone());
+        Ok(acceptor)
     }
 
     async fn stop(&mut self, key: &PushedListener) {

@@ -263,6 +263,11 @@ impl Reloader {
             .await;
         }
         add_to_discovery_log(target, &new);
+        for s in &new.subsystems {
+            if let Some(sub) = target.subsystem(&s.nqn) {
+                sub.tls.set_required(s.require_tls);
+            }
+        }
         self.current = new;
         summary
     }
@@ -303,6 +308,12 @@ fn add_to_discovery_log(target: &Target, config: &Config) {
         else {
             continue;
         };
+        let secure = transport == TransportType::Tcp
+            && config
+                .listeners
+                .iter()
+                .any(|c| c.secure && c.transport != "rdma" && c.socket_addr().ok() == Some(l.addr));
+        target.secure_listeners.set(&address, l.addr.port(), secure);
         target.add_listener(ListenerInfo {
             transport,
             address,

@@ -17,6 +17,7 @@ pub mod refusals;
 pub mod subsystem;
 pub(crate) mod supported;
 pub mod target;
+pub mod tls;
 mod wire;
 
 pub use auth::{AuthCounters, AuthPolicy, HostKeys};

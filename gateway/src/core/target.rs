@@ -77,6 +77,8 @@ pub struct Target {
     connect_refusals: ConnectRefusals,
     /// Whether namespaces offer reservations (see `core::pr`).
     reservations: bool,
+    /// The NVMe/TCP listeners that take TLS connections only.
+    pub secure_listeners: super::tls::SecureListeners,
 }
 
 impl std::fmt::Debug for Target {
@@ -109,6 +111,7 @@ impl Target {
             auth_counters: AuthCounters::default(),
             connect_refusals: ConnectRefusals::default(),
             reservations: true,
+            secure_listeners: Default::default(),
         }
     }
 
