@@ -19,6 +19,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "#[serde(skip_serializing)]",
         )
         .skip_debug(".nvmeof.control.v1.Host")
+        // Nor is a host's TLS PSK; a host without one shows no `psk` at all.
+        .field_attribute(
+            ".nvmeof.control.v1.TlsPsk.key",
+            "#[serde(skip_serializing)]",
+        )
+        .field_attribute(
+            ".nvmeof.control.v1.Host.psk",
+            "#[serde(skip_serializing_if = \"Option::is_none\")]",
+        )
+        .skip_debug(".nvmeof.control.v1.TlsPsk")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -137,11 +137,8 @@ async fn serve(config: Config, path: PathBuf) -> Result<(), String> {
         return Err("the NVMe/TCP data budget was set twice".into());
     }
     let mut listeners = Listeners::new(target.clone(), config.tcp_busy_poll());
-    for addr in config.listen_addrs() {
-        listeners.start(false, addr).await?;
-    }
-    for addr in config.rdma_listen_addrs() {
-        listeners.start(true, addr).await?;
+    for l in reload::listeners_of(&config) {
+        listeners.start(l).await?;
     }
     health.serving(&target);
     let metrics = match config.metrics_addr() {
@@ -276,7 +273,7 @@ async fn reload(reloader: &mut Reloader, target: &Arc<Target>, listeners: &mut L
     };
     let mut bound = Vec::new();
     for new in plan.listeners_added() {
-        if let Err(e) = listeners.start(new.rdma, new.addr).await {
+        if let Err(e) = listeners.start(new.clone()).await {
             for l in &bound {
                 listeners.stop(l).await;
             }
@@ -314,12 +311,13 @@ impl Listeners {
         }
     }
 
-    /// Binds and serves `addr` (a no-op when it already runs).
-    async fn start(&mut self, rdma: bool, addr: SocketAddr) -> Result<(), String> {
-        let key = PushedListener { rdma, addr };
+    /// Binds and serves a listener (a no-op when it already runs); a secure one takes TLS
+    /// connections only.
+    async fn start(&mut self, key: PushedListener) -> Result<(), String> {
         if self.running.contains_key(&key) {
             return Ok(());
         }
+        let PushedListener { rdma, addr, secure } = key;
         let (stop, stopped) = watch::channel(false);
         let task = if rdma {
             let server = RdmaServer::bind(addr, self.target.clone())
@@ -330,11 +328,7 @@ impl Listeners {
                 .await
                 .map_err(|e| format!("cannot listen on {addr}: {e}"))?
                 .with_busy_poll(self.tcp_busy_poll);
-            if self
-                .target
-                .secure_listeners
-                .is_secure(&addr.ip().to_string(), addr.port())
-            {
+            if secure {
                 server = server.with_tls(self.tls_acceptor()?);
             }
             tokio::spawn(server.serve(stopped))
@@ -374,16 +368,22 @@ impl Listeners {
     ) -> Vec<(String, String)> {
         for gone in before.difference(now) {
             if self.running.contains_key(gone) {
-                tracing::info!(addr = %gone.addr, rdma = gone.rdma, "listener deleted: stop listening");
+                tracing::info!(addr = %gone.addr, rdma = gone.rdma, secure = gone.secure, "listener deleted: stop listening");
                 self.stop(gone).await;
             }
-            self.forget(gone);
+            // One whose `secure` flag changed starts again below: it stays listed.
+            if !now
+                .iter()
+                .any(|n| n.rdma == gone.rdma && n.addr == gone.addr)
+            {
+                self.forget(gone);
+            }
         }
         let mut failed = Vec::new();
         for new in now {
             if !self.running.contains_key(new) {
-                tracing::info!(addr = %new.addr, rdma = new.rdma, "listener added: listening");
-                if let Err(e) = self.start(new.rdma, new.addr).await {
+                tracing::info!(addr = %new.addr, rdma = new.rdma, secure = new.secure, "listener added: listening");
+                if let Err(e) = self.start(new.clone()).await {
                     tracing::error!("{e}");
                     failed.push((new.addr.to_string(), e));
                 }

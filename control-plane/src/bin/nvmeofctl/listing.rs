@@ -94,7 +94,8 @@ pub fn ana_name(code: u32) -> String {
 }
 
 impl Listing for proto::Subsystem {
-    const HEADERS: &'static [&'static str] = &["NQN", "SERIAL", "ANY HOST", "HOSTS", "MAX NS"];
+    const HEADERS: &'static [&'static str] =
+        &["NQN", "SERIAL", "ANY HOST", "HOSTS", "MAX NS", "TLS"];
     fn row(&self) -> Vec<String> {
         vec![
             self.nqn.clone(),
@@ -104,6 +105,7 @@ impl Listing for proto::Subsystem {
             // control plane sends `hosts` alone.
             self.host_entries.len().max(self.hosts.len()).to_string(),
             self.max_namespaces.to_string(),
+            if self.require_tls { "required" } else { "no" }.into(),
         ]
     }
 }
@@ -129,8 +131,14 @@ impl Listing for proto::Namespace {
 }
 
 impl Listing for proto::Listener {
-    const HEADERS: &'static [&'static str] =
-        &["SUBSYSTEM", "GATEWAY", "TRANSPORT", "ADDRESS", "PORT"];
+    const HEADERS: &'static [&'static str] = &[
+        "SUBSYSTEM",
+        "GATEWAY",
+        "TRANSPORT",
+        "ADDRESS",
+        "PORT",
+        "SECURE",
+    ];
     fn row(&self) -> Vec<String> {
         vec![
             self.subsystem_nqn.clone(),
@@ -138,14 +146,16 @@ impl Listing for proto::Listener {
             self.transport.clone(),
             self.address.clone(),
             self.port.to_string(),
+            if self.secure { "yes" } else { "no" }.into(),
         ]
     }
 }
 
 /// AUTH: "none", "host" (DH-HMAC-CHAP) or "bidirectional"; "-" from a control plane that
-/// predates keys. Never a key (the control plane sends none in lists).
+/// predates keys. TLS PSK: the derivation of the host's PSK, or "no". Never a key (the
+/// control plane sends none in lists).
 impl Listing for proto::Host {
-    const HEADERS: &'static [&'static str] = &["SUBSYSTEM", "HOST", "AUTH"];
+    const HEADERS: &'static [&'static str] = &["SUBSYSTEM", "HOST", "AUTH", "TLS PSK"];
     fn row(&self) -> Vec<String> {
         vec![
             self.subsystem_nqn.clone(),
@@ -154,6 +164,11 @@ impl Listing for proto::Host {
                 "-".into()
             } else {
                 self.auth.clone()
+            },
+            match &self.psk {
+                Some(p) if !p.derivation.is_empty() => p.derivation.clone(),
+                Some(_) => "yes".into(),
+                None => "no".into(),
             },
         ]
     }
