@@ -40,6 +40,9 @@
 #             under fio verify (E2E_ROUNDS runs, default 5; pause median/max printed), failback,
 #             kill -9 of the leading replica, a fenced gateway thawed cannot write, everything
 #             restarted (config from RADOS). Builds the gateway and nvmeof-control/nvmeofctl first.
+#   e2e-tenants tests/vm/e2e-tenants.sh target/release: e2e-group's group (two gateways) with the
+#             guest running tests/vm/tenants/PART.sh parts as one VM boot (per-host visibility,
+#             QoS, group reservations, the ceph-nvmeof API), each on its own subsystem.
 #   e2e-demo  tests/vm/e2e-demo.sh target/release: README command 1, scripts/demo.sh (DEMO_DIR under
 #             the log dir, free ports), exits 0 and prints the nvme lines, `status` says all runs;
 #             the Linux initiator in the VM discovers and connects to both gateways (one
@@ -104,7 +107,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy doc test build helm docs ceph e2e-vm e2e-auth e2e-rbd e2e-group e2e-demo e2e-k8s e2e-rdma fuzz)
+ALL_STAGES=(deps fmt clippy doc test build helm docs ceph e2e-vm e2e-auth e2e-rbd e2e-group e2e-tenants e2e-demo e2e-k8s e2e-rdma fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -213,6 +216,21 @@ e2e_group() {
   E2E_LOG_DIR=$TARGET_DIR/vm-logs E2E_TIMEOUT=$E2E_TIMEOUT tests/vm/e2e-group.sh "$TARGET_DIR/release"
   local rc=$?
   echo "(logs: $TARGET_DIR/vm-logs/e2e-group/)"
+  return $rc
+}
+
+e2e_tenants() {
+  echo "+ cargo build --release -p nvmeof-gateway -p control-plane --bins"
+  timeout -k 30 "$STAGE_TIMEOUT" cargo build --release -p nvmeof-gateway -p control-plane --bins || return 1
+  mkdir -p "$TARGET_DIR/vm-logs"
+  # The part "csi" runs a Python client of the ceph-nvmeof API in the guest, from this venv
+  # (grpcio from PyPI the first time); without it that part fails, the others run.
+  echo "+ tests/ceph-api/make-client.sh"
+  timeout -k 10 600 tests/ceph-api/make-client.sh || echo "tests/ceph-api/make-client.sh failed: the part csi will fail"
+  echo "+ tests/vm/e2e-tenants.sh $TARGET_DIR/release  (E2E_LOG_DIR=$TARGET_DIR/vm-logs, E2E_TIMEOUT=$E2E_TIMEOUT)"
+  E2E_LOG_DIR=$TARGET_DIR/vm-logs E2E_TIMEOUT=$E2E_TIMEOUT tests/vm/e2e-tenants.sh "$TARGET_DIR/release"
+  local rc=$?
+  echo "(logs: $TARGET_DIR/vm-logs/e2e-tenants/)"
   return $rc
 }
 
@@ -329,6 +347,9 @@ else stage e2e-rbd e2e_rbd; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-group "--quick"
 else stage e2e-group e2e_group; fi
+
+if [ $QUICK = 1 ]; then skipped e2e-tenants "--quick"
+else stage e2e-tenants e2e_tenants; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-demo "--quick"
 else stage e2e-demo e2e_demo; fi

@@ -293,6 +293,8 @@ async fn run(args: Arc<Args>) -> Result<(), String> {
                     image: image_name(&args.prefix, n),
                     block_size: 512,
                     ana_group: args.ana_group,
+                    no_auto_visible: false,
+                    ..Default::default()
                 })
                 .await
                 .map_err(|s| format!("namespace add {n}: {}", s.message()))?;

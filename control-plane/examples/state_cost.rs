@@ -25,6 +25,9 @@ fn entry(i: u32) -> NamespaceEntry {
         block_size: 512,
         ana_group: 1,
         moving_from: 0,
+        no_auto_visible: false,
+        hosts: Default::default(),
+        qos: Default::default(),
     }
 }
 

@@ -18,8 +18,9 @@ use tonic::{Request, Response, Status};
 
 use crate::ana::{self, Action, Event, GroupMap, Timing};
 use crate::proto;
+use crate::qos::QosLimits;
 use crate::state::{self, ConfigError, GroupState, ListenerEntry, NamespaceEntry};
-use crate::store::{Delta, Store, StoreError};
+use crate::store::{Delta, ImageError, Store, StoreError};
 
 /// Timers of a control-plane replica.
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +47,9 @@ const MAX_BATCH: usize = state::DEFAULT_MAX_NAMESPACES as usize;
 
 /// How long a namespace move waits for the old group's gateway to drain it.
 const MOVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `namespace del --delete-image` waits for the gateways to close the image before
+/// it reports the image still open.
+const IMAGE_CLOSE_WAIT: Duration = Duration::from_secs(15);
 
 /// One replica.
 pub struct ControlPlane {
@@ -80,6 +84,7 @@ fn status(e: StoreError) -> Status {
     match e {
         StoreError::Config(c) => config_status(c),
         StoreError::Contended(_) => Status::aborted(e.to_string()),
+        StoreError::Image(i) => image_status(i),
         other => Status::unavailable(other.to_string()),
     }
 }
@@ -91,17 +96,31 @@ fn config_status(e: ConfigError) -> Status {
         | ConfigError::NoNamespace { .. }
         | ConfigError::NoListener(_)
         | ConfigError::NoHost { .. }
+        | ConfigError::NoNamespaceHost { .. }
         | ConfigError::NoAnaGroup(_) => Status::not_found(msg),
         ConfigError::SubsystemExists(_)
         | ConfigError::NamespaceExists { .. }
         | ConfigError::ListenerExists(_)
         | ConfigError::HostExists { .. }
+        | ConfigError::NamespaceHostExists { .. }
         | ConfigError::ImageInUse(..) => Status::already_exists(msg),
-        ConfigError::SubsystemNotEmpty { .. } | ConfigError::NoFreeNsid { .. } => {
-            Status::failed_precondition(msg)
-        }
+        ConfigError::SubsystemNotEmpty { .. }
+        | ConfigError::NoFreeNsid { .. }
+        | ConfigError::NamespaceAutoVisible { .. } => Status::failed_precondition(msg),
+        ConfigError::TooManyNamespaceHosts { .. } => Status::resource_exhausted(msg),
         ConfigError::Corrupt { .. } => Status::internal(msg),
         _ => Status::invalid_argument(msg),
+    }
+}
+
+fn image_status(e: ImageError) -> Status {
+    let msg = e.to_string();
+    match e {
+        ImageError::NoPool(_) | ImageError::NotFound(_) => Status::not_found(msg),
+        ImageError::Exists(_) => Status::already_exists(msg),
+        ImageError::NoSpace(..) => Status::resource_exhausted(msg),
+        ImageError::Busy(_) => Status::failed_precondition(msg),
+        ImageError::Other(..) => Status::unavailable(msg),
     }
 }
 
@@ -247,12 +266,41 @@ impl ControlPlane {
         self: &Arc<Self>,
         change: impl FnMut(&mut GroupState) -> Result<T, ConfigError> + Send + 'static,
     ) -> Result<(T, Arc<GroupState>), Status> {
+        self.try_update(change).await.map_err(status)
+    }
+
+    /// [`ControlPlane::update`] with the refusal as it is (the ceph-nvmeof API answers each
+    /// [`ConfigError`] with its own errno, which a gRPC status would blur).
+    pub(crate) async fn try_update<T: Send + 'static>(
+        self: &Arc<Self>,
+        change: impl FnMut(&mut GroupState) -> Result<T, ConfigError> + Send + 'static,
+    ) -> Result<(T, Arc<GroupState>), StoreError> {
         let s = self.store.clone();
         let me = self.clone();
-        let (out, st) = blocking(move || s.update_from(|| Some(me.snapshot()), change)).await?;
+        let (out, st) =
+            tokio::task::spawn_blocking(move || s.update_from(|| Some(me.snapshot()), change))
+                .await
+                .map_err(|e| StoreError::Other(format!("task failed: {e}")))??;
         let st = Arc::new(st);
         self.set_cached(st.clone());
         Ok((out, st))
+    }
+
+    /// The state object's backend (RBD image checks and resizes go through it).
+    pub(crate) fn backend(&self) -> &Arc<dyn crate::store::Backend> {
+        self.store.backend()
+    }
+
+    /// The host connections to `nqn` the gateways reported in their last beacons.
+    pub(crate) fn connections_of(&self, nqn: &str) -> Vec<proto::Connection> {
+        self.connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .flatten()
+            .filter(|c| c.subsystem_nqn == nqn)
+            .cloned()
+            .collect()
     }
 
     /// Leader election and the leader's timer; runs until the process ends.
@@ -590,11 +638,15 @@ fn namespace_proto(n: &NamespaceEntry) -> proto::Namespace {
         nguid,
         uuid,
         moving_from_group: n.moving_from,
+        no_auto_visible: n.no_auto_visible,
+        hosts: n.hosts.iter().cloned().collect(),
+        qos: (!n.qos.is_unlimited()).then(|| n.qos.to_proto()),
     }
 }
 
 fn namespace_entry(r: proto::NamespaceAddRequest) -> NamespaceEntry {
     NamespaceEntry {
+        qos: QosLimits::from_proto(r.qos.as_ref()),
         subsystem_nqn: r.subsystem_nqn,
         nsid: r.nsid,
         pool: r.pool,
@@ -603,6 +655,8 @@ fn namespace_entry(r: proto::NamespaceAddRequest) -> NamespaceEntry {
         block_size: r.block_size,
         ana_group: r.ana_group,
         moving_from: 0,
+        no_auto_visible: r.no_auto_visible,
+        hosts: std::collections::BTreeSet::new(),
     }
 }
 
@@ -636,6 +690,21 @@ fn listener_entry(l: proto::Listener) -> Result<ListenerEntry, Status> {
 }
 
 impl ControlPlane {
+    /// The hosts connected to subsystem `nqn` through any gateway (sorted, each once), as
+    /// the gateways' last beacons to this replica said.
+    pub fn connected_hosts(&self, nqn: &str) -> Vec<String> {
+        let hosts: std::collections::BTreeSet<String> = self
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .flatten()
+            .filter(|c| c.subsystem_nqn == nqn)
+            .map(|c| c.host_nqn.clone())
+            .collect();
+        hosts.into_iter().collect()
+    }
+
     /// What `gateway` serves, from the cached state; None before it ever beaconed.
     pub fn assignment(&self, gateway: &str) -> Option<proto::Assignment> {
         let st = self.snapshot();
@@ -926,32 +995,83 @@ impl proto::admin_server::Admin for AdminService {
         &self,
         r: Request<proto::NamespaceAddRequest>,
     ) -> Result<Response<proto::Reply>, Status> {
-        let entry = namespace_entry(r.into_inner());
+        let r = r.into_inner();
+        let (create_image, size) = (r.create_image, r.size_bytes);
+        let entry = namespace_entry(r);
         // Syntax and references first (cheap, and no cluster round trip for a bad request).
-        self.0
+        let checked = self
+            .0
             .snapshot()
             .check_namespace(entry.clone())
             .map_err(config_status)?;
         let backend = self.0.store.backend().clone();
-        let e = entry.clone();
-        let exists =
-            blocking(move || backend.image_exists(&e.pool, &e.rados_namespace, &e.image)).await?;
-        if !exists {
-            return Err(Status::not_found(format!(
-                "image {} not found",
-                state::image_spec(&entry)
-            )));
+        let spec = state::image_spec(&entry);
+        if create_image {
+            let block = u64::from(checked.block_size);
+            if size == 0 || !size.is_multiple_of(block) {
+                return Err(Status::invalid_argument(format!(
+                    "--create-image needs --size, a non-zero multiple of the block size \
+                     {block} (got {size})"
+                )));
+            }
+            let (b, e) = (backend.clone(), entry.clone());
+            blocking(move || b.create_image(&e.pool, &e.rados_namespace, &e.image, size)).await?;
+            tracing::info!(image = %spec, size, "image created for a namespace");
+        } else {
+            if size != 0 {
+                return Err(Status::invalid_argument(
+                    "--size is the size of an image to create: it needs --create-image \
+                     (namespace resize grows an existing one)",
+                ));
+            }
+            let e = entry.clone();
+            let b = backend.clone();
+            let exists =
+                blocking(move || b.image_exists(&e.pool, &e.rados_namespace, &e.image)).await?;
+            if !exists {
+                return Err(Status::not_found(format!(
+                    "image {spec} not found (create it with --create-image --size, or rbd create)"
+                )));
+            }
         }
-        let (added, st) = self
+        let added = self
             .0
-            .update(move |st| st.add_namespace(entry.clone()))
-            .await?;
-        tracing::info!(nqn = %added.subsystem_nqn, nsid = added.nsid, ana_group = added.ana_group, image = %state::image_spec(&added), "namespace added");
+            .update({
+                let entry = entry.clone();
+                move |st| st.add_namespace(entry.clone())
+            })
+            .await;
+        let (added, st) = match added {
+            Ok(a) => a,
+            Err(refused) => {
+                if create_image {
+                    // The namespace was refused (the state changed since the check): the
+                    // image made for it goes too, so nothing is left behind.
+                    let e = entry.clone();
+                    let removed = blocking(move || {
+                        backend.remove_image(&e.pool, &e.rados_namespace, &e.image)
+                    })
+                    .await;
+                    if let Err(err) = removed {
+                        tracing::error!(image = %spec, "image created for a refused namespace not removed: {}", err.message());
+                    }
+                }
+                return Err(refused);
+            }
+        };
+        tracing::info!(nqn = %added.subsystem_nqn, nsid = added.nsid, ana_group = added.ana_group, image = %state::image_spec(&added), qos = %added.qos, "namespace added");
         Ok(reply(
             &st,
             format!(
-                "namespace {} added to {} (ANA group {})",
-                added.nsid, added.subsystem_nqn, added.ana_group
+                "namespace {} added to {} (ANA group {}){}",
+                added.nsid,
+                added.subsystem_nqn,
+                added.ana_group,
+                if create_image {
+                    format!(", image {spec} created ({size} bytes)")
+                } else {
+                    String::new()
+                }
             ),
         ))
     }
@@ -1046,11 +1166,90 @@ impl proto::admin_server::Admin for AdminService {
     ) -> Result<Response<proto::Reply>, Status> {
         let r = r.into_inner();
         let (nqn, nsid) = (r.subsystem_nqn.clone(), r.nsid);
+        let entry = self
+            .0
+            .snapshot()
+            .namespaces
+            .get(&(nqn.clone(), nsid))
+            .cloned();
+        if r.delete_image {
+            // Refused before anything changes: a connected host would lose its data.
+            let Some(entry) = entry.as_ref() else {
+                return Err(config_status(ConfigError::NoNamespace { nqn, nsid }));
+            };
+            let connected = self.0.connected_hosts(&nqn);
+            if !connected.is_empty() && !r.force {
+                return Err(Status::failed_precondition(format!(
+                    "hosts are connected to {nqn} ({}): disconnect them first, or --force to \
+                     delete the image {} anyway",
+                    connected.join(", "),
+                    state::image_spec(entry)
+                )));
+            }
+        }
         let (_, st) = self
             .0
             .update(move |st| st.del_namespace(&r.subsystem_nqn, r.nsid))
             .await?;
-        Ok(reply(&st, format!("namespace {nsid} deleted from {nqn}")))
+        let Some(entry) = entry.filter(|_| r.delete_image) else {
+            return Ok(reply(&st, format!("namespace {nsid} deleted from {nqn}")));
+        };
+        // The gateways close the image once they applied the deletion: librbd refuses to
+        // remove an image that is still open (watched), so retry for a while.
+        let spec = state::image_spec(&entry);
+        let backend = self.0.store.backend().clone();
+        let started = Instant::now();
+        loop {
+            let (b, e) = (backend.clone(), entry.clone());
+            match blocking(move || b.remove_image(&e.pool, &e.rados_namespace, &e.image)).await {
+                Ok(()) => break,
+                Err(s)
+                    if s.code() == tonic::Code::FailedPrecondition
+                        && started.elapsed() < IMAGE_CLOSE_WAIT =>
+                {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(s) => {
+                    return Err(Status::new(
+                        s.code(),
+                        format!(
+                            "namespace {nsid} deleted from {nqn}, but its image was not: {}",
+                            s.message()
+                        ),
+                    ))
+                }
+            }
+        }
+        tracing::info!(nqn = %nqn, nsid, image = %spec, "namespace and its image deleted");
+        Ok(reply(
+            &st,
+            format!("namespace {nsid} deleted from {nqn}, image {spec} removed"),
+        ))
+    }
+
+    async fn namespace_set_qos(
+        &self,
+        r: Request<proto::NamespaceSetQosRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let (nqn, nsid) = (r.subsystem_nqn.clone(), r.nsid);
+        let change = r.limits.unwrap_or_default();
+        let (limits, st) = self
+            .0
+            .update(move |st| st.set_qos(&r.subsystem_nqn, r.nsid, &change))
+            .await?;
+        tracing::info!(nqn = %nqn, nsid, qos = %limits, "namespace QoS limits set");
+        Ok(reply(
+            &st,
+            format!(
+                "namespace {nsid} of {nqn}: QoS limits {}",
+                if limits.is_unlimited() {
+                    "cleared (unlimited)".to_string()
+                } else {
+                    limits.to_string()
+                }
+            ),
+        ))
     }
 
     async fn namespace_move(
@@ -1252,6 +1451,48 @@ impl proto::admin_server::Admin for AdminService {
         Ok(reply(&st, text))
     }
 
+    async fn namespace_add_host(
+        &self,
+        r: Request<proto::NamespaceHostRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let (nqn, nsid, host) = (r.subsystem_nqn.clone(), r.nsid, r.host_nqn.clone());
+        let (_, st) = self
+            .0
+            .update(move |st| st.add_namespace_host(&r.subsystem_nqn, r.nsid, &r.host_nqn))
+            .await?;
+        tracing::info!(nqn = %nqn, nsid, host = %host, "namespace made visible to a host");
+        let mut text = format!("namespace {nsid} of {nqn} visible to host {host}");
+        if !st.host_allowed(&nqn, &host) {
+            text.push_str(&format!(
+                "\nhost {host} is not allowed on {nqn} yet: it sees the namespace once it is \
+                 (nvmeofctl host add)"
+            ));
+        }
+        if let Some(warning) = crate::nqn::format_warning("host NQN", &host) {
+            text = format!("{text}\nwarning: {warning}");
+        }
+        Ok(reply(&st, text))
+    }
+
+    async fn namespace_del_host(
+        &self,
+        r: Request<proto::NamespaceHostRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let text = format!(
+            "namespace {} of {} hidden from host {}",
+            r.nsid, r.subsystem_nqn, r.host_nqn
+        );
+        let (nqn, nsid, host) = (r.subsystem_nqn.clone(), r.nsid, r.host_nqn.clone());
+        let (_, st) = self
+            .0
+            .update(move |st| st.del_namespace_host(&r.subsystem_nqn, r.nsid, &r.host_nqn))
+            .await?;
+        tracing::info!(nqn = %nqn, nsid, host = %host, "namespace hidden from a host");
+        Ok(reply(&st, text))
+    }
+
     async fn host_list(
         &self,
         r: Request<proto::HostListRequest>,
@@ -1435,7 +1676,8 @@ impl proto::gateway_control_server::GatewayControl for GatewayService {
     }
 }
 
-/// Serves both services on `listener` until `shutdown` resolves.
+/// Serves the admin, gateway and ceph-nvmeof API ([`crate::ceph_api`]) services on
+/// `listener` until `shutdown` resolves.
 pub async fn serve(
     cp: Arc<ControlPlane>,
     listener: tokio::net::TcpListener,
@@ -1446,8 +1688,9 @@ pub async fn serve(
             cp.clone(),
         )))
         .add_service(proto::gateway_control_server::GatewayControlServer::new(
-            GatewayService(cp),
+            GatewayService(cp.clone()),
         ))
+        .add_service(crate::ceph_api::service(cp))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             shutdown,

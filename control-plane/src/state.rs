@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::ana::{self, GroupMap};
+use crate::qos::{QosError, QosLimits};
 
 pub use crate::nqn::NQN_MAX_LEN;
 /// NSIDs a subsystem may hold (the gateway's Identify Controller NN).
@@ -58,6 +59,18 @@ pub struct NamespaceEntry {
     /// While a move drains: the ANA group it leaves (0: not moving).
     #[serde(default)]
     pub moving_from: u32,
+    /// Visible only to `hosts` (`namespace add --no-auto-visible`); false: to every host
+    /// allowed on the subsystem (see [`crate::visibility`]). Left out of the stored JSON
+    /// when false, so entries without it encode as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_auto_visible: bool,
+    /// With `no_auto_visible`: the host NQNs that see it (`namespace add-host/del-host`).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub hosts: BTreeSet<String>,
+    /// QoS limits (absent in the stored JSON when there are none, so states without them
+    /// load unchanged and older replicas read the entry).
+    #[serde(default, skip_serializing_if = "QosLimits::is_unlimited")]
+    pub qos: QosLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -259,6 +272,28 @@ pub enum ConfigError {
     /// key, or a PSK derivation that is unknown or without a PSK.
     #[error("invalid {field}: {why}")]
     BadKey { field: &'static str, why: String },
+    /// `namespace add-host/del-host` on a namespace every allowed host sees.
+    #[error(
+        "namespace {nsid} of {nqn} is visible to every allowed host (it was added without \
+         --no-auto-visible): it has no host list"
+    )]
+    NamespaceAutoVisible { nqn: String, nsid: u32 },
+    #[error("host {host} already sees namespace {nsid} of {nqn}")]
+    NamespaceHostExists {
+        nqn: String,
+        nsid: u32,
+        host: String,
+    },
+    #[error("host {host} is not on the host list of namespace {nsid} of {nqn}")]
+    NoNamespaceHost {
+        nqn: String,
+        nsid: u32,
+        host: String,
+    },
+    #[error("namespace {nsid} of {nqn} already has {max} hosts, the most a namespace may have")]
+    TooManyNamespaceHosts { nqn: String, nsid: u32, max: usize },
+    #[error(transparent)]
+    Qos(#[from] QosError),
 }
 
 /// Checks an NQN as Linux nvmet takes it ([`crate::nqn::check`]); `what` names it in the
@@ -567,6 +602,7 @@ impl GroupState {
     /// added (NSID, ANA group and block size chosen).
     pub fn check_namespace(&self, mut ns: NamespaceEntry) -> Result<NamespaceEntry, ConfigError> {
         let max = self.subsystem(&ns.subsystem_nqn)?.max_namespaces;
+        ns.qos.check()?;
         check_name("pool", &ns.pool)?;
         check_name("image", &ns.image)?;
         if !ns.rados_namespace.is_empty() {
@@ -636,6 +672,28 @@ impl GroupState {
                 nqn: nqn.into(),
                 nsid,
             })
+    }
+
+    /// Changes a namespace's QoS limits by `change` (absent limits stay, 0 clears one);
+    /// returns the limits now in force. Refused limits change nothing.
+    pub fn set_qos(
+        &mut self,
+        nqn: &str,
+        nsid: u32,
+        change: &crate::proto::QosLimits,
+    ) -> Result<QosLimits, ConfigError> {
+        self.subsystem(nqn)?;
+        let ns =
+            self.namespaces
+                .get_mut(&(nqn.to_string(), nsid))
+                .ok_or(ConfigError::NoNamespace {
+                    nqn: nqn.into(),
+                    nsid,
+                })?;
+        let limits = ns.qos.changed_by(change);
+        limits.check()?;
+        ns.qos = limits;
+        Ok(limits)
     }
 
     /// Moves a namespace to another ANA group (another gateway's optimized path).
@@ -795,8 +853,9 @@ impl GroupState {
         }
     }
 
-    /// Sets, replaces or (both empty) clears the keys of a host already allowed on `nqn`;
-    /// the host stays. Returns the keys as stored and whether they changed.
+    /// Sets, replaces or (both empty) clears the DH-HMAC-CHAP keys of a host already allowed
+    /// on `nqn`; the host and its TLS PSK stay (the ceph-nvmeof API's change_host_key, which
+    /// knows no PSKs). Returns the keys as stored and whether they changed.
     pub fn change_host_keys(
         &mut self,
         nqn: &str,
@@ -804,11 +863,16 @@ impl GroupState {
         dhchap_key: &str,
         dhchap_ctrl_key: &str,
     ) -> Result<(HostAuth, bool), ConfigError> {
-        let auth = HostAuth::parse(dhchap_key, dhchap_ctrl_key)?;
+        let mut auth = HostAuth::parse(dhchap_key, dhchap_ctrl_key)?;
+        if let Some(stored) = self.hosts.get(&(nqn.to_string(), host.to_string())) {
+            auth.psk = stored.psk.clone();
+            auth.psk_derivation = stored.psk_derivation.clone();
+        }
         self.change_host_auth(nqn, host, auth)
     }
 
-    /// Replaces a host's keys with `auth` (already checked); see [`Self::change_host_keys`].
+    /// Replaces all of a host's keys (DH-HMAC-CHAP and TLS PSK) with `auth` (already
+    /// checked): `HostChangeKey`. Returns the keys as stored and whether they changed.
     pub fn change_host_auth(
         &mut self,
         nqn: &str,
@@ -841,6 +905,30 @@ impl GroupState {
             });
         }
         Ok(())
+    }
+
+    /// Opens `nqn` to any host, or closes it to the listed hosts only. Refused when it
+    /// already is so ([`ConfigError::HostExists`] / [`ConfigError::NoHost`] for host `*`,
+    /// how ceph-nvmeof's API names "any host").
+    pub fn set_allow_any_host(&mut self, nqn: &str, allow: bool) -> Result<(), ConfigError> {
+        let entry = self
+            .subsystems
+            .get_mut(nqn)
+            .ok_or_else(|| ConfigError::NoSubsystem(nqn.to_string()))?;
+        match (entry.allow_any_host, allow) {
+            (true, true) => Err(ConfigError::HostExists {
+                nqn: nqn.into(),
+                host: "*".into(),
+            }),
+            (false, false) => Err(ConfigError::NoHost {
+                nqn: nqn.into(),
+                host: "*".into(),
+            }),
+            _ => {
+                entry.allow_any_host = allow;
+                Ok(())
+            }
+        }
     }
 
     /// The hosts allowed on `nqn`.
@@ -1006,6 +1094,9 @@ mod tests {
             block_size: 0,
             ana_group: 0,
             moving_from: 0,
+            no_auto_visible: false,
+            hosts: BTreeSet::new(),
+            qos: Default::default(),
         }
     }
 
@@ -1447,6 +1538,44 @@ mod tests {
 
     /// A state written before host keys existed (`[nqn, host]` values) loads as hosts
     /// without keys and encodes to the same bytes; a host with keys round-trips.
+    /// A PSK is stored canonical, survives the omap, stays through a DH-HMAC-CHAP-only key
+    /// change (the ceph-nvmeof API's) and goes with a change of all keys (`HostChangeKey`).
+    #[test]
+    fn host_psks_are_stored_kept_and_replaced() {
+        let mut st = with_groups(1);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        let psk = nvme_auth::tls_psk::ConfiguredPsk::from_bytes(&[0x5a; 32], None)
+            .expect("32 bytes")
+            .to_interchange()
+            .to_string();
+        let auth = HostAuth::default()
+            .with_psk(&format!(" {psk}\n"), "libnvme-compat")
+            .expect("a PSK");
+        st.add_host_with_auth(NQN, H1, auth).expect("host");
+        let hk = (NQN.to_string(), H1.to_string());
+        assert_eq!(st.hosts[&hk].psk.as_deref(), Some(psk.as_str()));
+        assert_eq!(
+            st.hosts[&hk].psk_derivation.as_deref(),
+            Some("libnvme-compat")
+        );
+        assert!(!format!("{:?}", st.hosts[&hk]).contains(&psk[16..40]));
+        let back = GroupState::from_omap(&st.to_omap()).expect("decodes");
+        assert_eq!(back.hosts[&hk], st.hosts[&hk]);
+
+        let k = key(0x44, None);
+        let (auth, changed) = st.change_host_keys(NQN, H1, &k, "").expect("keys");
+        assert!(changed);
+        assert_eq!(
+            (auth.mode(), auth.psk.as_deref()),
+            ("host", Some(psk.as_str()))
+        );
+        let (auth, changed) = st
+            .change_host_auth(NQN, H1, HostAuth::parse(&k, "").expect("key"))
+            .expect("all keys");
+        assert!(changed);
+        assert_eq!((auth.psk, auth.psk_derivation), (None, None));
+    }
+
     #[test]
     fn old_host_entries_load_unchanged() {
         let mut st = with_groups(1);

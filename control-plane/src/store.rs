@@ -23,6 +23,67 @@ pub enum StoreError {
     Config(#[from] ConfigError),
     #[error("{0}")]
     Other(String),
+    #[error(transparent)]
+    Image(#[from] ImageError),
+}
+
+/// Why an image could not be created or removed (`namespace add --create-image`, `namespace
+/// del --delete-image`), each with what the operator must fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageError {
+    #[error("pool {0:?} not found (create it: ceph osd pool create {0}; rbd pool init {0})")]
+    NoPool(String),
+    #[error("image {0} already exists (add it without --create-image, or pick another name)")]
+    Exists(String),
+    #[error("image {0} not found")]
+    NotFound(String),
+    #[error("no space for image {0}: the pool's quota or the cluster is full ({1})")]
+    NoSpace(String, String),
+    #[error("image {0} is still open (watched) by a client; try again when no gateway or other client has it open")]
+    Busy(String),
+    #[error("image {0}: {1}")]
+    Other(String, String),
+}
+
+impl ImageError {
+    /// From librbd's answer for `spec` (`pool[/namespace]/image`).
+    pub fn from_rbd(spec: &str, pool: &str, e: &rbd_backend::RbdError) -> ImageError {
+        use rbd_backend::RbdError;
+        // Linux errno values (asm-generic/errno-base.h, errno.h).
+        const ENOENT: i32 = 2;
+        const EBUSY: i32 = 16;
+        const EEXIST: i32 = 17;
+        const ENOSPC: i32 = 28;
+        const EDQUOT: i32 = 122;
+        match e {
+            RbdError::PoolNotFound { .. } => ImageError::NoPool(pool.to_string()),
+            RbdError::Connect { source, .. } if source.errno() == Some(ENOENT) => {
+                ImageError::NoPool(pool.to_string())
+            }
+            RbdError::Image { source, .. } | RbdError::Open { source, .. } => {
+                match source.errno() {
+                    Some(EEXIST) => ImageError::Exists(spec.to_string()),
+                    Some(ENOENT) => ImageError::NotFound(spec.to_string()),
+                    Some(ENOSPC) | Some(EDQUOT) => {
+                        ImageError::NoSpace(spec.to_string(), source.to_string())
+                    }
+                    Some(EBUSY) => ImageError::Busy(spec.to_string()),
+                    _ => ImageError::Other(spec.to_string(), e.to_string()),
+                }
+            }
+            RbdError::ImageNotFound { .. } => ImageError::NotFound(spec.to_string()),
+            other => ImageError::Other(spec.to_string(), other.to_string()),
+        }
+    }
+}
+
+/// `pool/image` or `pool/namespace/image`.
+pub fn image_spec(pool: &str, namespace: &str, image: &str) -> String {
+    if namespace.is_empty() {
+        format!("{pool}/{image}")
+    } else {
+        format!("{pool}/{namespace}/{image}")
+    }
 }
 
 /// A registration that ends when dropped (a RADOS watch).
@@ -63,6 +124,16 @@ pub trait Backend: Send + Sync + 'static {
         image: &str,
         size: u64,
     ) -> Result<u64, StoreError>;
+    /// Creates an RBD image of `size` bytes; refused ([`ImageError::Exists`]) if it exists.
+    fn create_image(
+        &self,
+        pool: &str,
+        namespace: &str,
+        image: &str,
+        size: u64,
+    ) -> Result<(), StoreError>;
+    /// Removes an RBD image; [`ImageError::Busy`] while a client has it open.
+    fn remove_image(&self, pool: &str, namespace: &str, image: &str) -> Result<(), StoreError>;
 }
 
 /// How long a fence blocklists a client: long enough to outlive any fenced process (a
@@ -104,6 +175,21 @@ impl RadosBackend {
     pub fn oid(&self) -> &str {
         &self.oid
     }
+
+    /// Image administration on `pool` (connections opened on first use).
+    fn image_admin(
+        &self,
+        pool: &str,
+        namespace: &str,
+        spec: &str,
+    ) -> Result<rbd_backend::rbd::PoolAdmin, StoreError> {
+        let images = self
+            .images
+            .get_or_init(|| rbd_backend::ClusterPool::new(self.settings.clone()));
+        images
+            .admin(pool, (!namespace.is_empty()).then_some(namespace))
+            .map_err(|e| ImageError::from_rbd(spec, pool, &e).into())
+    }
 }
 
 fn version_bytes(v: u64) -> Vec<u8> {
@@ -114,12 +200,16 @@ fn version_bytes(v: u64) -> Vec<u8> {
     }
 }
 
+/// Why a grow to the image's own size is refused ([`ConfigError::Invalid`]'s `why`): callers
+/// for which that is no change (the ceph-nvmeof API's resize) tell it from a shrink by it.
+pub const SIZE_UNCHANGED: &str = "is the image's size already";
+
 fn refuse_shrink(image: String, old: u64, size: u64) -> StoreError {
     StoreError::Config(ConfigError::Invalid {
         what: "size",
         value: format!("{size} for {image} (now {old} bytes)"),
         why: if size == old {
-            "is the image's size already"
+            SIZE_UNCHANGED
         } else {
             "is smaller than the image (namespaces only grow)"
         },
@@ -216,6 +306,28 @@ impl Backend for RadosBackend {
         Ok(old)
     }
 
+    fn create_image(
+        &self,
+        pool: &str,
+        namespace: &str,
+        image: &str,
+        size: u64,
+    ) -> Result<(), StoreError> {
+        let spec = image_spec(pool, namespace, image);
+        let admin = self.image_admin(pool, namespace, &spec)?;
+        admin
+            .create_image(image, size)
+            .map_err(|e| ImageError::from_rbd(&spec, pool, &e).into())
+    }
+
+    fn remove_image(&self, pool: &str, namespace: &str, image: &str) -> Result<(), StoreError> {
+        let spec = image_spec(pool, namespace, image);
+        let admin = self.image_admin(pool, namespace, &spec)?;
+        admin
+            .remove_image(image)
+            .map_err(|e| ImageError::from_rbd(&spec, pool, &e).into())
+    }
+
     fn image_exists(&self, pool: &str, namespace: &str, image: &str) -> Result<bool, StoreError> {
         let p = if pool == self.pool_name && namespace.is_empty() {
             self.pool.clone()
@@ -256,6 +368,10 @@ pub struct MemoryBackend {
     pub images: Mutex<BTreeSet<String>>,
     /// Image sizes for `grow_image` (absent: 1 GiB).
     pub sizes: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Pools `create_image` finds (empty: every pool exists).
+    pub pools: Mutex<BTreeSet<String>>,
+    /// Images `remove_image` finds open by a client.
+    pub busy_images: Mutex<BTreeSet<String>>,
 }
 
 impl Backend for MemoryBackend {
@@ -343,6 +459,51 @@ impl Backend for MemoryBackend {
         }
         sizes.insert(spec, size);
         Ok(old)
+    }
+
+    fn create_image(
+        &self,
+        pool: &str,
+        namespace: &str,
+        image: &str,
+        size: u64,
+    ) -> Result<(), StoreError> {
+        let spec = image_spec(pool, namespace, image);
+        let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        if !pools.is_empty() && !pools.contains(pool) {
+            return Err(ImageError::NoPool(pool.to_string()).into());
+        }
+        drop(pools);
+        let mut images = self.images.lock().unwrap_or_else(|e| e.into_inner());
+        if !images.insert(spec.clone()) {
+            return Err(ImageError::Exists(spec).into());
+        }
+        self.sizes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(spec, size);
+        Ok(())
+    }
+
+    fn remove_image(&self, pool: &str, namespace: &str, image: &str) -> Result<(), StoreError> {
+        let spec = image_spec(pool, namespace, image);
+        if self
+            .busy_images
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&spec)
+        {
+            return Err(ImageError::Busy(spec).into());
+        }
+        if !self
+            .images
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&spec)
+        {
+            return Err(ImageError::NotFound(spec).into());
+        }
+        Ok(())
     }
 
     fn image_exists(&self, pool: &str, namespace: &str, image: &str) -> Result<bool, StoreError> {

@@ -166,7 +166,7 @@ pub fn client_endpoint(address: &str, tls: Option<&ClientTlsConfig>) -> Result<E
     }
 }
 
-/// Serves the admin and gateway services on `listener`, with mTLS when `tls` is Some (the
+/// Serves the admin, gateway and ceph-nvmeof API services on `listener`, with mTLS when `tls` is Some (the
 /// same services as [`crate::server::serve`], which is what runs without TLS). A client
 /// whose handshake fails (no certificate, one not signed by the CA) is dropped before any
 /// request is read; the server goes on serving the others.
@@ -185,8 +185,9 @@ pub async fn serve(
             cp.clone(),
         )))
         .add_service(proto::gateway_control_server::GatewayControlServer::new(
-            GatewayService(cp),
+            GatewayService(cp.clone()),
         ))
+        .add_service(crate::ceph_api::service(cp))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             shutdown,

@@ -16,7 +16,14 @@ const NQN: &str = "nqn.2016-06.io.test:output";
 const GOLDEN: &str = include_str!("cli_output.golden");
 
 async fn start() -> String {
-    let images = ["rbd/img1", "rbd/ns1/img2", "rbd/img3", "rbd/img4"].map(String::from);
+    let images = [
+        "rbd/img1",
+        "rbd/ns1/img2",
+        "rbd/img3",
+        "rbd/img4",
+        "rbd/img5",
+    ]
+    .map(String::from);
     let backend = test_support::memory_backend_with_images(images);
     // A long grace: no gateway is declared dead while the test runs on a busy machine.
     let options = Options {
@@ -202,6 +209,78 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
     ctl(&["listener", "add", "-n", NQN, "-g", "gw1", "-a", "10.0.0.3", "--secure"]);
     #[rustfmt::skip]
     ctl(&["host", "add", "-n", NQN, "--host", &host(4), "--psk", &keys[2], "--psk-derivation", "libnvme-compat"]);
+    // Per-host visibility: a namespace for host 1 and a host not allowed yet; the refusals.
+    ctl(&[
+        "namespace",
+        "add",
+        "-n",
+        NQN,
+        "--image",
+        "img5",
+        "--no-auto-visible",
+    ]);
+    ctl(&[
+        "namespace",
+        "add-host",
+        "-n",
+        NQN,
+        "--nsid",
+        "4",
+        "--host",
+        &host(1),
+    ]);
+    ctl(&[
+        "-o",
+        "json",
+        "namespace",
+        "add-host",
+        "-n",
+        NQN,
+        "--nsid",
+        "4",
+        "--host",
+        &host(9),
+    ]);
+    ctl(&[
+        "namespace",
+        "add-host",
+        "-n",
+        NQN,
+        "--nsid",
+        "4",
+        "--host",
+        &host(1),
+    ]);
+    ctl(&[
+        "namespace",
+        "add-host",
+        "-n",
+        NQN,
+        "--nsid",
+        "1",
+        "--host",
+        &host(1),
+    ]);
+    ctl(&[
+        "namespace",
+        "add-host",
+        "-n",
+        NQN,
+        "--nsid",
+        "9",
+        "--host",
+        &host(1),
+    ]);
+    ctl(&[
+        "namespace",
+        "del-host",
+        "-n",
+        NQN,
+        "--nsid",
+        "4",
+        "--host",
+        &host(8),
+    ]);
     for output in ["table", "json"] {
         ctl(&["-o", output, "subsystem", "list"]);
         ctl(&["-o", output, "namespace", "list"]);
@@ -222,6 +301,17 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
     }
     ctl(&["listener", "del", "-n", NQN, "-g", "gw1", "-a", "10.0.0.1"]);
     ctl(&["host", "del", "-n", NQN, "--host", &host(2)]);
+    ctl(&[
+        "namespace",
+        "del-host",
+        "-n",
+        NQN,
+        "--nsid",
+        "4",
+        "--host",
+        &host(9),
+    ]);
+    ctl(&["namespace", "list", "-n", NQN]);
     ctl(&["namespace", "del", "-n", NQN, "--nsid", "2"]);
     ctl(&["-o", "json", "subsystem", "del", "--nqn", NQN, "--force"]);
     ctl(&["subsystem", "del", "--nqn", &format!("{NQN}-2")]);

@@ -239,3 +239,63 @@ fn images_are_checked_in_the_cluster() {
         .args(["rm", "--no-progress", &spec])
         .output();
 }
+
+/// `namespace add --create-image` / `namespace del --delete-image` against the cluster: an
+/// image created with its size, a second create refused as existing, a missing pool named,
+/// an image still open refused as busy, then removed; removing it again: not found.
+#[test]
+fn images_are_created_and_removed_in_the_cluster() {
+    use control_plane::store::{ImageError, StoreError};
+    let g = group();
+    let b = backend(&g);
+    let pool = ceph_pool();
+    let name = format!("store-new-{}", std::process::id());
+    let size = 8u64 << 20;
+    b.create_image(&pool, "", &name, size).expect("created");
+    assert!(b.image_exists(&pool, "", &name).expect("exists"));
+    let info = std::process::Command::new("rbd")
+        .args(["info", "--format", "json", &format!("{pool}/{name}")])
+        .output()
+        .expect("rbd info");
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(info.contains(&format!("\"size\":{size}")), "{info}");
+    match b.create_image(&pool, "", &name, size) {
+        Err(StoreError::Image(ImageError::Exists(spec))) => {
+            assert_eq!(spec, format!("{pool}/{name}"))
+        }
+        other => panic!("a second create: {other:?}"),
+    }
+    match b.create_image("no-such-pool", "", &name, size) {
+        Err(StoreError::Image(ImageError::NoPool(p))) => assert_eq!(p, "no-such-pool"),
+        other => panic!("create in a missing pool: {other:?}"),
+    }
+    // Open (watched) by a client: librbd refuses to remove it.
+    let images = rbd_backend::ClusterPool::new(ceph_settings());
+    let open = images
+        .open(&rbd_backend::rbd::ImageSpec {
+            pool: pool.clone(),
+            namespace: None,
+            image: name.clone(),
+        })
+        .expect("open");
+    match b.remove_image(&pool, "", &name) {
+        Err(StoreError::Image(ImageError::Busy(_))) => {}
+        other => panic!("remove while open: {other:?}"),
+    }
+    drop(open);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match b.remove_image(&pool, "", &name) {
+            Ok(()) => break,
+            Err(StoreError::Image(ImageError::Busy(_))) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            other => panic!("remove once closed: {other:?}"),
+        }
+    }
+    assert!(!b.image_exists(&pool, "", &name).expect("gone"));
+    match b.remove_image(&pool, "", &name) {
+        Err(StoreError::Image(ImageError::NotFound(_))) => {}
+        other => panic!("remove again: {other:?}"),
+    }
+}

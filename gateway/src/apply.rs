@@ -13,11 +13,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rbd_backend::{BlockDevice, DeviceEvent, DeviceEventSink};
+use rbd_backend::{DeviceEvent, DeviceEventSink};
 
 use crate::config::HostEntry;
 use crate::core::tls::HostPsk;
-use crate::core::{HostAccess, HostKeys, Subsystem, Target};
+use crate::core::{HostAccess, HostKeys, Namespace, Subsystem, Target, Visibility};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
 
@@ -173,6 +173,11 @@ pub trait Wanted {
     /// The hosts wanted for the (staying) subsystem `nqn`; None: its hosts are not this
     /// source's to change.
     fn hosts(&self, nqn: &str) -> Option<WantedHosts>;
+    /// The hosts that see the (staying) namespace `nsid` of `nqn`; None: not this source's
+    /// to change.
+    fn visibility(&self, _nqn: &str, _nsid: u32) -> Option<Visibility> {
+        None
+    }
 }
 
 /// What [`remove_unwanted`] did.
@@ -183,6 +188,8 @@ pub struct Removed {
     /// Subsystems whose allowed hosts or keys changed.
     pub hosts_changed: usize,
     pub controllers_closed: usize,
+    /// Namespaces whose visible hosts changed.
+    pub visibility_changed: usize,
 }
 
 /// Takes out of `target` what `wanted` no longer wants: a subsystem not kept is removed (its
@@ -207,19 +214,24 @@ pub async fn remove_unwanted(
             let controllers = sub.controllers().len();
             target.remove_subsystem(sub.nqn());
             tracing::info!(nqn = %sub.nqn(), controllers, "subsystem deleted {origin}: removed");
-            removed_devices.extend(sub.namespaces().into_iter().map(|ns| ns.device.clone()));
+            removed_devices.extend(sub.namespaces());
             removed.subsystems += 1;
             continue;
         }
         for ns in sub.namespaces() {
             if wanted.keeps_namespace(sub.nqn(), ns.nsid) {
+                if let Some(visibility) = wanted.visibility(sub.nqn(), ns.nsid) {
+                    if apply_visibility(&sub, ns.nsid, visibility, origin) {
+                        removed.visibility_changed += 1;
+                    }
+                }
                 continue;
             }
             if let Some(gone) = sub.remove_namespace(ns.nsid) {
                 gone.device.set_event_sink(Arc::new(Detached));
                 sub.notify_namespace_changed(ns.nsid);
                 tracing::info!(nqn = %sub.nqn(), nsid = ns.nsid, "namespace deleted {origin}: removed");
-                removed_devices.push(gone.device.clone());
+                removed_devices.push(gone.clone());
                 removed.namespaces += 1;
             }
         }
@@ -239,11 +251,39 @@ pub async fn remove_unwanted(
     removed
 }
 
-/// Waits until `devices` have no command in flight (at most [`DRAIN_TIMEOUT`]); logs
-/// `what` when there were any devices.
-async fn drain(devices: &[Arc<dyn BlockDevice>], what: &str) {
+/// Makes namespace `nsid` of `sub` visible to `visibility`'s hosts; the controllers whose
+/// view changes are told ([`Subsystem::set_visibility`]). Whether it changed.
+pub fn apply_visibility(sub: &Subsystem, nsid: u32, visibility: Visibility, origin: &str) -> bool {
+    if sub.visibility(nsid) == visibility {
+        return false;
+    }
+    let hosts = match &visibility {
+        Visibility::AllHosts => None,
+        Visibility::Only(h) => Some(h.len()),
+    };
+    let told = sub.set_visibility(nsid, visibility);
+    tracing::info!(
+        nqn = %sub.nqn(),
+        nsid,
+        all_hosts = hosts.is_none(),
+        hosts = hosts.unwrap_or(0),
+        controllers_told = told.len(),
+        "namespace visibility changed {origin}"
+    );
+    true
+}
+
+/// Waits until the devices of `namespaces` have no command in flight, nor any waiting for
+/// its QoS turn (at most [`DRAIN_TIMEOUT`]); logs `what` when there were any.
+async fn drain(namespaces: &[Arc<Namespace>], what: &str) {
+    let devices = namespaces;
     let started = std::time::Instant::now();
-    let in_flight = || devices.iter().map(|d| d.in_flight()).sum::<usize>();
+    let in_flight = || {
+        devices
+            .iter()
+            .map(|n| n.device.in_flight() + n.qos.waiting())
+            .sum::<usize>()
+    };
     while in_flight() > 0 && started.elapsed() < DRAIN_TIMEOUT {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -312,11 +352,13 @@ pub async fn add_built(
                     let nsid = ns.nsid;
                     if let Some(old) = existing.namespace(nsid) {
                         old.device.set_event_sink(Arc::new(Detached));
-                        replaced_devices.push(old.device.clone());
+                        replaced_devices.push(old.clone());
                         added.replaced += 1;
                     } else {
                         added.namespaces += 1;
                     }
+                    // Its hosts before it is served: no host it is hidden from sees it.
+                    apply_visibility(&existing, nsid, sub.visibility(nsid), options.origin);
                     existing.add_namespace(ns);
                     existing.notify_namespace_changed(nsid);
                     tracing::info!(nqn = %existing.nqn(), nsid, "{what} namespace served");

@@ -45,7 +45,7 @@ use tonic::transport::{Channel, ClientTlsConfig};
 
 use crate::apply::{self, Detached, WantedHosts, DRAIN_TIMEOUT};
 use crate::config::{Config, HostEntry, HostTable, NamespaceConfig, SubsystemConfig};
-use crate::core::{ListenerInfo, Namespace, Subsystem, Target, TransportType};
+use crate::core::{ListenerInfo, Namespace, Subsystem, Target, TransportType, Visibility};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
 
@@ -572,6 +572,7 @@ async fn assignment_loop(
                         Ok(Some(a)) => {
                             if let Some(config) = &settings.config {
                                 apply_config(&target, config, &a).await;
+                                apply_qos(&target, config, &a);
                                 apply_removals(&target, config, &a).await;
                                 apply_listeners(&target, &a);
                                 apply_tls(&target, &a);
@@ -800,6 +801,19 @@ impl apply::Wanted for AssignmentWanted<'_> {
         }
         self.pushed(nqn).map(pushed_hosts)
     }
+
+    /// A pushed namespace's hosts (`nvmeofctl namespace add-host/del-host`); the file's
+    /// namespaces keep the file's.
+    fn visibility(&self, nqn: &str, nsid: u32) -> Option<Visibility> {
+        if self.in_file(nqn).is_some() {
+            return None;
+        }
+        self.a
+            .namespaces
+            .iter()
+            .find(|n| n.subsystem_nqn == nqn && n.nsid == nsid)
+            .map(|n| Visibility::from_hosts(!n.no_auto_visible, n.hosts.iter().map(String::as_str)))
+    }
 }
 
 /// Namespaces whose ANA group the control plane changed (`nvmeofctl namespace move`): the
@@ -858,7 +872,8 @@ pub async fn move_namespaces(target: &Target, a: &Assignment) {
             // Served here until now: its commands in flight finish before the assignment is
             // acknowledged.
             let started = std::time::Instant::now();
-            while ns.device.in_flight() > 0 && started.elapsed() < DRAIN_TIMEOUT {
+            while ns.device.in_flight() + ns.qos.waiting() > 0 && started.elapsed() < DRAIN_TIMEOUT
+            {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             tracing::info!(
@@ -892,6 +907,7 @@ fn replace_namespace(
         uuid: old.uuid,
         ana_group: group,
         read_only: old.read_only,
+        qos: old.qos.clone(),
     }));
 }
 
@@ -999,6 +1015,12 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
                 pool: Some(n.pool.clone()),
                 rados_namespace: (!n.rados_namespace.is_empty()).then(|| n.rados_namespace.clone()),
                 image: Some(n.image.clone()),
+                auto_visible: !n.no_auto_visible,
+                hosts: n.hosts.clone(),
+                rw_ios_per_second: pushed_qos(n).rw_ios_per_second,
+                rw_megabytes_per_second: pushed_qos(n).rw_megabytes_per_second,
+                r_megabytes_per_second: pushed_qos(n).r_megabytes_per_second,
+                w_megabytes_per_second: pushed_qos(n).w_megabytes_per_second,
             })
             .collect();
         if existing.is_none() || !namespaces.is_empty() {
@@ -1062,6 +1084,46 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
     }
 }
 
+/// A pushed namespace's QoS limits (absent: none).
+fn pushed_qos(n: &control_plane::proto::Namespace) -> control_plane::qos::QosLimits {
+    control_plane::qos::QosLimits::from_proto(n.qos.as_ref())
+}
+
+/// Gives every pushed namespace this gateway serves the QoS limits of the assignment, live
+/// (`nvmeofctl namespace set-qos`; the next op is held to them). Whichever gateway serves a
+/// namespace, after a failover too, enforces the limits the group state has. Namespaces from
+/// the gateway's own file keep the file's. Returns how many namespaces' limits changed.
+pub fn apply_qos(target: &Target, base: &Config, a: &Assignment) -> usize {
+    let mut changed = 0;
+    for n in &a.namespaces {
+        let in_file = base
+            .subsystems
+            .iter()
+            .any(|s| s.nqn == n.subsystem_nqn && s.namespaces.iter().any(|f| f.nsid == n.nsid));
+        if in_file {
+            continue;
+        }
+        let Some(ns) = target
+            .subsystem(&n.subsystem_nqn)
+            .and_then(|sub| sub.namespace(n.nsid))
+        else {
+            continue;
+        };
+        let q = pushed_qos(n);
+        let limits = crate::core::qos::QosLimits {
+            rw_ios_per_second: q.rw_ios_per_second,
+            rw_megabytes_per_second: q.rw_megabytes_per_second,
+            r_megabytes_per_second: q.r_megabytes_per_second,
+            w_megabytes_per_second: q.w_megabytes_per_second,
+        };
+        if ns.qos.set_limits(limits) {
+            changed += 1;
+            tracing::info!(nqn = %n.subsystem_nqn, nsid = n.nsid, qos = %limits, "QoS limits changed in the control plane");
+        }
+    }
+    changed
+}
+
 /// How often the last assignment's removals are applied again between assignments.
 const REMOVALS_RECHECK: Duration = Duration::from_secs(5);
 
@@ -1074,7 +1136,8 @@ async fn drain_group(subsystems: &[Arc<Subsystem>], group: u32) {
             .iter()
             .flat_map(|s| s.namespaces())
             .filter(|ns| ns.ana_group == group)
-            .map(|ns| ns.device.in_flight())
+            // Commands waiting for their QoS turn would reach the device after the drain.
+            .map(|ns| ns.device.in_flight() + ns.qos.waiting())
             .sum()
     };
     let mut waited = false;
@@ -1215,9 +1278,77 @@ pub async fn apply_with_clients(
                 clients.lost().remove(&g);
             }
         }
+        if target.reservations_persisted() && !load_reservations(&subsystems, g).await {
+            tracing::error!(
+                group = g,
+                "ANA group not turned optimized: its reservations could not all be loaded"
+            );
+            all = false;
+            continue;
+        }
         tracing::info!(group = g, epoch = a.version, "ANA state optimized");
         for s in &subsystems {
             s.set_ana_state(g, ana::OPTIMIZED);
+        }
+    }
+    all
+}
+
+/// Loads the reservation state of every namespace of ANA group `group` from its device (the
+/// record the previous owner stored, through this gateway's fresh clients), before the group
+/// turns optimized here: the hosts then see the same registrations, holder and generation
+/// as through the previous owner. False if any could not be read (the group stays as it is;
+/// the next assignment retries).
+pub(crate) async fn load_reservations(subsystems: &[Arc<Subsystem>], group: u32) -> bool {
+    let mut all = true;
+    for sub in subsystems {
+        for ns in sub
+            .namespaces()
+            .into_iter()
+            .filter(|n| n.ana_group == group)
+        {
+            let device = ns.device.clone();
+            let started = std::time::Instant::now();
+            let loaded = tokio::task::spawn_blocking(move || {
+                device.load_record(crate::core::pr::RECORD_KEY)
+            })
+            .await;
+            let state = match loaded {
+                Ok(Ok(None)) => crate::core::pr::ReservationState::default(),
+                Ok(Ok(Some(record))) => match crate::core::pr::ReservationState::decode(&record) {
+                    Ok(state) => state,
+                    Err(e) => {
+                        tracing::error!(subsystem = %sub.nqn(), nsid = ns.nsid, "{e}");
+                        all = false;
+                        continue;
+                    }
+                },
+                Ok(Err(e)) => {
+                    tracing::error!(
+                        subsystem = %sub.nqn(),
+                        nsid = ns.nsid,
+                        "cannot load the reservation state: {e}"
+                    );
+                    all = false;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!("reservation load task failed: {e}");
+                    all = false;
+                    continue;
+                }
+            };
+            tracing::info!(
+                subsystem = %sub.nqn(),
+                nsid = ns.nsid,
+                group,
+                generation = state.generation,
+                registrants = state.registrants.len(),
+                reserved = state.holder.is_some(),
+                ms = started.elapsed().as_millis() as u64,
+                "reservation state loaded"
+            );
+            sub.reservations.load(ns.nsid, state);
         }
     }
     all
@@ -1407,6 +1538,45 @@ ana_group = 2
         assert!(target.subsystem(PUSHED).is_none());
         assert!(target.subsystem("nqn.2016-06.io.test:group").is_some());
         assert!(target.discovery_generation() > generation);
+    }
+
+    /// `nvmeofctl namespace add-host/del-host` reach a gateway as the pushed namespace's
+    /// hosts: the served namespace follows each assignment, no device is reopened.
+    #[tokio::test]
+    async fn pushed_namespace_hosts_set_who_sees_a_served_namespace() {
+        let base = Config::from_toml_str(TOML).expect("config");
+        let with_pushed = format!(
+            "{TOML}\n[[subsystem]]\nnqn = \"{PUSHED}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\nbackend = \"memory\"\nsize = \"1MiB\"\n"
+        );
+        let target = Config::from_toml_str(&with_pushed)
+            .expect("config")
+            .build_target()
+            .expect("target");
+        let pushed = target.subsystem(PUSHED).expect("pushed");
+        let device = pushed.namespace(1).expect("ns 1").device.clone();
+        let host = "nqn.2014-08.org.nvmexpress:uuid:only";
+        let with_hosts = |version: u64, no_auto_visible: bool, hosts: &[&str]| {
+            let mut a = pushed_assignment(version, &[1], &[]);
+            a.namespaces[0].no_auto_visible = no_auto_visible;
+            a.namespaces[0].hosts = hosts.iter().map(|h| h.to_string()).collect();
+            a
+        };
+        apply_removals(&target, &base, &with_hosts(5, true, &[host])).await;
+        assert_eq!(
+            pushed.visibility(1),
+            Visibility::Only([host.to_string()].into())
+        );
+        assert!(pushed.namespace_for_host(1, host).is_some());
+        assert!(pushed
+            .namespace_for_host(1, "nqn.2014-08.org.nvmexpress:uuid:other")
+            .is_none());
+        apply_removals(&target, &base, &with_hosts(6, true, &[])).await;
+        assert!(pushed.namespace_for_host(1, host).is_none());
+        apply_removals(&target, &base, &with_hosts(7, false, &[])).await;
+        assert_eq!(pushed.visibility(1), Visibility::AllHosts);
+        let same = pushed.namespace(1).expect("still served").device.clone();
+        assert!(Arc::ptr_eq(&device, &same), "the device was not reopened");
     }
 
     const PLAIN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000c1";

@@ -13,6 +13,7 @@ pub mod host;
 mod keep_alive;
 pub mod limits;
 pub mod metrics;
+pub mod qos;
 pub mod rdma;
 pub mod reload;
 pub mod signals;

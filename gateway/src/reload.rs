@@ -134,8 +134,12 @@ pub struct Summary {
     pub namespaces_added: usize,
     pub namespaces_changed: usize,
     pub namespaces_removed: usize,
+    /// Namespaces whose QoS limits only changed: applied live, the device stays open.
+    pub namespaces_qos_changed: usize,
     pub hosts_changed: usize,
     pub controllers_closed: usize,
+    /// Namespaces whose visible hosts changed.
+    pub visibility_changed: usize,
     pub listeners_added: usize,
     pub listeners_removed: usize,
 }
@@ -233,6 +237,7 @@ impl Reloader {
             subsystems_added: diff.added_subsystems.len(),
             namespaces_added: diff.added_namespaces,
             namespaces_changed: diff.changed_namespaces,
+            namespaces_qos_changed: diff.qos_changed_namespaces,
             listeners_added: plan.after.difference(&plan.before).count(),
             listeners_removed: plan.before.difference(&plan.after).count(),
             ..Summary::default()
@@ -242,6 +247,7 @@ impl Reloader {
         summary.namespaces_removed = removed.namespaces;
         summary.hosts_changed = removed.hosts_changed;
         summary.controllers_closed = removed.controllers_closed;
+        summary.visibility_changed = removed.visibility_changed;
         if let Some(built) = &plan.built {
             let hosts = |nqn: &str| {
                 new.subsystems
@@ -262,6 +268,7 @@ impl Reloader {
             )
             .await;
         }
+        apply_file_qos(target, &new);
         add_to_discovery_log(target, &new);
         for s in &new.subsystems {
             if let Some(sub) = target.subsystem(&s.nqn) {
@@ -444,6 +451,8 @@ struct Diff {
     added_namespaces: usize,
     /// Namespaces whose settings changed (the NSID stays; the device is opened again).
     changed_namespaces: usize,
+    /// Namespaces whose QoS limits only changed (applied live).
+    qos_changed_namespaces: usize,
 }
 
 impl Diff {
@@ -452,6 +461,7 @@ impl Diff {
             added_subsystems: BTreeSet::new(),
             added_namespaces: 0,
             changed_namespaces: 0,
+            qos_changed_namespaces: 0,
         };
         for s in &new.subsystems {
             let Some(o) = old.subsystems.iter().find(|o| o.nqn == s.nqn) else {
@@ -461,12 +471,33 @@ impl Diff {
             for ns in &s.namespaces {
                 match o.namespaces.iter().find(|n| n.nsid == ns.nsid) {
                     None => diff.added_namespaces += 1,
-                    Some(on) if on != ns => diff.changed_namespaces += 1,
+                    // The hosts that see it and its QoS limits change without a new
+                    // device.
+                    Some(on) if !on.same_device(ns) => diff.changed_namespaces += 1,
+                    Some(on) if on.qos_differs(ns) => diff.qos_changed_namespaces += 1,
                     Some(_) => {}
                 }
             }
         }
         diff
+    }
+}
+
+/// Gives every namespace of `config` its QoS limits (live: the next op is held to them).
+fn apply_file_qos(target: &Target, config: &Config) {
+    for s in &config.subsystems {
+        let Some(sub) = target.subsystem(&s.nqn) else {
+            continue;
+        };
+        for n in &s.namespaces {
+            let Some(ns) = sub.namespace(n.nsid) else {
+                continue;
+            };
+            let limits = n.qos_limits();
+            if ns.qos.set_limits(limits) {
+                tracing::info!(nqn = %s.nqn, nsid = n.nsid, qos = %limits, "QoS limits changed {ORIGIN}");
+            }
+        }
     }
 }
 
@@ -497,7 +528,11 @@ fn to_build(old: &Config, new: &Config) -> Option<(Config, Vec<Vec<String>>)> {
             .namespaces
             .iter()
             .enumerate()
-            .filter(|(_, ns)| existing.is_none_or(|o| !o.namespaces.iter().any(|on| on == *ns)))
+            // A namespace whose visible hosts or QoS limits only changed is not opened
+            // again: those change live (`apply_file_qos`, the visibility pass).
+            .filter(|(_, ns)| {
+                existing.is_none_or(|o| !o.namespaces.iter().any(|on| on.same_device(ns)))
+            })
             .collect();
         if existing.is_some() && wanted.is_empty() {
             continue;
@@ -566,6 +601,14 @@ impl apply::Wanted for FileWanted<'_> {
         self.subsystem(nqn)
             .map(|s| WantedHosts::from_config(s.allow_any_host, &s.hosts))
     }
+
+    fn visibility(&self, nqn: &str, nsid: u32) -> Option<crate::core::Visibility> {
+        self.subsystem(nqn)?
+            .namespaces
+            .iter()
+            .find(|n| n.nsid == nsid)
+            .map(NamespaceConfig::visibility)
+    }
 }
 
 #[cfg(test)]
@@ -632,6 +675,70 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn qos_limits_change_live_without_reopening_the_device() {
+        let nqn = "nqn.2016-06.io.x:qos";
+        let first = format!("{LISTENER}{}", subsystem(nqn, ""));
+        let limited = format!("{first}rw_ios_per_second = 2000\nw_megabytes_per_second = 40\n");
+        let mut r = reloader("qos", &first, &limited);
+        let target = r.current.build_target().expect("target");
+        let before = target
+            .subsystem(nqn)
+            .and_then(|s| s.namespace(1))
+            .expect("ns");
+        assert!(!before.qos.is_limited());
+        let Ok(Prepared::Apply(plan)) = r.prepare().await else {
+            panic!("the new limits are a change");
+        };
+        assert!(plan.built.is_none(), "no device to open for new limits");
+        let summary = r.apply(&target, plan).await;
+        assert_eq!(
+            (summary.namespaces_qos_changed, summary.namespaces_changed),
+            (1, 0)
+        );
+        let after = target
+            .subsystem(nqn)
+            .and_then(|s| s.namespace(1))
+            .expect("ns");
+        assert!(
+            Arc::ptr_eq(&before, &after),
+            "the namespace was not replaced"
+        );
+        let want = crate::core::qos::QosLimits {
+            rw_ios_per_second: 2000,
+            w_megabytes_per_second: 40,
+            ..crate::core::qos::QosLimits::UNLIMITED
+        };
+        assert_eq!(after.qos.limits(), want);
+        // Back to no limits.
+        std::fs::write(r.path(), &first).expect("write");
+        let Ok(Prepared::Apply(plan)) = r.prepare().await else {
+            panic!("cleared limits are a change");
+        };
+        r.apply(&target, plan).await;
+        assert!(!after.qos.is_limited());
+    }
+
+    #[test]
+    fn bad_qos_limits_are_refused_with_their_field() {
+        let nqn = "nqn.2016-06.io.x:qos";
+        for (bad, field) in [
+            ("rw_ios_per_second = 3", "rw_ios_per_second"),
+            (
+                "r_megabytes_per_second = 99999999",
+                "r_megabytes_per_second",
+            ),
+        ] {
+            let text = format!("{LISTENER}{}{bad}\n", subsystem(nqn, ""));
+            let config: Config = toml::from_str(&text).expect("parses");
+            let e = config.validate().expect_err("refused").to_string();
+            assert!(
+                e.contains(&format!("subsystem[0].namespace[0].{field}")),
+                "{e}"
+            );
+        }
+    }
+
+    #[tokio::test]
     async fn the_same_subsystems_in_another_order_change_nothing() {
         let (a, b) = (
             subsystem("nqn.2016-06.io.x:a", ""),
@@ -643,6 +750,35 @@ mod tests {
             &format!("{LISTENER}{b}{a}"),
         );
         assert!(matches!(r.prepare().await, Ok(Prepared::Unchanged)));
+    }
+
+    /// A reload that changes only who sees a namespace keeps its device and tells only the
+    /// hosts whose view changed (the core's tests check whom); the NSID stays served.
+    #[tokio::test]
+    async fn a_reload_changes_a_namespaces_hosts_without_reopening_it() {
+        let nqn = "nqn.2016-06.io.x:vis";
+        let host = "nqn.2014-08.org.nvmexpress:uuid:only";
+        let first = format!("{LISTENER}{}", subsystem(nqn, ""));
+        let second = format!("{first}auto_visible = false\nhosts = [\"{host}\"]\n");
+        let mut r = reloader("visibility", &first, &second);
+        let target = Config::from_toml_str(&first)
+            .expect("valid")
+            .build_target()
+            .expect("target");
+        let sub = target.subsystem(nqn).expect("subsystem");
+        let device = sub.namespace(1).expect("ns").device.clone();
+        let Ok(Prepared::Apply(plan)) = r.prepare().await else {
+            panic!("the hosts changed: a reload to apply");
+        };
+        let summary = r.apply(&target, plan).await;
+        assert_eq!(summary.visibility_changed, 1);
+        assert_eq!(summary.namespaces_changed, 0, "{summary:?}");
+        assert!(sub.namespace_for_host(1, host).is_some());
+        assert!(sub
+            .namespace_for_host(1, "nqn.2014-08.org.nvmexpress:uuid:other")
+            .is_none());
+        let same = sub.namespace(1).expect("still served").device.clone();
+        assert!(Arc::ptr_eq(&device, &same), "the device was not reopened");
     }
 
     #[tokio::test]

@@ -149,6 +149,7 @@ async fn removals_in_the_control_plane_reach_a_running_gateway() {
         .namespace_del(proto::NamespaceDelRequest {
             subsystem_nqn: SUBNQN.into(),
             nsid: 2,
+            ..Default::default()
         })
         .await
         .expect("namespace del");

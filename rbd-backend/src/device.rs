@@ -126,6 +126,11 @@ pub enum IoOp {
         compare: IoBuf,
         write: IoBuf,
     },
+    /// Durably store a small named record with the device (the gateway's reservation state
+    /// of the namespace it serves), replacing any earlier value of `key`. Completes once the
+    /// record is on stable storage, or with the error; an RBD image stores it through the
+    /// same cluster client as its I/O, so a fenced (blocklisted) client cannot store it.
+    StoreRecord { key: String, value: Vec<u8> },
 }
 
 /// Why an op failed.
@@ -207,5 +212,13 @@ pub trait BlockDevice: Send + Sync {
     /// RBD image on a fresh cluster client). `None`: nothing beyond this trait.
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
+    }
+
+    /// The record [`IoOp::StoreRecord`] last stored under `key` (blocking: call it from a
+    /// blocking thread, never a runtime worker). `Ok(None)`: none stored. A device that keeps
+    /// no records has none.
+    fn load_record(&self, key: &str) -> Result<Option<Vec<u8>>, IoError> {
+        let _ = key;
+        Ok(None)
     }
 }

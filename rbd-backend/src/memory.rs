@@ -4,6 +4,7 @@
 //! namespace costs only what is written. Discarded chunks are freed and read back as zeroes,
 //! like a thin-provisioned RBD image.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -29,6 +30,8 @@ pub struct MemoryDevice {
     event_sink: Mutex<Option<Arc<dyn DeviceEventSink>>>,
     /// Every op's outcome, recorded just before its completion is delivered.
     stats: IoStats,
+    /// Records stored with [`IoOp::StoreRecord`], by key.
+    records: Mutex<BTreeMap<String, Vec<u8>>>,
 }
 
 impl MemoryDevice {
@@ -40,6 +43,7 @@ impl MemoryDevice {
             atomicity: RwLock::new(()),
             event_sink: Mutex::new(None),
             stats: IoStats::default(),
+            records: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -192,6 +196,12 @@ impl MemoryDevice {
                 self.compare(*offset, compare.as_slice())?;
                 self.write_from(*offset, write.as_slice());
             }
+            IoOp::StoreRecord { key, value } => {
+                self.records
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key.clone(), value.clone());
+            }
         }
         Ok(())
     }
@@ -219,6 +229,15 @@ impl BlockDevice for MemoryDevice {
 
     fn set_event_sink(&self, sink: Arc<dyn DeviceEventSink>) {
         *self.event_sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    fn load_record(&self, key: &str) -> Result<Option<Vec<u8>>, IoError> {
+        Ok(self
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned())
     }
 }
 

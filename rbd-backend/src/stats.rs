@@ -47,16 +47,18 @@ impl OpKind {
     }
 
     /// The kind of `op` and the bytes it moves or covers (the written bytes for a
-    /// compare-and-write, the range for discard and write zeroes, 0 for a flush).
-    pub fn of(op: &IoOp) -> (OpKind, u64) {
-        match op {
+    /// compare-and-write, the range for discard and write zeroes, 0 for a flush); `None` for
+    /// a record store, which is no I/O of the namespace's data and is not counted.
+    pub fn of(op: &IoOp) -> Option<(OpKind, u64)> {
+        Some(match op {
             IoOp::Read { buf, .. } => (OpKind::Read, buf.len() as u64),
             IoOp::Write { buf, .. } => (OpKind::Write, buf.len() as u64),
             IoOp::Flush => (OpKind::Flush, 0),
             IoOp::Discard { len, .. } => (OpKind::Discard, *len),
             IoOp::WriteZeroes { len, .. } => (OpKind::WriteZeroes, *len),
             IoOp::CompareAndWrite { write, .. } => (OpKind::CompareAndWrite, write.len() as u64),
-        }
+            IoOp::StoreRecord { .. } => return None,
+        })
     }
 
     fn index(self) -> usize {
@@ -139,7 +141,9 @@ pub struct IoStats {
 impl IoStats {
     /// Counts `op`, submitted at `started`, as completed now with `result`.
     pub fn record(&self, op: &IoOp, started: Instant, result: &Result<(), IoError>) {
-        let (kind, bytes) = OpKind::of(op);
+        let Some((kind, bytes)) = OpKind::of(op) else {
+            return;
+        };
         let c = &self.per_kind[kind.index()];
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         c.completed.fetch_add(1, Ordering::Relaxed);

@@ -13,6 +13,8 @@
 #   - gateway/tests/osd_stall_budget.rs (hosts writing into a stopped OSD: the data budget
 #                                  bounds the buffers, every write lands once it resumes)
 #   - gateway/tests/fenced_group.rs (one ANA group's client blocklisted: only it stops)
+#   - gateway/tests/group_reservations.rs (reservations stored by the ANA owner, loaded by
+#                                  the next one: kill -9 of the owner and failback keep them)
 #   - gateway/tests/group_removals.rs (namespace/host/subsystem del applied on a running gateway)
 #   - gateway/tests/group_auth.rs (DH-HMAC-CHAP keys given with nvmeofctl, enforced by the
 #                                  group's gateway; runs the nvmeofctl binary, built first)
@@ -62,6 +64,7 @@ bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_config -- --ignore
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_down_start -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_stall_budget -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test fenced_group -- --ignored "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_reservations -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_removals -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test health -- --ignored "$@" || rc=1
 { bounded "${CARGO:-cargo}" build -p control-plane --bin nvmeofctl &&

@@ -1467,3 +1467,115 @@ fn a_fence_of_one_ana_group_leaves_the_other_working() {
     drop(fresh);
     drop(dev_b);
 }
+
+fn store_record(dev: &RbdDevice, key: &str, value: &[u8]) -> Result<(), IoError> {
+    run(
+        dev,
+        IoOp::StoreRecord {
+            key: key.into(),
+            value: value.to_vec(),
+        },
+    )
+    .result
+}
+
+/// What a gateway group's reservations rest on: a record stored with an image
+/// ([`IoOp::StoreRecord`]) is read back by another client (the next ANA owner), replaces the
+/// earlier value, stays apart per key and per image; and a client blocklisted by the
+/// cluster (a fenced gateway) cannot store one, so what the next owner loads is the last
+/// record stored before the fence. Also prints the store latency (the cost a reservation
+/// change pays in a group).
+#[test]
+fn records_are_stored_with_the_image_and_a_fenced_client_cannot_store_them() {
+    let mut f = Fixture::new(1);
+    let pool = ClusterPool::new(settings(2));
+    let (spec, other_spec) = (f.image(8 * MIB), f.image(8 * MIB));
+    let owner = pool.open_in_group(&spec, 1).expect("open in group 1");
+    let next_owner_pool = ClusterPool::new(settings(1));
+    let next_owner = next_owner_pool
+        .open_in_group(&spec, 2)
+        .expect("open on another client");
+    let other_image = pool.open_in_group(&other_spec, 1).expect("other image");
+
+    assert_eq!(owner.load_record("resv").expect("load"), None, "none yet");
+    store_record(&owner, "resv", b"first").expect("store");
+    store_record(&owner, "resv", b"second").expect("store again");
+    store_record(&owner, "other-key", b"x").expect("another key");
+    assert_eq!(
+        next_owner.load_record("resv").expect("load"),
+        Some(b"second".to_vec()),
+        "another client reads the last value"
+    );
+    assert_eq!(
+        other_image.load_record("resv").expect("load"),
+        None,
+        "records belong to their image"
+    );
+    assert_eq!(
+        RbdDevice::in_flight(&owner),
+        0,
+        "a finished store is not counted in flight"
+    );
+
+    // Latency of one store (a round trip to the OSD through the records thread).
+    let mut times = Vec::new();
+    for i in 0..50u32 {
+        let started = Instant::now();
+        store_record(&owner, "resv", &i.to_le_bytes()).expect("store");
+        times.push(started.elapsed());
+    }
+    times.sort();
+    println!(
+        "record store latency over {} stores: p50 {:?}, p99 {:?}, max {:?}",
+        times.len(),
+        times[times.len() / 2],
+        times[times.len() * 99 / 100],
+        times[times.len() - 1]
+    );
+    store_record(&owner, "resv", b"before the fence").expect("store");
+
+    // Fence the owner's client as the control plane does.
+    let addrs = pool.group_addrs(1);
+    let admin = rbd_backend::rados::Client::connect(&settings(1)).expect("admin client");
+    admin
+        .blocklist_add(&addrs[0], Some(Duration::from_secs(600)))
+        .expect("blocklist");
+    rbd_backend::rados::wait_for_latest_osdmap_all().expect("osdmap");
+    let started = Instant::now();
+    let mut last_stored = b"before the fence".to_vec();
+    let error = loop {
+        let value = format!("after the fence {}", started.elapsed().as_micros()).into_bytes();
+        match store_record(&owner, "resv", &value) {
+            Err(e) => break e,
+            Ok(()) => {
+                // An OSD that has not seen the new map yet may still take one.
+                last_stored = value;
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "stores through a blocklisted client kept succeeding"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    assert!(matches!(error, IoError::Fenced(_)), "{error:?}");
+    assert!(owner.client().is_blocklisted());
+    assert!(matches!(
+        store_record(&owner, "resv", b"refused"),
+        Err(IoError::Fenced(_))
+    ));
+    assert!(matches!(owner.load_record("resv"), Err(IoError::Fenced(_))));
+    assert_eq!(
+        next_owner.load_record("resv").expect("load"),
+        Some(last_stored),
+        "the next owner reads the last record stored before the fence"
+    );
+
+    let _ = admin.blocklist_rm(&addrs[0]);
+    drop((owner, next_owner, other_image));
+    if let Ok(p) = admin.pool(&pool_name(), None) {
+        for s in [&spec, &other_spec] {
+            let _ = p.remove(&rbd_backend::rbd::record_object(&s.image));
+        }
+    }
+}

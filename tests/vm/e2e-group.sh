@@ -40,6 +40,14 @@
 #      default 5), E2E_GRACE_MS (control plane's beacon grace, default 1500),
 #      E2E_GATEWAYS (number of gateways, default 3, at least 2),
 #      RUST_LOG (gateways and replicas, default info), VM_* (see run-in-vm.sh).
+#      E2E_GUEST (the guest script, default tests/vm/e2e-group-guest.sh; it is given
+#      SHARED_DIR ROUNDS PORTS CTL_SERVERS, CTL_SERVERS being the replicas as the guest
+#      reaches them, and nvmeofctl is at SHARED_DIR/bin/nvmeofctl), E2E_NAME (the shared
+#      directory's and the summary's name, default e2e-group), E2E_GUEST_ENV (names of
+#      variables passed into the guest): how tests/vm/e2e-tenants.sh
+#      runs its own guest script on this group. Two more requests serve such scripts:
+#   rbd-create IMAGE MIB   rbd create --size MIB M rbd/IMAGE (IMAGE: [A-Za-z0-9_.-]+)
+#   rbd-rm IMAGE           rbd rm rbd/IMAGE (only an image made by rbd-create)
 set -u
 export LC_ALL=C
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -54,6 +62,9 @@ NQN=nqn.2016-06.io.ceph-nvmeof-rs:e2e-group
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:e2e09000-0000-4000-8000-000000000001
 POOL=rbd
 NGW=${E2E_GATEWAYS:-3}
+NAME=${E2E_NAME:-e2e-group}
+GUEST=${E2E_GUEST:-$ROOT/tests/vm/e2e-group-guest.sh}
+case $GUEST in /*) ;; *) GUEST=$ROOT/$GUEST ;; esac
 IMAGES=(); for _i in $(seq "$NGW"); do IMAGES+=("e2e-g$_i"); done
 export NO_COLOR=1
 exec 3>&1  # the terminal, for progress lines printed while an answer is being written
@@ -62,7 +73,7 @@ exec 3>&1  # the terminal, for progress lines printed while an answer is being w
 STEP_PREFIX=host:
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/requests.sh"
-shared_dir e2e-group  # SH, shared with the guest
+shared_dir "$NAME"  # SH, shared with the guest
 
 # ------------------------------------------------------------- cleanup --
 WORK="" CEPHDIR="" VMPID=""
@@ -81,17 +92,17 @@ stop_pid() { # PID [SIGNAL]: signal, wait up to 15 s, then SIGKILL; reaps it
 }
 cleanup() {
   local i
-  stop_vm e2e-group
+  stop_vm "$NAME"
   for i in "${!GWPID[@]}"; do stop_pid "${GWPID[$i]}"; done
   for i in "${!CPPID[@]}"; do stop_pid "${CPPID[$i]}"; done
   GWPID=() CPPID=()
   wait 2>/dev/null
   if [ -n "$CEPHDIR" ]; then
     "$ROOT/scripts/micro-ceph.sh" stop "$CEPHDIR" >/dev/null 2>&1 ||
-      echo "e2e-group: micro-ceph.sh stop $CEPHDIR failed"
+      echo "$NAME: micro-ceph.sh stop $CEPHDIR failed"
   fi
   [ -n "$WORK" ] && rm -rf "$WORK"
-  rm -f "$SH"/*.bin 2>/dev/null
+  rm -f "$SH"/*.bin 2>/dev/null; rm -rf "$SH/bin"
   VMPID="" CEPHDIR="" WORK=""
 }
 trap cleanup EXIT
@@ -99,8 +110,8 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- setup --
-fresh_shared_dir e2e-group
-GROUP=e2e-group-$$-$RANDOM
+fresh_shared_dir "$NAME"
+GROUP=$NAME-$$-$RANDOM
 
 for i in 1 2; do CPPORT[$i]=$(free_port "${CPPORT[@]}"); done
 for i in $(seq $NGW); do GWPORT[$i]=$(free_port "${CPPORT[@]}" "${GWPORT[@]}"); done
@@ -222,7 +233,19 @@ sys.exit(0 if ok else 1)' "$NGW" && { say "steady after $(since "$t0")s:"; ctl a
 # ------------------------------------------------- requests from the guest --
 num() { [[ $1 =~ ^[0-9]+$ ]]; }
 gw_ok() { [[ ${1:-} =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le $NGW ]; }
-image_ok() { [[ " ${IMAGES[*]} " == *" $1 "* ]]; }
+image_ok() { [[ " ${IMAGES[*]} ${MADE_IMAGES[*]} " == *" $1 "* ]]; }
+MADE_IMAGES=()  # made by the guest's rbd-create requests
+act_rbd_create() { # IMAGE MIB
+  [[ ${1:-} =~ ^[A-Za-z0-9_.-]+$ ]] && num "${2:-}" && [ $# -eq 2 ] || { echo fail; echo "usage: rbd-create IMAGE MIB"; return; }
+  if timeout -k 5 60 rbd create --size "${2}M" "$POOL/$1" > "$WORK/rbd.out" 2>&1; then
+    MADE_IMAGES+=("$1"); echo ok; echo "rbd create --size ${2}M $POOL/$1"
+  else echo fail; cat "$WORK/rbd.out"; fi
+}
+act_rbd_rm() { # IMAGE
+  [[ " ${MADE_IMAGES[*]} " == *" ${1:-} "* ]] && [ $# -eq 1 ] || { echo fail; echo "rbd-rm: '${1:-}' was not made by rbd-create"; return; }
+  if timeout -k 5 60 rbd rm "$POOL/$1" > "$WORK/rbd.out" 2>&1; then echo ok; echo "rbd rm $POOL/$1"
+  else echo fail; cat "$WORK/rbd.out"; fi
+}
 FENCES_CAUSED=0  # fences the test provokes (each kill -9 / freeze of a gateway holding a group)
 act_kill_gw() { # N
   local n=$1 p=${GWPID[$1]:-}
@@ -348,14 +371,19 @@ handle() { # reads one request line, prints the answer
     kill-leader) act_kill_leader ;;
     check) check_image "$@" ;;
     restart-all) act_restart_all ;;
+    rbd-create) act_rbd_create "$@" ;;
+    rbd-rm) act_rbd_rm "$@" ;;
     *) echo fail; echo "unknown request '$line'" ;;
   esac
 }
 run_vm() {
-  local ports="" i
+  local ports="" i ctl_servers="10.0.2.2:${CPPORT[1]},10.0.2.2:${CPPORT[2]}"
   for i in $(seq $NGW); do ports+=${ports:+,}${GWPORT[$i]}; done  # gw1's port first
-  say "tests/vm/run-in-vm.sh -t $TIMEOUT -w $SH tests/vm/e2e-group-guest.sh $SH $ROUNDS $ports"
-  run_guest -t "$TIMEOUT" -w "$SH" "$ROOT/tests/vm/e2e-group-guest.sh" "$SH" "$ROUNDS" "$ports"
+  mkdir -p "$SH/bin" && cp "$WORK/nvmeofctl" "$SH/bin/nvmeofctl" || return 1  # the guest's /tmp is its own
+  say "tests/vm/run-in-vm.sh -t $TIMEOUT -w $SH ${GUEST#"$ROOT"/} $SH $ROUNDS $ports $ctl_servers"
+  local envs=() v
+  for v in ${E2E_GUEST_ENV:-}; do envs+=(-e "$v"); done
+  run_guest -t "$TIMEOUT" -w "$SH" "${envs[@]}" "$GUEST" "$SH" "$ROUNDS" "$ports" "$ctl_servers"
 }
 fences_as_caused() { # every fence of a whole gateway was caused by the test
   local n
@@ -514,7 +542,7 @@ PY
 }
 
 # ------------------------------------------------------------------ main --
-echo "e2e-group: binaries from $BIN_SRC, gateways gw1..gw$NGW on ports $(for i in $(seq $NGW); do printf '%s ' "${GWPORT[$i]}"; done), replicas cp1, cp2 on ${CPPORT[1]} ${CPPORT[2]}, shared dir $SH, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "$NAME: binaries from $BIN_SRC, gateways gw1..gw$NGW on ports $(for i in $(seq $NGW); do printf '%s ' "${GWPORT[$i]}"; done), replicas cp1, cp2 on ${CPPORT[1]} ${CPPORT[2]}, shared dir $SH, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 write_fenced_write_py
 if step binaries "private copies of nvmeof-gateway, nvmeof-control, nvmeofctl" copy_binaries "$WORK" &&
    step cluster.start "micro Ceph (1 mon, 1 OSD, memstore) on 127.0.0.1" start_cluster &&
@@ -523,7 +551,7 @@ if step binaries "private copies of nvmeof-gateway, nvmeof-control, nvmeofctl" c
    step configure "nvmeofctl: subsystem, allowed host, a listener per gateway" configure &&
    step gateways.start "$NGW gateways (files without subsystems); nvmeofctl namespace add nsid N -> ANA group N" start_gateways &&
    step group.steady "nvmeofctl ana show: group N optimized on gwN only" group_steady; then
-  step vm "the guest's steps (tests/vm/e2e-group-guest.sh)" run_vm
+  step vm "the guest's steps (${GUEST#"$ROOT"/})" run_vm
   step fences "the control plane fenced only the gateways the test killed or froze" fences_as_caused
   step gateways.sigterm "SIGTERM (planned shutdown) of gw$NGW..gw1: each exits 0" stop_gateways
 else
@@ -533,4 +561,4 @@ for i in 1 2; do [ -n "${CPPID[$i]:-}" ] && echo "nvmeof-control cp$i: $(grep -c
 cleanup; trap - EXIT
 
 pauses() { grep -E '^PAUSE ' "$VMOUT" 2>/dev/null; return 0; }
-host_summary "e2e-group summary" pauses
+host_summary "$NAME summary" pauses

@@ -121,6 +121,18 @@ enum NamespaceCmd {
         /// 0: the group with the fewest namespaces.
         #[arg(long, default_value_t = 0)]
         ana_group: u32,
+        /// Visible to no host until `namespace add-host` names one (default: to every host
+        /// allowed on the subsystem).
+        #[arg(long)]
+        no_auto_visible: bool,
+        /// Create the RBD image (of --size) first; refused if it exists.
+        #[arg(long, requires = "size")]
+        create_image: bool,
+        /// Size of the image --create-image makes: bytes or with a unit (512MiB, 2GiB).
+        #[arg(long, value_parser = parse_size, requires = "create_image")]
+        size: Option<u64>,
+        #[command(flatten)]
+        qos: QosArgs,
     },
     /// Adds many namespaces over one connection (a process per namespace costs ~50 ms, most
     /// of it start-up). FILE (`-`: stdin) has one namespace per line: `IMAGE [NSID
@@ -143,12 +155,31 @@ enum NamespaceCmd {
         ana_group: u32,
         #[arg(long)]
         file: PathBuf,
+        /// Each visible to no host until `namespace add-host` names one.
+        #[arg(long)]
+        no_auto_visible: bool,
     },
     Del {
         #[arg(long, short = 'n')]
         subsystem: String,
         #[arg(long)]
         nsid: u32,
+        /// Also remove the RBD image (refused while hosts are connected to the subsystem).
+        #[arg(long)]
+        delete_image: bool,
+        /// With --delete-image: remove it even while hosts are connected.
+        #[arg(long, requires = "delete_image")]
+        force: bool,
+    },
+    /// Sets, changes or clears a namespace's QoS limits, live on every gateway. Limits not
+    /// given stay as they are; 0 clears one (no limit). A megabyte is 2^20 bytes.
+    SetQos {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        nsid: u32,
+        #[command(flatten)]
+        qos: QosArgs,
     },
     /// Moves a namespace to another ANA group (another gateway's optimized path).
     Move {
@@ -173,6 +204,63 @@ enum NamespaceCmd {
         #[arg(long, short = 'n', default_value = "")]
         subsystem: String,
     },
+    /// Makes a namespace added with --no-auto-visible visible to one more host (at most 1024
+    /// per namespace). The host need not be allowed on the subsystem yet; it sees the
+    /// namespace once it is. Connected controllers of that host see it at once (Namespace
+    /// Attribute Changed), without reconnecting.
+    AddHost {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        nsid: u32,
+        #[arg(long)]
+        host: String,
+    },
+    /// Hides a namespace added with --no-auto-visible from a host on its list again; that
+    /// host's connected controllers lose it at once (Namespace Attribute Changed).
+    DelHost {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        nsid: u32,
+        #[arg(long)]
+        host: String,
+    },
+}
+
+/// QoS limits (ceph-nvmeof's names); absent: unchanged (set-qos) or none (add).
+#[derive(Debug, clap::Args)]
+struct QosArgs {
+    /// Read and write commands per second (0: no limit; else 10..=100000000).
+    #[arg(long)]
+    rw_ios_per_second: Option<u64>,
+    /// Read plus write bandwidth, MB/s (0: no limit).
+    #[arg(long)]
+    rw_megabytes_per_second: Option<u64>,
+    /// Read bandwidth, MB/s (0: no limit).
+    #[arg(long)]
+    r_megabytes_per_second: Option<u64>,
+    /// Write bandwidth, MB/s (0: no limit).
+    #[arg(long)]
+    w_megabytes_per_second: Option<u64>,
+}
+
+impl QosArgs {
+    fn proto(&self) -> proto::QosLimits {
+        proto::QosLimits {
+            rw_ios_per_second: self.rw_ios_per_second,
+            rw_megabytes_per_second: self.rw_megabytes_per_second,
+            r_megabytes_per_second: self.r_megabytes_per_second,
+            w_megabytes_per_second: self.w_megabytes_per_second,
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.rw_ios_per_second.is_some()
+            || self.rw_megabytes_per_second.is_some()
+            || self.r_megabytes_per_second.is_some()
+            || self.w_megabytes_per_second.is_some()
+    }
 }
 
 /// "4096", "512MiB", "2GiB", "1TiB" (also K/M/G/T and KB/MB/GB/TB as powers of two).
@@ -410,6 +498,8 @@ enum Failure {
 const EXIT_TLS: u8 = 4;
 
 fn main() -> ExitCode {
+    // `nvmeofctl ... | head`: end by SIGPIPE when the reader has gone, not by a panic.
+    sigpipe::reset();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -570,6 +660,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             nsid,
             block_size,
             ana_group,
+            no_auto_visible,
+            create_image,
+            size,
+            qos,
         }) => {
             let request = proto::NamespaceAddRequest {
                 subsystem_nqn: subsystem,
@@ -579,6 +673,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 image,
                 block_size,
                 ana_group,
+                no_auto_visible,
+                create_image,
+                size_bytes: size.unwrap_or(0),
+                qos: qos.any().then(|| qos.proto()),
             };
             done(out, answer(c.namespace_add(request), tls_on).await?)
         }
@@ -589,6 +687,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             block_size,
             ana_group,
             file,
+            no_auto_visible,
         }) => {
             let started = std::time::Instant::now();
             let request = |line: &NamespaceLine| proto::NamespaceAddRequest {
@@ -599,6 +698,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 image: line.image.clone(),
                 block_size,
                 ana_group: line.ana_group.unwrap_or(ana_group),
+                no_auto_visible,
+                ..Default::default()
             };
             let refused_line = |line: &NamespaceLine, before: usize, s: tonic::Status| {
                 Failure::Refused(tonic::Status::new(
@@ -674,12 +775,39 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 ),
             }
         }
-        Cmd::Namespace(NamespaceCmd::Del { subsystem, nsid }) => {
+        Cmd::Namespace(NamespaceCmd::Del {
+            subsystem,
+            nsid,
+            delete_image,
+            force,
+        }) => {
             let request = proto::NamespaceDelRequest {
                 subsystem_nqn: subsystem,
                 nsid,
+                delete_image,
+                force,
             };
             done(out, answer(c.namespace_del(request), tls_on).await?)
+        }
+        Cmd::Namespace(NamespaceCmd::SetQos {
+            subsystem,
+            nsid,
+            qos,
+        }) => {
+            if !qos.any() {
+                return Err(Failure::Usage(
+                    "namespace set-qos: give at least one limit (--rw-ios-per-second, \
+                     --rw-megabytes-per-second, --r-megabytes-per-second, \
+                     --w-megabytes-per-second; 0 clears one)"
+                        .into(),
+                ));
+            }
+            let request = proto::NamespaceSetQosRequest {
+                subsystem_nqn: subsystem,
+                nsid,
+                limits: Some(qos.proto()),
+            };
+            done(out, answer(c.namespace_set_qos(request), tls_on).await?)
         }
         Cmd::Namespace(NamespaceCmd::Move {
             subsystem,
@@ -711,6 +839,30 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             };
             let r = answer(c.namespace_list(request), tls_on).await?;
             print_list(out, &r, &r.namespaces);
+        }
+        Cmd::Namespace(NamespaceCmd::AddHost {
+            subsystem,
+            nsid,
+            host,
+        }) => {
+            let request = proto::NamespaceHostRequest {
+                subsystem_nqn: subsystem,
+                nsid,
+                host_nqn: host,
+            };
+            done(out, answer(c.namespace_add_host(request), tls_on).await?)
+        }
+        Cmd::Namespace(NamespaceCmd::DelHost {
+            subsystem,
+            nsid,
+            host,
+        }) => {
+            let request = proto::NamespaceHostRequest {
+                subsystem_nqn: subsystem,
+                nsid,
+                host_nqn: host,
+            };
+            done(out, answer(c.namespace_del_host(request), tls_on).await?)
         }
         Cmd::Listener(ListenerCmd::Add(a)) => {
             done(out, answer(c.listener_add(listener(a)), tls_on).await?)

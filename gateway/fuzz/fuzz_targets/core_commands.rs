@@ -252,6 +252,7 @@ fn target(device: &Arc<MemoryDevice>, keyed_host: bool) -> Arc<Target> {
         uuid: [2; 16],
         ana_group: 1,
         read_only: false,
+        qos: Default::default(),
     }));
     device.set_event_sink(Arc::new(nvmeof_gateway::events::NamespaceEvents::new(
         &sub, 1,

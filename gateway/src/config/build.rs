@@ -54,10 +54,13 @@ fn attach_namespace(
         uuid,
         ana_group: ns.ana_group,
         read_only: ns.read_only,
+        qos: Arc::new(crate::core::qos::NamespaceQos::new(ns.qos_limits())),
     });
     device.set_event_sink(Arc::new(crate::events::NamespaceEvents::new(
         subsystem, ns.nsid,
     )));
+    // Its hosts first: no host it is hidden from ever sees it.
+    subsystem.set_visibility(ns.nsid, ns.visibility());
     subsystem.add_namespace(namespace);
 }
 
@@ -289,11 +292,12 @@ impl Config {
         let mut rbd_devices = self.open_rbd_devices();
         let mut skipped = Vec::new();
         let identity = TargetIdentity::default();
-        let reservations = self.gateway.reservations.unwrap_or(self.group.is_none());
+        let reservations = self.gateway.reservations.unwrap_or(true);
         let target = Arc::new(
             Target::new(identity.clone())
                 .with_auth_policy(self.gateway.auth_policy()?)
-                .with_reservations(reservations),
+                .with_reservations(reservations)
+                .with_persisted_reservations(self.group.is_some()),
         );
         let (cntlid_min, cntlid_max) = self.cntlid_range();
         for (i, s) in self.subsystems.iter().enumerate() {

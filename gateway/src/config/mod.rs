@@ -89,9 +89,9 @@ pub struct GatewaySection {
     /// `null` out to require a key exchange.
     #[serde(default)]
     pub dhchap_dhgroups: Option<Vec<String>>,
-    /// Namespaces offer reservations (Register, Acquire, Release, Report): default true,
-    /// except in a gateway group, which cannot have them yet (each gateway would keep its
-    /// own, and a host failing over would find its reservation gone).
+    /// Namespaces offer reservations (Register, Acquire, Release, Report): default true. In a
+    /// gateway group the ANA owner of a namespace stores every change with the namespace's
+    /// image before completing it, and the next owner loads it (see `core::pr`).
     #[serde(default)]
     pub reservations: Option<bool>,
 }
@@ -220,6 +220,73 @@ pub struct NamespaceConfig {
     /// reported to connected hosts).
     #[serde(default)]
     pub image: Option<String>,
+    /// Whether every host allowed on the subsystem sees the namespace (the default); false:
+    /// only the `hosts` named here (see `core::visibility`). Changed by a reload without
+    /// reopening the device.
+    #[serde(default = "default_auto_visible")]
+    pub auto_visible: bool,
+    /// With `auto_visible = false`: the host NQNs that see the namespace (at most
+    /// [`MAX_HOSTS_PER_NAMESPACE`]; none: no host yet).
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// QoS limits (ceph-nvmeof's names; 0 = no limit, a megabyte is 2^20 bytes): read and
+    /// write commands per second, and read plus write, read, and write bandwidth in MB/s.
+    /// A reload (SIGHUP) that changes only these applies them live.
+    #[serde(default)]
+    pub rw_ios_per_second: u64,
+    #[serde(default)]
+    pub rw_megabytes_per_second: u64,
+    #[serde(default)]
+    pub r_megabytes_per_second: u64,
+    #[serde(default)]
+    pub w_megabytes_per_second: u64,
+}
+
+/// Hosts a namespace may be made visible to (the control plane's limit).
+pub const MAX_HOSTS_PER_NAMESPACE: usize = control_plane::visibility::MAX_HOSTS_PER_NAMESPACE;
+
+fn default_auto_visible() -> bool {
+    true
+}
+
+impl NamespaceConfig {
+    /// The hosts that see this namespace.
+    pub fn visibility(&self) -> crate::core::Visibility {
+        crate::core::Visibility::from_hosts(
+            self.auto_visible,
+            self.hosts.iter().map(String::as_str),
+        )
+    }
+
+    /// The namespace's QoS limits.
+    pub fn qos_limits(&self) -> crate::core::qos::QosLimits {
+        crate::core::qos::QosLimits {
+            rw_ios_per_second: self.rw_ios_per_second,
+            rw_megabytes_per_second: self.rw_megabytes_per_second,
+            r_megabytes_per_second: self.r_megabytes_per_second,
+            w_megabytes_per_second: self.w_megabytes_per_second,
+        }
+    }
+
+    /// Whether `other` serves the same device the same way: equal but for the hosts that see
+    /// it and its QoS limits (a reload changes those live, without a new device).
+    pub fn same_device(&self, other: &NamespaceConfig) -> bool {
+        let strip = |n: &NamespaceConfig| NamespaceConfig {
+            auto_visible: true,
+            hosts: Vec::new(),
+            rw_ios_per_second: 0,
+            rw_megabytes_per_second: 0,
+            r_megabytes_per_second: 0,
+            w_megabytes_per_second: 0,
+            ..n.clone()
+        };
+        strip(self) == strip(other)
+    }
+
+    /// Whether `other` has other QoS limits than this namespace.
+    pub fn qos_differs(&self, other: &NamespaceConfig) -> bool {
+        self.qos_limits() != other.qos_limits()
+    }
 }
 
 /// A Ceph option value in `[ceph.options]`: `rados_osd_op_timeout = 30`, `rbd_cache = false`.

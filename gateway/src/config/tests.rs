@@ -583,9 +583,10 @@ fn bad_keys_and_preferences_name_the_field_without_the_secret() {
 }
 
 #[test]
-fn reservations_are_on_alone_and_refused_in_a_group() {
+fn reservations_are_on_by_default_and_persisted_in_a_group() {
     let target = parse(GOOD).unwrap().build_target().unwrap();
     assert!(target.reservations_enabled());
+    assert!(!target.reservations_persisted(), "alone: in memory");
     let off = GOOD.replace(
         "[[listener]]",
         "[gateway]\nreservations = false\n\n[[listener]]",
@@ -598,14 +599,18 @@ fn reservations_are_on_alone_and_refused_in_a_group() {
     let grouped = format!(
         "[gateway]\nname = \"gw1\"\nreservations = true\n\n[group]\ncontrol_plane = [\"127.0.0.1:5500\"]\n{GOOD}"
     );
-    let e = parse(&grouped).unwrap_err().to_string();
-    assert!(
-        e.starts_with("gateway.reservations: not available in a gateway group"),
-        "{e}"
-    );
+    let target = parse(&grouped).unwrap().build_target().unwrap();
+    assert!(target.reservations_enabled() && target.reservations_persisted());
     let grouped_default = grouped.replace("reservations = true\n", "");
     let target = parse(&grouped_default).unwrap().build_target().unwrap();
-    assert!(!target.reservations_enabled(), "off by default in a group");
+    assert!(target.reservations_enabled(), "on by default in a group");
+    assert!(
+        target.reservations_persisted(),
+        "stored with the image in a group"
+    );
+    let grouped_off = grouped.replace("reservations = true", "reservations = false");
+    let target = parse(&grouped_off).unwrap().build_target().unwrap();
+    assert!(!target.reservations_enabled(), "the switch");
 }
 
 #[test]
@@ -713,4 +718,61 @@ fn tls_psks_and_secure_listeners_are_checked_without_showing_the_key() {
     );
     let e = parse(&rdma).unwrap_err().to_string();
     assert!(e.starts_with("listener[1].secure: "), "{e}");
+}
+
+/// `auto_visible` and `hosts` of a namespace: a list only with `auto_visible = false`, each
+/// host a valid NQN once, at most MAX_HOSTS_PER_NAMESPACE; each error names its field.
+#[test]
+fn namespace_hosts_are_checked() {
+    let with = |lines: &str| GOOD.replace("size = \"1GiB\"", &format!("size = \"1GiB\"\n{lines}"));
+    let host = |i: usize| format!("\"nqn.2014-08.org.nvmexpress:uuid:{i:08}\"");
+    let ok = parse(&with(&format!(
+        "auto_visible = false\nhosts = [{}]",
+        host(1)
+    )))
+    .expect("valid");
+    let ns = &ok.subsystems[0].namespaces[0];
+    assert_eq!(
+        ns.visibility(),
+        crate::core::Visibility::Only(
+            ["nqn.2014-08.org.nvmexpress:uuid:00000001".to_string()].into()
+        )
+    );
+    parse(&with("auto_visible = false")).expect("visible to no host yet");
+    let many: Vec<String> = (0..=MAX_HOSTS_PER_NAMESPACE).map(host).collect();
+    let cases = [
+        (
+            with(&format!("hosts = [{}]", host(1))),
+            "subsystem[0].namespace[0].hosts",
+        ),
+        (
+            with(&format!(
+                "auto_visible = false\nhosts = [{}, {}]",
+                host(1),
+                host(1)
+            )),
+            "subsystem[0].namespace[0].hosts[1]",
+        ),
+        (
+            with("auto_visible = false\nhosts = [\"bad host\"]"),
+            "subsystem[0].namespace[0].hosts[0]",
+        ),
+        (
+            with(&format!(
+                "auto_visible = false\nhosts = [{}]",
+                many.join(", ")
+            )),
+            "subsystem[0].namespace[0].hosts",
+        ),
+    ];
+    for (text, field) in cases {
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.starts_with(field), "{err:?} should name {field}");
+    }
+    let at_limit = &many[..MAX_HOSTS_PER_NAMESPACE];
+    parse(&with(&format!(
+        "auto_visible = false\nhosts = [{}]",
+        at_limit.join(", ")
+    )))
+    .expect("the limit itself is taken");
 }

@@ -19,6 +19,39 @@ fn check_nqn(field: &str, nqn: &str) -> Result<(), ConfigError> {
         .map_err(|e| invalid(field, format!("{nqn:?}: {e}")))
 }
 
+/// A namespace's `hosts`: only with `auto_visible = false`, each a valid NQN listed once,
+/// at most [`super::MAX_HOSTS_PER_NAMESPACE`]. A host need not be allowed on the subsystem
+/// (as with ceph-nvmeof's `namespace add_host`): the list only narrows who of the allowed
+/// hosts sees the namespace.
+fn check_namespace_hosts(nfield: &str, ns: &super::NamespaceConfig) -> Result<(), ConfigError> {
+    if ns.auto_visible && !ns.hosts.is_empty() {
+        return Err(invalid(
+            format!("{nfield}.hosts"),
+            "a host list needs auto_visible = false (with auto_visible every allowed host \
+             sees the namespace)",
+        ));
+    }
+    if ns.hosts.len() > super::MAX_HOSTS_PER_NAMESPACE {
+        return Err(invalid(
+            format!("{nfield}.hosts"),
+            format!(
+                "{} hosts; at most {} per namespace",
+                ns.hosts.len(),
+                super::MAX_HOSTS_PER_NAMESPACE
+            ),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (h, host) in ns.hosts.iter().enumerate() {
+        let hfield = format!("{nfield}.hosts[{h}]");
+        check_nqn(&hfield, host)?;
+        if !seen.insert(host) {
+            return Err(invalid(hfield, format!("{host:?} is listed twice")));
+        }
+    }
+    Ok(())
+}
+
 impl Config {
     /// What is valid but worth an admin's attention: subsystem and host NQNs outside the
     /// NVMe formats (each naming its field). [`Config::load`] logs them.
@@ -110,13 +143,6 @@ impl Config {
                 ));
             }
             g.validate_tls()?;
-            if self.gateway.reservations == Some(true) {
-                return Err(invalid(
-                    "gateway.reservations",
-                    "not available in a gateway group yet: each gateway keeps reservations in \
-                     its own memory, so a host failing over to another path would find them gone",
-                ));
-            }
             if let Some(ms) = g.beacon_interval_ms {
                 if ms == 0 || ms > 1000 {
                     return Err(invalid(
@@ -311,6 +337,15 @@ impl Config {
                         "must be within 1..=128",
                     ));
                 }
+                let limits = control_plane::qos::QosLimits {
+                    rw_ios_per_second: ns.rw_ios_per_second,
+                    rw_megabytes_per_second: ns.rw_megabytes_per_second,
+                    r_megabytes_per_second: ns.r_megabytes_per_second,
+                    w_megabytes_per_second: ns.w_megabytes_per_second,
+                };
+                if let Err(e) = limits.check() {
+                    return Err(invalid(format!("{nfield}.{}", e.field), e.to_string()));
+                }
                 if let Some(u) = &ns.uuid {
                     if uuid::Uuid::parse_str(u).map(|u| u.is_nil()).unwrap_or(true) {
                         return Err(invalid(
@@ -319,6 +354,7 @@ impl Config {
                         ));
                     }
                 }
+                check_namespace_hosts(&nfield, ns)?;
                 match ns.backend.as_str() {
                     "memory" => {
                         for (name, set) in [

@@ -8,7 +8,7 @@ use super::command::{Command, Status};
 use super::controller::Controller;
 use super::queue::{Action, Queue};
 use super::{identify, log_page};
-use crate::spec::{admin_opcode, aer, cns, feat, sc, IDENTIFY_DATA_SIZE, NSID_ALL};
+use crate::spec::{admin_opcode, aer, cns, feat, sc, CSI_NVM, IDENTIFY_DATA_SIZE, NSID_ALL};
 
 /// Set/Get Features: the Save bit (CDW10 bit 31) and the Get Features select field.
 const FEATURES_SAVE: u32 = 1 << 31;
@@ -91,7 +91,8 @@ impl Queue {
                     Err(Status::error(sc::INVALID_NS))
                 } else {
                     // An inactive NSID in range returns zeroes; outside the range is invalid.
-                    match subsystem.namespace(nsid) {
+                    // A namespace hidden from this host is inactive to it.
+                    match subsystem.namespace_for_host(nsid, &ctrl.hostnqn) {
                         Some(ns) if cns_value == cns::NS => {
                             Ok(identify::IdentifyData::Namespace(ns))
                         }
@@ -110,7 +111,20 @@ impl Queue {
                     Ok(identify::IdentifyData::ActiveNamespaces { after: nsid })
                 }
             }
-            cns::NS_DESC_LIST => match subsystem.namespace(nsid) {
+            // The active list of one I/O command set (CSI in CDW11 bits 31:24): every
+            // namespace here is NVM, so the NVM list is CNS 02h's; no other set is offered.
+            cns::NS_ACTIVE_LIST_CS => {
+                if (cmd.cdw(11) >> 24) as u8 != CSI_NVM {
+                    Err(Status::error(sc::INVALID_FIELD))
+                } else if nsid >= 0xffff_fffe {
+                    Err(Status::error(sc::INVALID_NS))
+                } else {
+                    Ok(identify::IdentifyData::ActiveNamespaces { after: nsid })
+                }
+            }
+            // Inactive NSIDs (hidden ones included) have no descriptors: Invalid Namespace,
+            // as Linux nvmet answers.
+            cns::NS_DESC_LIST => match subsystem.namespace_for_host(nsid, &ctrl.hostnqn) {
                 Some(ns) => Ok(identify::IdentifyData::Descriptors(ns)),
                 None => Err(Status::error(sc::INVALID_NS)),
             },
@@ -144,7 +158,7 @@ impl Queue {
             self.respond(out, cmd.cid(), Status::error(sc::INVALID_FIELD));
             return;
         }
-        let page = match log_page::build(ctrl, lid, lsp, retain_event) {
+        let page = match log_page::build(ctrl, lid, lsp, retain_event, cmd.nsid()) {
             Ok(page) => page,
             Err(status) => {
                 self.respond(out, cmd.cid(), status);

@@ -192,15 +192,12 @@ fn namespace_independent(ns: &Namespace, rescap: u8, buf: &mut [u8]) {
     buf[14] = 1; // NSTAT: namespace ready
 }
 
+/// The NSIDs above `after` active for this controller's host (see `core::visibility`).
 fn active_namespaces(ctrl: &Controller, after: u32, buf: &mut [u8]) {
     let ids = ctrl
         .subsystem
-        .namespaces()
-        .into_iter()
-        .map(|ns| ns.nsid)
-        .filter(|&id| id > after)
-        .take(buf.len() / 4);
-    for (i, id) in ids.enumerate() {
+        .active_nsids_for_host(&ctrl.hostnqn, after, buf.len() / 4);
+    for (i, id) in ids.into_iter().enumerate() {
         put_u32(buf, i * 4, id);
     }
 }

@@ -75,11 +75,31 @@ fn host_data(data: Option<IoBuf>, range: &LbaRange) -> Result<IoBuf, (Status, Op
     }
 }
 
+/// The action that starts `op` on the namespace's device: through its QoS limits when it
+/// has any (one relaxed load decides; an unlimited namespace pays nothing more).
+fn submit_action(ns: &Namespace, tag: u64, op: IoOp) -> Action {
+    if ns.qos.is_limited() {
+        Action::SubmitThrottled {
+            qos: ns.qos.clone(),
+            device: ns.device.clone(),
+            tag,
+            op,
+        }
+    } else {
+        Action::Submit {
+            device: ns.device.clone(),
+            tag,
+            op,
+        }
+    }
+}
+
 impl Queue {
     fn namespace_for_io(&self, ctrl: &Controller, cmd: &Command) -> Result<Arc<Namespace>, Status> {
+        // A namespace hidden from this host is an inactive NSID to it.
         let ns = ctrl
             .subsystem
-            .namespace(cmd.nsid())
+            .namespace_for_host(cmd.nsid(), &ctrl.hostnqn)
             .ok_or(Status::error(sc::INVALID_NS))?;
         match ana_path_status(ctrl, &ns) {
             Some(status) => Err(status),
@@ -96,11 +116,7 @@ impl Queue {
         op: IoOp,
     ) {
         self.inflight.insert(cid, inflight);
-        out.push(Action::Submit {
-            device: ns.device.clone(),
-            tag: u64::from(cid),
-            op,
-        });
+        out.push(submit_action(ns, u64::from(cid), op));
     }
 
     pub(crate) fn fail(
@@ -298,11 +314,7 @@ impl Queue {
             },
         );
         for op in discards {
-            out.push(Action::Submit {
-                device: ns.device.clone(),
-                tag: u64::from(cid),
-                op,
-            });
+            out.push(submit_action(ns, u64::from(cid), op));
         }
     }
 
@@ -443,6 +455,9 @@ impl Queue {
                 }
             }
             (InFlight::Ranges { status, .. }, _) => self.respond(out, cid, status),
+            (InFlight::ReservationStore(change), _) => {
+                self.finish_reservation_store(cid, *change, &done.result, out)
+            }
             (_, op) => {
                 let status = status_of(&done.result);
                 if let IoOp::Write { buf, .. } | IoOp::Read { buf, .. } = op {

@@ -7,7 +7,7 @@ use super::controller::Controller;
 use super::supported;
 use super::target::{ListenerInfo, Target, TransportType};
 use super::wire::{put_str, put_u16, put_u32, put_u64};
-use crate::spec::{admin_opcode, disc, effects, log, sc, NQN_FIELD_LEN};
+use crate::spec::{admin_opcode, disc, effects, log, sc, NQN_FIELD_LEN, NSID_ALL};
 
 const ERROR_LOG_ENTRY_LEN: usize = 64;
 const SMART_LOG_LEN: usize = 512;
@@ -19,7 +19,14 @@ const ANA_DESCRIPTOR_LEN: usize = 32;
 
 /// Builds log page `lid` for `ctrl`. `retain_event` is the RAE bit: without it, reading a
 /// page that carries an event (Changed Namespace List) also clears its content.
-pub fn build(ctrl: &Controller, lid: u8, lsp: u8, retain_event: bool) -> Result<Vec<u8>, Status> {
+/// `nsid` is the command's NSID (the SMART page's namespace).
+pub fn build(
+    ctrl: &Controller,
+    lid: u8,
+    lsp: u8,
+    retain_event: bool,
+    nsid: u32,
+) -> Result<Vec<u8>, Status> {
     let discovery = ctrl.is_discovery();
     let offered = supported::log_pages(&ctrl.target, discovery);
     if !offered.contains(&lid) {
@@ -28,7 +35,17 @@ pub fn build(ctrl: &Controller, lid: u8, lsp: u8, retain_event: bool) -> Result<
     Ok(match lid {
         log::SUPPORTED => supported_log_pages(&offered),
         log::ERROR => vec![0; ERROR_LOG_ENTRY_LEN],
-        log::SMART => smart(),
+        log::SMART => {
+            // One page for the whole controller (LPA bit 0 clear), asked for by NSID 0h or
+            // FFFFFFFFh, or by an active NSID; an inactive one (hidden from this host
+            // included) is Invalid Namespace or Format, as Linux nvmet answers.
+            if nsid != 0 && nsid != NSID_ALL && !ctrl.is_discovery() {
+                ctrl.subsystem
+                    .namespace_for_host(nsid, &ctrl.hostnqn)
+                    .ok_or(Status::error(sc::INVALID_NS))?;
+            }
+            smart()
+        }
         log::FW_SLOT => firmware_slots(ctrl),
         log::CHANGED_NS => changed_namespaces(ctrl, !retain_event),
         log::CMD_EFFECTS => command_effects(ctrl),
@@ -104,10 +121,12 @@ fn changed_namespaces(ctrl: &Controller, clear: bool) -> Vec<u8> {
 }
 
 /// ANA log: a header, then one descriptor per group with its namespaces (unless only the
-/// groups were asked for: RGO).
+/// groups were asked for: RGO). The namespaces are those attached to this controller, as
+/// the NVMe base specification has it: the ones hidden from its host are left out.
 fn ana(ctrl: &Controller, groups_only: bool) -> Vec<u8> {
     let subsystem = &ctrl.subsystem;
-    let namespaces = subsystem.namespaces();
+    let mut namespaces = subsystem.namespaces();
+    namespaces.retain(|ns| subsystem.is_visible_to(ns.nsid, &ctrl.hostnqn));
     let groups = subsystem.ana_groups();
     let change_count = subsystem.ana_change_count();
     let mut page = vec![0; ANA_HEADER_LEN];

@@ -12,12 +12,14 @@ pub mod identify;
 pub mod io;
 pub mod log_page;
 pub mod pr;
+pub mod qos;
 pub mod queue;
 pub mod refusals;
 pub mod subsystem;
 pub(crate) mod supported;
 pub mod target;
 pub mod tls;
+pub mod visibility;
 mod wire;
 
 pub use auth::{AuthCounters, AuthPolicy, HostKeys};
@@ -31,6 +33,7 @@ pub use subsystem::{HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSp
 pub use target::{
     ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType, UnavailableNamespace,
 };
+pub use visibility::Visibility;
 
 #[cfg(test)]
 mod auth_tests;
@@ -40,3 +43,5 @@ mod pr_tests;
 mod refusal_tests;
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod visibility_tests;

@@ -5,31 +5,61 @@
 //!
 //! A registrant is a host, named by the 128-bit host identifier it gave at Connect: every
 //! controller of the host (one per path) shares its registration, as in nvmet and SPDK.
-//! State is kept per namespace in the subsystem, in memory: it survives a host's
-//! disconnect, not a gateway restart (Identify reports no persist-through-power-loss), and
-//! it is not shared between the gateways of a group, so a group does not offer reservations.
+//! State is kept per namespace in the subsystem. A standalone gateway keeps it in memory:
+//! it survives a host's disconnect, not a gateway restart (Identify reports no
+//! persist-through-power-loss). A gateway of a group ([`Target::reservations_persisted`])
+//! runs reservation commands only on the optimized path (the ANA owner of the namespace);
+//! each change is computed on a copy, stored with the namespace's device
+//! ([`IoOp::StoreRecord`], [`ReservationState::encode`]) and only then made the state and
+//! completed, so a store that fails leaves the state as it was and fails the command. One
+//! change per namespace is stored at a time; the others wait for it (parked on their queue,
+//! woken when it completes). The next owner loads the record ([`Reservations::load`])
+//! before its path turns optimized.
+//!
+//! [`Target::reservations_persisted`]: super::target::Target::reservations_persisted
 //!
 //! Where nvmet and the spec differ, the spec wins: a Release whose type does not match the
 //! reservation gets Invalid Field, and under the all-registrants types every registrant is
 //! a holder (an Acquire of the same type by any of them succeeds). Preempt and Abort
-//! preempts like Preempt; the preempted host's commands already at the device complete,
-//! later ones get Reservation Conflict (nvmet waits for them before completing; SPDK
-//! refuses the action).
+//! preempts like Preempt, then completes only after a Flush of the namespace's device that
+//! is submitted once the change is in effect: the preempted hosts' later commands get
+//! Reservation Conflict, and the ones already at the device (librbd's flush waits for every
+//! op started before it) have finished by the completion, as nvmet waits for them.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use rbd_backend::IoBuf;
+use rbd_backend::{IoBuf, IoError, IoOp};
 
 use super::command::{Command, Status};
-use super::controller::Controller;
-use super::queue::{Action, Queue};
-use super::subsystem::Namespace;
+use super::controller::{Controller, QueueNotifier};
+use super::queue::{Action, InFlight, Queue};
+use super::subsystem::{Namespace, Subsystem};
 use super::wire::{put_u16, put_u32, put_u64};
-use crate::spec::{io_opcode, pr, sc};
+use crate::spec::{ana, io_opcode, pr, sc};
+
+/// The key a namespace's reservation state is stored under with its device.
+pub const RECORD_KEY: &str = "nvme_reservation";
+/// Version of the stored record's layout ([`ReservationState::encode`]).
+const RECORD_VERSION: u8 = 1;
+/// Stored record: version, generation, type (0: none), holder's host ID, registrant count.
+const RECORD_HEADER_LEN: usize = 1 + 4 + 1 + 16 + 2;
+/// Stored registrant: host ID and key.
+const RECORD_ENTRY_LEN: usize = 16 + 8;
+
+/// Why a stored reservation record cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("reservation record of {len} bytes is too short")]
+    Truncated { len: usize },
+    #[error("reservation record version {0} is not known to this gateway")]
+    Version(u8),
+    #[error("reservation record names reservation type {0}")]
+    Type(u8),
+}
 
 /// A host's 128-bit identifier (Connect data HOSTID).
 pub type HostId = [u8; 16];
@@ -107,6 +137,72 @@ impl ReservationState {
 
     fn is_empty(&self) -> bool {
         self.registrants.is_empty() && self.holder.is_none()
+    }
+
+    /// The record stored with the namespace's device (little endian): version, generation,
+    /// type (0: none), the holder's host ID (zero without one), the registrant count, then
+    /// each registrant's host ID and key in registration order.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![0u8; RECORD_HEADER_LEN + RECORD_ENTRY_LEN * self.registrants.len()];
+        out[0] = RECORD_VERSION;
+        put_u32(&mut out, 1, self.generation);
+        if let Some((host, rtype)) = self.holder {
+            out[5] = rtype;
+            out[6..22].copy_from_slice(&host);
+        }
+        put_u16(&mut out, 22, self.registrants.len() as u16);
+        for (i, r) in self.registrants.iter().enumerate() {
+            let at = RECORD_HEADER_LEN + i * RECORD_ENTRY_LEN;
+            out[at..at + 16].copy_from_slice(&r.host);
+            put_u64(&mut out, at + 16, r.key);
+        }
+        out
+    }
+
+    /// Reads a record [`Self::encode`] wrote.
+    pub fn decode(record: &[u8]) -> Result<Self, RecordError> {
+        let truncated = RecordError::Truncated { len: record.len() };
+        if record.len() < RECORD_HEADER_LEN {
+            return Err(truncated);
+        }
+        if record[0] != RECORD_VERSION {
+            return Err(RecordError::Version(record[0]));
+        }
+        let u32_at = |at: usize| {
+            u32::from_le_bytes([record[at], record[at + 1], record[at + 2], record[at + 3]])
+        };
+        let host_at = |at: usize| {
+            let mut host = [0u8; 16];
+            host.copy_from_slice(&record[at..at + 16]);
+            host
+        };
+        let count = usize::from(u16::from_le_bytes([record[22], record[23]]));
+        if record.len() != RECORD_HEADER_LEN + count * RECORD_ENTRY_LEN {
+            return Err(truncated);
+        }
+        let registrants = (0..count)
+            .map(|i| {
+                let at = RECORD_HEADER_LEN + i * RECORD_ENTRY_LEN;
+                let mut key = [0u8; 8];
+                key.copy_from_slice(&record[at + 16..at + 24]);
+                Registrant {
+                    host: host_at(at),
+                    key: u64::from_le_bytes(key),
+                }
+            })
+            .collect();
+        let holder = match record[5] {
+            0 => None,
+            rtype @ pr::WRITE_EXCLUSIVE..=pr::EXCLUSIVE_ACCESS_ALL_REGS => {
+                Some((host_at(6), rtype))
+            }
+            other => return Err(RecordError::Type(other)),
+        };
+        Ok(Self {
+            generation: u32_at(1),
+            registrants,
+            holder,
+        })
     }
 
     /// The registrant `host`, if `key` is its key (or `ignore_key`).
@@ -389,16 +485,54 @@ impl ReservationState {
 }
 
 /// The reservation state of every namespace of a subsystem.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Reservations {
-    namespaces: Mutex<BTreeMap<u32, ReservationState>>,
+    table: Mutex<Table>,
     /// Namespaces with any registration: while 0, I/O skips the lock.
     active: AtomicUsize,
 }
 
+impl std::fmt::Debug for Reservations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservations").finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    states: BTreeMap<u32, ReservationState>,
+    /// Namespaces with a change being stored: the next change of each waits for it, since it
+    /// is computed from the state that one leaves.
+    storing: BTreeSet<u32>,
+    /// Queues with a change parked behind one being stored, woken when a store finishes.
+    waiters: Vec<Weak<dyn QueueNotifier>>,
+}
+
+impl Table {
+    fn set_active(&self, active: &AtomicUsize) {
+        let n = self.states.values().filter(|s| !s.is_empty()).count();
+        active.store(n, Ordering::Release);
+    }
+}
+
+/// What [`Reservations::begin_change`] decided.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Begin {
+    /// Another change of the namespace is being stored: wait for it.
+    Busy,
+    /// The change is refused; nothing changed.
+    Refused(Status),
+    /// The change leaves the state as it is (an Acquire of what the host holds): complete
+    /// it now, nothing to store.
+    Unchanged,
+    /// Store this state; the namespace is marked as storing until
+    /// [`Reservations::finish_change`].
+    Store(ReservationState, Vec<Notice>),
+}
+
 impl Reservations {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, ReservationState>> {
-        self.namespaces.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Reservation Conflict if a reservation on `nsid` refuses `access` to `host`.
@@ -406,7 +540,7 @@ impl Reservations {
         if self.active.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        match self.lock().get(&nsid) {
+        match self.lock().states.get(&nsid) {
             Some(state) if !state.allows(host, access) => Err(conflict()),
             _ => Ok(()),
         }
@@ -415,24 +549,151 @@ impl Reservations {
     /// Runs `change` on `nsid`'s state; the state is dropped once nothing is left in it.
     pub fn update<T>(&self, nsid: u32, change: impl FnOnce(&mut ReservationState) -> T) -> T {
         let mut table = self.lock();
-        let state = table.entry(nsid).or_default();
+        let state = table.states.entry(nsid).or_default();
         let out = change(state);
         if state.is_empty() && state.generation == 0 {
-            table.remove(&nsid);
+            table.states.remove(&nsid);
         }
-        let active = table.values().filter(|s| !s.is_empty()).count();
-        self.active.store(active, Ordering::Release);
+        table.set_active(&self.active);
         out
+    }
+
+    /// A persisted change, first half: runs `change` on a copy of `nsid`'s state. `Busy`
+    /// (and `waiter` is woken when the store in progress finishes) while another change of
+    /// `nsid` is being stored.
+    pub fn begin_change(
+        &self,
+        nsid: u32,
+        waiter: &Weak<dyn QueueNotifier>,
+        change: impl FnOnce(&mut ReservationState) -> Result<Vec<Notice>, Status>,
+    ) -> Begin {
+        let mut table = self.lock();
+        if table.storing.contains(&nsid) {
+            table.waiters.push(waiter.clone());
+            return Begin::Busy;
+        }
+        let current = table.states.get(&nsid).cloned().unwrap_or_default();
+        let mut next = current.clone();
+        match change(&mut next) {
+            Err(status) => Begin::Refused(status),
+            Ok(_) if next == current => Begin::Unchanged,
+            Ok(notices) => {
+                table.storing.insert(nsid);
+                Begin::Store(next, notices)
+            }
+        }
+    }
+
+    /// A persisted change, second half: the store finished; `stored` is the state it stored
+    /// (None: it failed, the state stays as it was). Wakes the queues waiting to change.
+    pub fn finish_change(&self, nsid: u32, stored: Option<ReservationState>) {
+        let waiters = {
+            let mut table = self.lock();
+            if let Some(state) = stored {
+                table.states.insert(nsid, state);
+            }
+            table.storing.remove(&nsid);
+            table.set_active(&self.active);
+            std::mem::take(&mut table.waiters)
+        };
+        for waiter in waiters.iter().filter_map(Weak::upgrade) {
+            waiter.wake();
+        }
+    }
+
+    /// Replaces `nsid`'s state with one loaded from its device (this gateway is about to
+    /// serve the namespace as its ANA owner).
+    pub fn load(&self, nsid: u32, state: ReservationState) {
+        let mut table = self.lock();
+        if state == ReservationState::default() {
+            table.states.remove(&nsid);
+        } else {
+            table.states.insert(nsid, state);
+        }
+        table.set_active(&self.active);
     }
 
     /// A copy of `nsid`'s state (empty if none).
     pub fn state(&self, nsid: u32) -> ReservationState {
-        self.lock().get(&nsid).cloned().unwrap_or_default()
+        self.lock().states.get(&nsid).cloned().unwrap_or_default()
     }
 
     /// The namespace is gone: so are its reservations.
     pub fn forget(&self, nsid: u32) {
         self.update(nsid, |state| *state = ReservationState::default());
+    }
+}
+
+/// A reservation change being stored: the namespace stays marked as storing until the
+/// change is finished, or this is dropped unfinished (the queue went away), which leaves
+/// the state as it was.
+#[derive(Debug)]
+pub(crate) struct StoringChange {
+    subsystem: Arc<Subsystem>,
+    nsid: u32,
+    state: Option<ReservationState>,
+    notices: Vec<Notice>,
+    /// A Preempt and Abort: once stored, it completes after a barrier
+    /// ([`Queue::preempt_barrier`]).
+    abort_barrier: bool,
+}
+
+/// Whether a reservation command is an Acquire with the Preempt and Abort action.
+fn is_preempt_and_abort(opcode: u8, cdw10: u32) -> bool {
+    opcode == io_opcode::RESV_ACQUIRE
+        && cdw10 & pr::ACTION_MASK == pr::ACQUIRE_ACT_PREEMPT_AND_ABORT
+}
+
+impl StoringChange {
+    /// The store completed with `result`: the state is made the namespace's (and the notices
+    /// sent) only if it succeeded.
+    fn finish(mut self, result: &Result<(), IoError>) {
+        let state = self.state.take();
+        match result {
+            Ok(()) => {
+                self.subsystem.reservations.finish_change(self.nsid, state);
+                self.subsystem
+                    .notify_reservation(self.nsid, &std::mem::take(&mut self.notices));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    nsid = self.nsid,
+                    subsystem = %self.subsystem.nqn(),
+                    error = %e,
+                    "reservation change not stored: the command fails, the state stays"
+                );
+                self.subsystem.reservations.finish_change(self.nsid, None);
+            }
+        }
+    }
+}
+
+impl Drop for StoringChange {
+    fn drop(&mut self) {
+        if self.state.is_some() {
+            self.subsystem.reservations.finish_change(self.nsid, None);
+        }
+    }
+}
+
+/// A reservation change a queue holds until its namespace's store in progress finishes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ParkedChange {
+    cid: u16,
+    nsid: u32,
+    opcode: u8,
+    cdw10: u32,
+    keys: (u64, u64),
+}
+
+impl ParkedChange {
+    fn apply(&self, host: &HostId, state: &mut ReservationState) -> Result<Vec<Notice>, Status> {
+        let (cdw10, keys) = (self.cdw10, self.keys);
+        match self.opcode {
+            io_opcode::RESV_REGISTER => state.register(host, cdw10, keys.0, keys.1),
+            io_opcode::RESV_ACQUIRE => state.acquire(host, cdw10, keys.0, keys.1),
+            _ => state.release(host, cdw10, keys.0),
+        }
     }
 }
 
@@ -499,6 +760,15 @@ impl Queue {
         let cid = cmd.cid();
         let host = ctrl.hostid;
         let reservations = &ctrl.subsystem.reservations;
+        if self.target.reservations_persisted()
+            && ctrl.subsystem.ana_state(ns.ana_group) != ana::OPTIMIZED
+        {
+            // Only the ANA owner has the state; any other path sends the host to it.
+            if let Some(buf) = data {
+                self.recycle(buf);
+            }
+            return self.respond(out, cid, Status::retryable(sc::ANA_INACCESSIBLE));
+        }
         if cmd.opcode() == io_opcode::RESV_REPORT {
             if let Some(buf) = data {
                 self.recycle(buf);
@@ -546,6 +816,16 @@ impl Queue {
             other => return self.fail(out, cid, Status::error(sc::SGL_INVALID_DATA), other),
         };
         let cdw10 = cmd.cdw(10);
+        if self.target.reservations_persisted() {
+            let change = ParkedChange {
+                cid,
+                nsid: ns.nsid,
+                opcode: cmd.opcode(),
+                cdw10,
+                keys,
+            };
+            return self.change_persisted(ctrl, ns, change, out);
+        }
         let result = reservations.update(ns.nsid, |state| match cmd.opcode() {
             io_opcode::RESV_REGISTER => state.register(&host, cdw10, keys.0, keys.1),
             io_opcode::RESV_ACQUIRE => state.acquire(&host, cdw10, keys.0, keys.1),
@@ -554,9 +834,129 @@ impl Queue {
         match result {
             Ok(notices) => {
                 ctrl.subsystem.notify_reservation(ns.nsid, &notices);
+                if is_preempt_and_abort(cmd.opcode(), cdw10) {
+                    return self.preempt_barrier(cid, ns.device.clone(), out);
+                }
                 self.respond(out, cid, Status::SUCCESS);
             }
             Err(status) => self.respond(out, cid, status),
+        }
+    }
+}
+
+impl Queue {
+    /// A reservation change on a gateway of a group: computed on a copy, stored with the
+    /// namespace's device, made the state and completed when the store completes
+    /// ([`Self::finish_reservation_store`]); parked while another change of the namespace
+    /// is being stored.
+    fn change_persisted(
+        &mut self,
+        ctrl: &Arc<Controller>,
+        ns: &Namespace,
+        change: ParkedChange,
+        out: &mut Vec<Action>,
+    ) {
+        let host = ctrl.hostid;
+        let reservations = &ctrl.subsystem.reservations;
+        match reservations.begin_change(ns.nsid, &self.notifier, |state| change.apply(&host, state))
+        {
+            Begin::Busy => {
+                // Holds the CID (a reuse meanwhile is a conflict) until it is retried.
+                self.inflight
+                    .insert(change.cid, InFlight::ReservationParked);
+                self.parked_reservations.push(change);
+            }
+            Begin::Refused(status) => self.respond(out, change.cid, status),
+            Begin::Unchanged => self.respond(out, change.cid, Status::SUCCESS),
+            Begin::Store(state, notices) => {
+                let value = state.encode();
+                self.inflight.insert(
+                    change.cid,
+                    InFlight::ReservationStore(Box::new(StoringChange {
+                        subsystem: ctrl.subsystem.clone(),
+                        nsid: ns.nsid,
+                        state: Some(state),
+                        notices,
+                        abort_barrier: is_preempt_and_abort(change.opcode, change.cdw10),
+                    })),
+                );
+                out.push(Action::Submit {
+                    device: ns.device.clone(),
+                    tag: u64::from(change.cid),
+                    op: IoOp::StoreRecord {
+                        key: RECORD_KEY.to_string(),
+                        value,
+                    },
+                });
+            }
+        }
+    }
+
+    /// The store of a reservation change completed: the change takes effect and the
+    /// command succeeds only if it was stored; otherwise it fails and the state is
+    /// unchanged: a fenced client gets ANA Inaccessible (the host retries on the path of the
+    /// new owner, which loaded the state), any other failure a retryable Internal Error.
+    pub(crate) fn finish_reservation_store(
+        &mut self,
+        cid: u16,
+        change: StoringChange,
+        result: &Result<(), IoError>,
+        out: &mut Vec<Action>,
+    ) {
+        let barrier = result.is_ok() && change.abort_barrier;
+        let device = change
+            .subsystem
+            .namespace(change.nsid)
+            .map(|ns| ns.device.clone());
+        change.finish(result);
+        if let (true, Some(device)) = (barrier, device) {
+            return self.preempt_barrier(cid, device, out);
+        }
+        let status = match result {
+            Ok(()) => Status::SUCCESS,
+            Err(IoError::Fenced(_)) => Status::retryable(sc::ANA_INACCESSIBLE),
+            Err(_) => Status::retryable(sc::INTERNAL),
+        };
+        self.respond(out, cid, status);
+    }
+
+    /// Preempt and Abort, once the preemption is in effect: a Flush of the device, after
+    /// which the command completes (with the Flush's status), so the commands of the
+    /// preempted hosts already at the device have finished by then.
+    fn preempt_barrier(
+        &mut self,
+        cid: u16,
+        device: Arc<dyn rbd_backend::BlockDevice>,
+        out: &mut Vec<Action>,
+    ) {
+        self.inflight.insert(cid, InFlight::Flush);
+        out.push(Action::Submit {
+            device,
+            tag: u64::from(cid),
+            op: IoOp::Flush,
+        });
+    }
+
+    /// Retries the reservation changes parked behind another change's store (the queue was
+    /// woken: a store finished).
+    pub(crate) fn retry_parked_reservations(&mut self, out: &mut Vec<Action>) {
+        if self.parked_reservations.is_empty() {
+            return;
+        }
+        let Some(ctrl) = self.controller().cloned() else {
+            return;
+        };
+        for change in std::mem::take(&mut self.parked_reservations) {
+            self.inflight.remove(&change.cid);
+            let Some(ns) = ctrl.subsystem.namespace(change.nsid) else {
+                self.respond(out, change.cid, Status::error(sc::INVALID_NS));
+                continue;
+            };
+            if ctrl.subsystem.ana_state(ns.ana_group) != ana::OPTIMIZED {
+                self.respond(out, change.cid, Status::retryable(sc::ANA_INACCESSIBLE));
+                continue;
+            }
+            self.change_persisted(&ctrl, &ns, change, out);
         }
     }
 }
@@ -831,6 +1231,41 @@ mod tests {
             assert_eq!(u64::from_le_bytes(e[8..16].try_into().unwrap()), *key);
             assert_eq!(&e[16..32], host);
         }
+    }
+
+    #[test]
+    fn the_stored_record_reads_back_as_the_state() {
+        for s in [
+            ReservationState::default(),
+            registered(&[(A, 1), (B, u64::MAX)]),
+            {
+                let mut s = registered(&[(A, 1), (C, 3)]);
+                s.acquire(&C, act(0, pr::EXCLUSIVE_ACCESS_REG_ONLY), 3, 0)
+                    .expect("acquire");
+                s.generation = 0xfedc_ba98;
+                s
+            },
+        ] {
+            let record = s.encode();
+            assert_eq!(
+                record.len(),
+                RECORD_HEADER_LEN + RECORD_ENTRY_LEN * s.registrants.len()
+            );
+            assert_eq!(ReservationState::decode(&record), Ok(s));
+        }
+        let good = registered(&[(A, 1)]).encode();
+        assert_eq!(
+            ReservationState::decode(&good[..good.len() - 1]),
+            Err(RecordError::Truncated {
+                len: good.len() - 1
+            })
+        );
+        let mut bad = good.clone();
+        bad[0] = 2;
+        assert_eq!(ReservationState::decode(&bad), Err(RecordError::Version(2)));
+        let mut bad = good;
+        bad[5] = 7;
+        assert_eq!(ReservationState::decode(&bad), Err(RecordError::Type(7)));
     }
 
     #[test]

@@ -229,7 +229,7 @@ fn registrations_belong_to_the_host_and_outlive_its_controller() {
 }
 
 #[test]
-fn identify_reports_the_capabilities_and_a_group_gateway_offers_none() {
+fn identify_reports_the_capabilities_and_a_gateway_without_reservations_offers_none() {
     let (f, (mut a_admin, _a), _) = two_hosts();
     let ctrl = identify(&mut a_admin, spec::cns::CTRL, 0)
         .data
@@ -294,4 +294,351 @@ fn masked_notices_are_not_logged() {
         .expect("page")
         .into_vec();
     assert_eq!(page[8], pr::LOG_EMPTY, "the preemption notice was masked");
+}
+
+/// A fixture whose target stores every reservation change (a gateway of a group), with
+/// both hosts allowed.
+fn group_fixture() -> Fixture {
+    let mut f = fixture();
+    let target = std::sync::Arc::try_unwrap(f.target).expect("only the fixture holds it");
+    f.target = std::sync::Arc::new(target.with_persisted_reservations(true));
+    f.target
+        .subsystem(SUBNQN)
+        .expect("subsystem")
+        .set_access(HostAccess::Only(
+            [HOSTNQN.to_string(), OTHER_HOST.to_string()].into(),
+        ));
+    f
+}
+
+/// Starts a reservation command without running the device ops it asks for.
+fn start_resv(q: &mut Queue, opcode: u8, cdw10: u32, keys: &[u64], cid: u16) -> Vec<Action> {
+    let data: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+    let mut raw = sqe(opcode, cid, 1);
+    set_cdw(&mut raw, 10, cdw10);
+    set_data_len(&mut raw, data.len() as u32);
+    let mut actions = Vec::new();
+    q.execute(
+        Command::from_bytes(&raw),
+        Some(IoBuf::from_vec(data)),
+        &mut actions,
+    );
+    actions
+}
+
+/// The single record store among `actions`: (tag, the state it stores).
+fn the_store(actions: &[Action]) -> (u64, pr_state::ReservationState) {
+    assert_eq!(
+        actions.len(),
+        1,
+        "only the store, no completion: {actions:?}"
+    );
+    match &actions[0] {
+        Action::Submit {
+            tag,
+            op: rbd_backend::IoOp::StoreRecord { key, value },
+            ..
+        } => {
+            assert_eq!(key, pr_state::RECORD_KEY);
+            (
+                *tag,
+                pr_state::ReservationState::decode(value).expect("a record"),
+            )
+        }
+        other => panic!("expected a record store, got {other:?}"),
+    }
+}
+
+fn stored_record(f: &Fixture) -> Option<pr_state::ReservationState> {
+    let ns = f
+        .target
+        .subsystem(SUBNQN)
+        .and_then(|s| s.namespace(1))
+        .expect("namespace 1");
+    ns.device
+        .load_record(pr_state::RECORD_KEY)
+        .expect("load")
+        .map(|r| pr_state::ReservationState::decode(&r).expect("a record"))
+}
+
+use super::pr as pr_state;
+
+#[test]
+fn in_a_group_a_change_completes_only_after_its_store_and_takes_effect_then() {
+    let f = group_fixture();
+    let sub = f.target.subsystem(SUBNQN).expect("subsystem");
+    let (_a_admin, mut a) = attach(&f, HOSTNQN, ID_A);
+    let (mut b_admin, mut b) = attach(&f, OTHER_HOST, ID_B);
+    arm_aer(&mut b_admin, 0);
+    assert!(
+        register(&mut b, 0xbbbb).is_success(),
+        "stored and completed"
+    );
+    let actions = start_resv(&mut a, io_opcode::RESV_REGISTER, 0, &[0, 0xaaaa], 40);
+    let (_, stored) = the_store(&actions);
+    assert_eq!(
+        stored.registrants.len(),
+        2,
+        "the store carries the new state"
+    );
+    assert_eq!(
+        sub.reservations.state(1).registrants.len(),
+        1,
+        "not in effect before the store completes"
+    );
+    let done = super::tests::settle(&mut a, actions);
+    assert!(one(done).completion.status.is_success());
+    assert_eq!(sub.reservations.state(1), stored, "in effect once stored");
+    assert_eq!(stored_record(&f), Some(stored));
+
+    // A takes a Write Exclusive reservation: B's writes meet it only once it is stored.
+    let actions = start_resv(
+        &mut a,
+        io_opcode::RESV_ACQUIRE,
+        u32::from(pr::WRITE_EXCLUSIVE) << pr::RTYPE_SHIFT,
+        &[0xaaaa, 0],
+        41,
+    );
+    the_store(&actions);
+    assert!(write_status(&mut b).is_success(), "not reserved yet");
+    assert!(one(super::tests::settle(&mut a, actions))
+        .completion
+        .status
+        .is_success());
+    assert_eq!(write_status(&mut b), conflict(), "reserved now");
+
+    // A changes the type (a preempt of itself): B is told the reservation was released,
+    // and only once the change is stored.
+    let actions = start_resv(
+        &mut a,
+        io_opcode::RESV_ACQUIRE,
+        pr::ACQUIRE_ACT_PREEMPT | (u32::from(pr::EXCLUSIVE_ACCESS) << pr::RTYPE_SHIFT),
+        &[0xaaaa, 0xaaaa],
+        42,
+    );
+    the_store(&actions);
+    let mut early = Vec::new();
+    b_admin.poll_events(&mut early);
+    assert!(early.is_empty(), "no notice before the store: {early:?}");
+    assert!(one(super::tests::settle(&mut a, actions))
+        .completion
+        .status
+        .is_success());
+    let aen = fired_aer(&mut b_admin);
+    assert_eq!(
+        (aen.result as u32 >> 16) & 0xff,
+        u32::from(spec::log::RESERVATION)
+    );
+    assert_eq!(
+        stored_record(&f).map(|s| s.holder),
+        Some(Some((ID_A, pr::EXCLUSIVE_ACCESS)))
+    );
+}
+
+#[test]
+fn in_a_group_a_failed_store_fails_the_command_and_leaves_the_state() {
+    let f = group_fixture();
+    let sub = f.target.subsystem(SUBNQN).expect("subsystem");
+    let (_a_admin, mut a) = attach(&f, HOSTNQN, ID_A);
+    let (_b_admin, mut b) = attach(&f, OTHER_HOST, ID_B);
+    assert!(register(&mut a, 0xaaaa).is_success());
+    let before = sub.reservations.state(1);
+    let we = u32::from(pr::WRITE_EXCLUSIVE) << pr::RTYPE_SHIFT;
+    for (error, status) in [
+        (
+            rbd_backend::IoError::Device("osd timeout".into()),
+            Status::retryable(sc::INTERNAL),
+        ),
+        (
+            rbd_backend::IoError::Fenced("blocklisted".into()),
+            Status::retryable(sc::ANA_INACCESSIBLE),
+        ),
+    ] {
+        let actions = start_resv(&mut a, io_opcode::RESV_ACQUIRE, we, &[0xaaaa, 0], 42);
+        let (tag, _) = the_store(&actions);
+        let Some(Action::Submit { op, .. }) = actions.into_iter().next() else {
+            unreachable!()
+        };
+        let mut out = Vec::new();
+        a.complete_io(
+            rbd_backend::IoDone {
+                tag,
+                op,
+                result: Err(error),
+            },
+            &mut out,
+        );
+        let responses = super::tests::settle(&mut a, out);
+        assert_eq!(one(responses).completion.status, status);
+        assert_eq!(sub.reservations.state(1), before, "state unchanged");
+        assert!(
+            write_status(&mut b).is_success(),
+            "no reservation in effect"
+        );
+    }
+    // The namespace is free for the next change: it is stored and takes effect.
+    let acquire_we = acquire(&mut a, 0, pr::WRITE_EXCLUSIVE, 0xaaaa, 0);
+    assert!(acquire_we.is_success());
+    assert_eq!(write_status(&mut b), conflict());
+}
+
+#[test]
+fn in_a_group_a_second_change_waits_for_the_store_in_progress() {
+    let f = group_fixture();
+    let sub = f.target.subsystem(SUBNQN).expect("subsystem");
+    let (_a_admin, mut a) = attach(&f, HOSTNQN, ID_A);
+    let (_b_admin, mut b) = attach(&f, OTHER_HOST, ID_B);
+    let a_store = start_resv(&mut a, io_opcode::RESV_REGISTER, 0, &[0, 0xaaaa], 43);
+    the_store(&a_store);
+    let parked = start_resv(&mut b, io_opcode::RESV_REGISTER, 0, &[0, 0xbbbb], 44);
+    assert!(parked.is_empty(), "B waits: {parked:?}");
+    let mut nothing = Vec::new();
+    b.poll_events(&mut nothing);
+    assert!(nothing.is_empty(), "still waiting while A's store runs");
+    assert!(one(super::tests::settle(&mut a, a_store))
+        .completion
+        .status
+        .is_success());
+    let mut retried = Vec::new();
+    b.poll_events(&mut retried);
+    let (_, stored) = the_store(&retried);
+    assert_eq!(
+        stored.registrants.len(),
+        2,
+        "B's change is computed from the state A's store left"
+    );
+    assert!(one(super::tests::settle(&mut b, retried))
+        .completion
+        .status
+        .is_success());
+    assert_eq!(sub.reservations.state(1).generation, 2);
+
+    // A queue that goes away with its store in flight frees the namespace; the change it
+    // carried never takes effect.
+    let orphan = start_resv(
+        &mut a,
+        io_opcode::RESV_REGISTER,
+        pr::REGISTER_ACT_UNREG,
+        &[0xaaaa, 0],
+        45,
+    );
+    the_store(&orphan);
+    drop(orphan);
+    drop(a);
+    assert_eq!(sub.reservations.state(1).registrants.len(), 2);
+    assert!(
+        acquire(&mut b, 0, pr::WRITE_EXCLUSIVE, 0xbbbb, 0).is_success(),
+        "not left waiting behind a store nobody completes"
+    );
+}
+
+#[test]
+fn in_a_group_only_the_optimized_path_runs_reservation_commands() {
+    let f = group_fixture();
+    let sub = f.target.subsystem(SUBNQN).expect("subsystem");
+    let (_a_admin, mut a) = attach(&f, HOSTNQN, ID_A);
+    assert!(register(&mut a, 1).is_success());
+    sub.set_ana_state(1, spec::ana::NON_OPTIMIZED);
+    let path = Status::retryable(sc::ANA_INACCESSIBLE);
+    assert_eq!(register(&mut a, 2), path);
+    assert_eq!(report(&mut a, true).completion.status, path);
+    // Standalone, a non-optimized path runs them as before.
+    let f = fixture();
+    f.target
+        .subsystem(SUBNQN)
+        .expect("subsystem")
+        .set_ana_state(1, spec::ana::NON_OPTIMIZED);
+    let (_admin, mut q) = attach(&f, HOSTNQN, ID_A);
+    assert!(register(&mut q, 1).is_success());
+}
+
+/// What a new owner does before its path turns optimized: the state the old owner stored
+/// becomes the state, conflicts and all.
+#[test]
+fn a_loaded_record_becomes_the_state() {
+    let f = group_fixture();
+    let sub = f.target.subsystem(SUBNQN).expect("subsystem");
+    let (_a_admin, mut a) = attach(&f, HOSTNQN, ID_A);
+    let (_b_admin, mut b) = attach(&f, OTHER_HOST, ID_B);
+    assert!(register(&mut a, 0xaaaa).is_success());
+    assert!(acquire(&mut a, 0, pr::EXCLUSIVE_ACCESS, 0xaaaa, 0).is_success());
+    let record = stored_record(&f).expect("stored");
+    sub.reservations.forget(1);
+    assert!(read_status(&mut b).is_success(), "forgotten");
+    sub.reservations.load(1, record.clone());
+    assert_eq!(
+        read_status(&mut b),
+        conflict(),
+        "loaded: B is excluded again"
+    );
+    assert_eq!(sub.reservations.state(1), record);
+}
+
+/// Preempt and Abort completes only after a Flush of the device submitted once the
+/// preemption is in effect (standalone: at once; in a group: after the store).
+#[test]
+fn preempt_and_abort_completes_after_a_barrier_at_the_device() {
+    for group in [false, true] {
+        let f = if group {
+            group_fixture()
+        } else {
+            two_hosts().0
+        };
+        let sub = f.target.subsystem(SUBNQN).expect("subsystem");
+        if !group {
+            sub.set_access(HostAccess::AnyHost);
+        }
+        let (_a_admin, mut a) = attach(&f, HOSTNQN, ID_A);
+        let (_b_admin, mut b) = attach(&f, OTHER_HOST, ID_B);
+        assert!(register(&mut a, 0xaaaa).is_success());
+        assert!(register(&mut b, 0xbbbb).is_success());
+        assert!(acquire(&mut a, 0, pr::WRITE_EXCLUSIVE, 0xaaaa, 0).is_success());
+        let cdw10 =
+            pr::ACQUIRE_ACT_PREEMPT_AND_ABORT | (u32::from(pr::WRITE_EXCLUSIVE) << pr::RTYPE_SHIFT);
+        let mut actions = start_resv(
+            &mut b,
+            io_opcode::RESV_ACQUIRE,
+            cdw10,
+            &[0xbbbb, 0xaaaa],
+            46,
+        );
+        if group {
+            // The store first; its completion brings the barrier, not the response.
+            the_store(&actions);
+            let Some(Action::Submit { device, tag, op }) = actions.pop() else {
+                unreachable!()
+            };
+            let sink = std::sync::Arc::new(Sink::default());
+            let dyn_sink: std::sync::Arc<dyn rbd_backend::IoCompletion> = sink.clone();
+            device.submit(tag, op, &dyn_sink);
+            let done = sink.0.lock().unwrap().pop().expect("store done");
+            b.complete_io(done, &mut actions);
+        }
+        assert_eq!(actions.len(), 1, "group {group}: {actions:?}");
+        assert!(
+            matches!(
+                actions[0],
+                Action::Submit {
+                    op: rbd_backend::IoOp::Flush,
+                    ..
+                }
+            ),
+            "group {group}: a Flush before the completion: {actions:?}"
+        );
+        assert_eq!(
+            write_status(&mut a),
+            conflict(),
+            "in effect before the barrier"
+        );
+        let done = super::tests::settle(&mut b, actions);
+        assert!(one(done).completion.status.is_success(), "group {group}");
+    }
+}
+
+#[derive(Default)]
+struct Sink(std::sync::Mutex<Vec<rbd_backend::IoDone>>);
+impl rbd_backend::IoCompletion for Sink {
+    fn complete(&self, done: rbd_backend::IoDone) {
+        self.0.lock().unwrap().push(done);
+    }
 }

@@ -16,6 +16,7 @@ use super::auth::{allowed_before_authentication, QueueAuth};
 use super::buffers::{BufferSource, RecycledBuffers};
 use super::command::{Command, Completion, Status};
 use super::controller::{Controller, QueueNotifier, TeardownReason};
+use super::qos::NamespaceQos;
 use super::refusals::{Refusal, RefusalReason};
 use super::target::{Target, TransportCaps, TransportType};
 use crate::spec::{fuse, io_opcode, sc};
@@ -43,6 +44,14 @@ pub enum Action {
         tag: u64,
         op: IoOp,
     },
+    /// Like [`Action::Submit`], for a namespace with QoS limits: `op` waits its turn under
+    /// `qos` (without holding up the queue's other commands), then goes to `device`.
+    SubmitThrottled {
+        qos: Arc<NamespaceQos>,
+        device: Arc<dyn BlockDevice>,
+        tag: u64,
+        op: IoOp,
+    },
     /// Close the connection after sending what came before.
     Close,
 }
@@ -54,6 +63,19 @@ impl std::fmt::Debug for Action {
             Action::Submit { device, tag, op } => f
                 .debug_struct("Submit")
                 .field("device", &device.name())
+                .field("tag", tag)
+                .field("op", op)
+                .finish(),
+            Action::SubmitThrottled {
+                qos,
+                device,
+                tag,
+                op,
+                ..
+            } => f
+                .debug_struct("SubmitThrottled")
+                .field("device", &device.name())
+                .field("limits", &qos.limits())
                 .field("tag", tag)
                 .field("op", op)
                 .finish(),
@@ -83,6 +105,11 @@ pub(crate) enum InFlight {
     },
     /// The compare half of a fused pair, held so its CID is not reused meanwhile.
     FusedFirstHalf,
+    /// A reservation change being stored with the namespace's device (a gateway of a
+    /// group): it takes effect and completes when the store completes.
+    ReservationStore(Box<super::pr::StoringChange>),
+    /// A reservation change waiting for another change of its namespace to be stored.
+    ReservationParked,
 }
 
 /// The queue's association with a controller, set by Connect.
@@ -112,6 +139,8 @@ pub struct Queue {
     pub(crate) auth: Option<QueueAuth>,
     /// The TLS PSK identity this queue's connection was made with (secure listeners).
     pub(crate) secure_channel: Option<super::tls::SecureChannel>,
+    /// Reservation changes waiting for another change of their namespace to be stored.
+    pub(crate) parked_reservations: Vec<super::pr::ParkedChange>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -146,6 +175,7 @@ impl Queue {
             local_address: None,
             auth: None,
             secure_channel: None,
+            parked_reservations: Vec::new(),
         }
     }
 
@@ -381,6 +411,8 @@ impl Queue {
             for completion in binding.controller.take_ready_completions() {
                 self.respond_with(out, completion, None);
             }
+        } else {
+            self.retry_parked_reservations(out);
         }
     }
 

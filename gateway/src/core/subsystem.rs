@@ -9,6 +9,8 @@ use rbd_backend::BlockDevice;
 use super::auth::HostKeys;
 use super::controller::{Controller, TeardownReason};
 use super::pr::{Notice, Reservations};
+use super::qos::NamespaceQos;
+use super::visibility::{NamespaceTable, Visibility};
 use crate::spec::{ana, cntlid};
 
 /// One namespace: a block device with the identity the host sees.
@@ -23,6 +25,9 @@ pub struct Namespace {
     pub uuid: [u8; 16],
     pub ana_group: u32,
     pub read_only: bool,
+    /// QoS limits, shared by the namespace's every queue and changed in place (live); a
+    /// namespace re-registered on another device or ANA group keeps them.
+    pub qos: Arc<NamespaceQos>,
 }
 
 impl Namespace {
@@ -86,7 +91,8 @@ pub struct SubsystemSpec {
 pub struct Subsystem {
     pub kind: SubsystemKind,
     pub spec: SubsystemSpec,
-    namespaces: RwLock<BTreeMap<u32, Arc<Namespace>>>,
+    /// The namespaces, with the hosts each is visible to (see `core::visibility`).
+    namespaces: RwLock<NamespaceTable>,
     controllers: Mutex<BTreeMap<u16, Weak<Controller>>>,
     next_cntlid: Mutex<u16>,
     /// ANA group states as seen through this gateway's ports.
@@ -124,7 +130,7 @@ impl Subsystem {
             access: RwLock::new(spec.access.clone()),
             kind,
             spec,
-            namespaces: RwLock::new(BTreeMap::new()),
+            namespaces: RwLock::new(NamespaceTable::default()),
             controllers: Mutex::new(BTreeMap::new()),
             next_cntlid: Mutex::new(first),
             ana_groups: RwLock::new(BTreeMap::new()),
@@ -180,18 +186,21 @@ impl Subsystem {
         self.namespaces
             .write()
             .unwrap_or_else(|e| e.into_inner())
+            .by_nsid
             .insert(ns.nsid, ns);
     }
 
     /// Takes a namespace out (`nvmeofctl namespace del`): new commands for it fail with
     /// Invalid Namespace; commands already in flight hold their own reference, so its device
     /// is closed when the last of them finishes and the caller drops the returned one. The
-    /// caller tells the hosts ([`Self::notify_namespace_changed`]).
+    /// caller tells the hosts ([`Self::notify_namespace_changed`]: the hosts it was visible
+    /// to, so its visibility stays until it is set again).
     pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
         let gone = self
             .namespaces
             .write()
             .unwrap_or_else(|e| e.into_inner())
+            .by_nsid
             .remove(&nsid);
         if gone.is_some() {
             self.reservations.forget(nsid);
@@ -234,22 +243,72 @@ impl Subsystem {
         revoked
     }
 
+    /// Namespace `nsid`, whichever hosts it is visible to (the gateway's own bookkeeping;
+    /// commands of a host use [`Self::namespace_for_host`]).
     pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
-        self.namespaces
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&nsid)
+        self.namespace_table().by_nsid.get(&nsid).cloned()
+    }
+
+    /// All namespaces, in NSID order, whichever hosts they are visible to.
+    pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
+        self.namespace_table().by_nsid.values().cloned().collect()
+    }
+
+    pub(super) fn namespace_table(&self) -> std::sync::RwLockReadGuard<'_, NamespaceTable> {
+        self.namespaces.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Namespace `nsid` if it is active for `hostnqn`: it exists and is visible to that host.
+    /// An invisible namespace is an inactive NSID to the host (Identify, I/O, log pages).
+    pub fn namespace_for_host(&self, nsid: u32, hostnqn: &str) -> Option<Arc<Namespace>> {
+        self.namespace_table()
+            .active_for_host(nsid, hostnqn)
             .cloned()
     }
 
-    /// All namespaces, in NSID order.
-    pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
-        self.namespaces
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
+    /// Whether namespace `nsid` is (or would be, once added) visible to `hostnqn`.
+    pub fn is_visible_to(&self, nsid: u32, hostnqn: &str) -> bool {
+        self.namespace_table().visible_to(nsid, hostnqn)
+    }
+
+    /// The active NSIDs for `hostnqn` above `after`, at most `limit`, in order.
+    pub fn active_nsids_for_host(&self, hostnqn: &str, after: u32, limit: usize) -> Vec<u32> {
+        self.namespace_table()
+            .active_nsids_for_host(hostnqn, after, limit)
+    }
+
+    /// The hosts namespace `nsid` is visible to.
+    pub fn visibility(&self, nsid: u32) -> Visibility {
+        self.namespace_table().visibility(nsid)
+    }
+
+    /// Makes namespace `nsid` visible to `visibility`'s hosts (it need not exist yet: set
+    /// before [`Self::add_namespace`], no host sees it before it should). The controllers
+    /// whose view of an existing namespace changes get Namespace Attribute Changed with the
+    /// NSID in their Changed Namespace List, as for a namespace attached to or detached from
+    /// them; the others get nothing. Returns the controllers told.
+    pub fn set_visibility(&self, nsid: u32, visibility: Visibility) -> Vec<Arc<Controller>> {
+        let (exists, before) = {
+            let mut table = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
+            let before = table.visibility(nsid);
+            if before == visibility {
+                return Vec::new();
+            }
+            table.set_visibility(nsid, visibility.clone());
+            (table.by_nsid.contains_key(&nsid), before)
+        };
+        if !exists {
+            return Vec::new();
+        }
+        let affected: Vec<_> = self
+            .controllers()
+            .into_iter()
+            .filter(|c| before.includes(&c.hostnqn) != visibility.includes(&c.hostnqn))
+            .collect();
+        for ctrl in &affected {
+            ctrl.notify_namespace_changed(nsid);
+        }
+        affected
     }
 
     /// The highest NSID this subsystem may hold (Identify Controller NN).
@@ -358,10 +417,13 @@ impl Subsystem {
             .remove(&cntlid);
     }
 
-    /// Tells every controller that a namespace changed (added, removed, resized).
+    /// Tells every controller the namespace is visible to that it changed (added, removed,
+    /// resized); hosts it is hidden from never learn of it.
     pub fn notify_namespace_changed(&self, nsid: u32) {
         for ctrl in self.controllers() {
-            ctrl.notify_namespace_changed(nsid);
+            if self.is_visible_to(nsid, &ctrl.hostnqn) {
+                ctrl.notify_namespace_changed(nsid);
+            }
         }
     }
 }

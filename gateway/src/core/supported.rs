@@ -1,8 +1,9 @@
 //! What a controller of this target offers where the offer is conditional: the NVM command
 //! set's I/O commands and the log pages. Identify Controller (ONCS, FUSES), the Commands
 //! Supported and Effects log (05h), the Supported Log Pages log (00h) and the command
-//! dispatchers all read these tables, so what one says the others do (a gateway of a group
-//! offers no reservations: its ONCS, its effects log and its I/O queues must all say so).
+//! dispatchers all read these tables, so what one says the others do (a gateway with
+//! `[gateway] reservations = false` offers none: its ONCS, its effects log and its I/O queues
+//! must all say so; a gateway of a group offers the same set as a standalone one).
 
 use super::target::Target;
 use crate::spec::{ctrl as c, effects, io_opcode, log};

@@ -79,6 +79,9 @@ pub struct Target {
     reservations: bool,
     /// The NVMe/TCP listeners that take TLS connections only.
     pub secure_listeners: super::tls::SecureListeners,
+    /// Whether each reservation change is stored with the namespace's device before it
+    /// completes (a gateway of a group, see `core::pr`).
+    reservations_persisted: bool,
 }
 
 impl std::fmt::Debug for Target {
@@ -112,11 +115,11 @@ impl Target {
             connect_refusals: ConnectRefusals::default(),
             reservations: true,
             secure_listeners: Default::default(),
+            reservations_persisted: false,
         }
     }
 
-    /// Whether namespaces offer reservations: on by default; off for a gateway of a group,
-    /// whose gateways keep reservations each in its own memory (see `core::pr`).
+    /// Whether namespaces offer reservations: on by default (`[gateway] reservations`).
     pub fn with_reservations(mut self, enabled: bool) -> Self {
         self.reservations = enabled;
         self
@@ -124,6 +127,20 @@ impl Target {
 
     pub fn reservations_enabled(&self) -> bool {
         self.reservations
+    }
+
+    /// Whether every reservation change is stored with the namespace's device
+    /// ([`rbd_backend::IoOp::StoreRecord`]) before the command completes, and only a path
+    /// in the optimized ANA state runs reservation commands: a gateway of a group, where
+    /// the ANA owner of a namespace keeps its state and the next owner loads it
+    /// ([`crate::core::pr::Reservations::load`]) before its path turns optimized.
+    pub fn with_persisted_reservations(mut self, persisted: bool) -> Self {
+        self.reservations_persisted = persisted;
+        self
+    }
+
+    pub fn reservations_persisted(&self) -> bool {
+        self.reservations_persisted
     }
 
     /// Sets the hashes and DH groups in-band authentication accepts, in order of preference.

@@ -63,6 +63,7 @@ pub(crate) fn fixture() -> Fixture {
         uuid: [2; 16],
         ana_group: 1,
         read_only: false,
+        qos: Default::default(),
     }));
     device.set_event_sink(Arc::new(crate::events::NamespaceEvents::new(&sub, 1)));
     target.add_subsystem(sub);
@@ -146,7 +147,10 @@ pub(crate) fn settle(q: &mut Queue, mut actions: Vec<Action>) -> Vec<Response> {
         for a in actions {
             match a {
                 Action::Respond(r) => responses.push(r),
-                Action::Submit { device, tag, op } => {
+                Action::Submit { device, tag, op }
+                | Action::SubmitThrottled {
+                    device, tag, op, ..
+                } => {
                     let sink = Arc::new(Collect::default());
                     let dyn_sink: Arc<dyn IoCompletion> = sink.clone();
                     device.submit(tag, op, &dyn_sink);
@@ -1546,8 +1550,8 @@ fn executed_io_commands(io: &mut Queue) -> BTreeSet<u8> {
 }
 
 /// Identify's ONCS, the Commands Supported and Effects log, the Supported Log Pages log and
-/// the I/O queue agree, with reservations offered (standalone) and not (a gateway of a
-/// group): the effects log listed the reservation commands that ONCS denied.
+/// the I/O queue agree, with reservations offered and not (`[gateway] reservations =
+/// false`): the effects log listed the reservation commands that ONCS denied.
 #[test]
 fn effects_log_lists_exactly_the_io_commands_identify_announces_and_io_queues_run() {
     for reservations in [true, false] {

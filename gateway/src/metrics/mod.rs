@@ -343,6 +343,9 @@ fn render_namespaces(out: &mut String, target: &Target) {
         capacity: u64,
         in_flight: usize,
         stats: Option<rbd_backend::IoStatsSnapshot>,
+        qos: crate::core::qos::QosLimits,
+        /// Commands that waited for their QoS turn, and their total wait (ns).
+        throttled: (u64, u64),
     }
     let rows: Vec<Row> = target
         .subsystems()
@@ -356,6 +359,8 @@ fn render_namespaces(out: &mut String, target: &Target) {
                 capacity: ns.device.size_bytes(),
                 in_flight: ns.device.in_flight(),
                 stats: ns.device.io_stats(),
+                qos: ns.qos.limits(),
+                throttled: ns.qos.throttled(),
             })
         })
         .collect();
@@ -398,6 +403,50 @@ fn render_namespaces(out: &mut String, target: &Target) {
         f.sample(
             &namespace_labels(&r.subsystem, &r.nsid, &r.device),
             r.in_flight,
+        );
+    }
+    let mut f = Family::new(
+        out,
+        "nvmeof_namespace_qos_limit",
+        "gauge",
+        "A QoS limit set on the namespace (limit: rw_ios_per_second, or \
+         rw_/r_/w_megabytes_per_second in MB of 2^20 bytes); absent: no limit.",
+    );
+    for r in &rows {
+        for (limit, value) in [
+            ("rw_ios_per_second", r.qos.rw_ios_per_second),
+            ("rw_megabytes_per_second", r.qos.rw_megabytes_per_second),
+            ("r_megabytes_per_second", r.qos.r_megabytes_per_second),
+            ("w_megabytes_per_second", r.qos.w_megabytes_per_second),
+        ] {
+            if value != 0 {
+                let [a, b, c] = namespace_labels(&r.subsystem, &r.nsid, &r.device);
+                f.sample(&[a, b, c, ("limit", limit)], value);
+            }
+        }
+    }
+    let mut f = Family::new(
+        out,
+        "nvmeof_namespace_throttled_commands_total",
+        "counter",
+        "Commands that waited for their turn under the namespace's QoS limits.",
+    );
+    for r in &rows {
+        f.sample(
+            &namespace_labels(&r.subsystem, &r.nsid, &r.device),
+            r.throttled.0,
+        );
+    }
+    let mut f = Family::new(
+        out,
+        "nvmeof_namespace_throttled_seconds_total",
+        "counter",
+        "Time commands waited under the namespace's QoS limits, summed over commands.",
+    );
+    for r in &rows {
+        f.sample(
+            &namespace_labels(&r.subsystem, &r.nsid, &r.device),
+            r.throttled.1 as f64 / 1e9,
         );
     }
     type Pick = fn(&rbd_backend::OpTotals) -> String;

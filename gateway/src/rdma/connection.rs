@@ -592,6 +592,12 @@ impl RdmaConnection {
                     }
                 }
                 Action::Submit { device, tag, op } => device.submit(tag, op, &self.completion_sink),
+                Action::SubmitThrottled {
+                    qos,
+                    device,
+                    tag,
+                    op,
+                } => crate::qos::submit(qos, device, tag, op, &self.completion_sink),
                 Action::Close => flow = Flow::Close,
             }
         }

@@ -1023,6 +1023,12 @@ impl State {
                     }
                 }
                 Action::Submit { device, tag, op } => device.submit(tag, op, &self.completion_sink),
+                Action::SubmitThrottled {
+                    qos,
+                    device,
+                    tag,
+                    op,
+                } => crate::qos::submit(qos, device, tag, op, &self.completion_sink),
                 Action::Close => flow = Flow::Close,
             }
         }

@@ -88,6 +88,7 @@ pub fn target_with_device(subnqn: &str, device: Arc<dyn rbd_backend::BlockDevice
         uuid: [4; 16],
         ana_group: 1,
         read_only: false,
+        qos: Default::default(),
     }));
     target.add_subsystem(sub);
     target

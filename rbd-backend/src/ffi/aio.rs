@@ -88,6 +88,8 @@ pub fn submit(req: Box<AioRequest>) -> Result<(), (Box<AioRequest>, FfiError)> {
         Zeroes(u64, usize),
         CompareAndWrite(u64, usize, *const c_char, *const c_char, *mut u64),
         TooLong,
+        /// A record store is no librbd AIO (the device runs it on its records thread).
+        NotAio,
     }
     let call = {
         // SAFETY: raw is valid and not yet shared with librbd.
@@ -123,6 +125,7 @@ pub fn submit(req: Box<AioRequest>) -> Result<(), (Box<AioRequest>, FfiError)> {
                     write.as_slice().as_ptr().cast::<c_char>(),
                     mismatch,
                 ),
+                IoOp::StoreRecord { .. } => Call::NotAio,
             }
         }
     };
@@ -148,6 +151,7 @@ pub fn submit(req: Box<AioRequest>) -> Result<(), (Box<AioRequest>, FfiError)> {
                 lib.rbd_aio_compare_and_write(image, off, len, cmp, data, c, mismatch, 0) as i64,
             ),
             Call::TooLong => ("rbd_aio_write_zeroes", -22),
+            Call::NotAio => ("rbd_aio (record store)", -22),
         }
     };
     if rc < 0 {

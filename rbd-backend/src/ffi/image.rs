@@ -84,6 +84,48 @@ impl Image {
         Ok(info.obj_size)
     }
 
+    /// Stores `value` under `key` in the omap of RADOS object `object` of the image's pool
+    /// and namespace, creating the object if needed (blocking, one atomic write op). It goes
+    /// through the image's own cluster client: once that client is blocklisted, the OSDs
+    /// refuse it (errno 108, ESHUTDOWN/EBLOCKLISTED) and nothing is stored.
+    pub fn store_record(&self, object: &str, key: &str, value: &[u8]) -> Result<(), FfiError> {
+        let ioctx = self.ioctx.as_ref().ok_or(FfiError::Errno {
+            call: "rados_write_op_operate",
+            errno: 9, // EBADF: an image without its I/O context (never, once open)
+        })?;
+        ioctx.omap_write(
+            object,
+            Some(false),
+            &[],
+            &[(key.to_string(), value.to_vec())],
+            &[],
+        )
+    }
+
+    /// The value [`Self::store_record`] stored under `key` in `object` (blocking); `None`
+    /// when the object or the key does not exist.
+    pub fn load_record(&self, object: &str, key: &str) -> Result<Option<Vec<u8>>, FfiError> {
+        let ioctx = self.ioctx.as_ref().ok_or(FfiError::Errno {
+            call: "rados_read_op_operate",
+            errno: 9,
+        })?;
+        let mut after = String::new();
+        loop {
+            let (entries, more) = match ioctx.omap_get_vals(object, &after, 64) {
+                Ok(page) => page,
+                Err(e) if e.errno() == Some(2) => return Ok(None), // ENOENT: no object
+                Err(e) => return Err(e),
+            };
+            if let Some((_, value)) = entries.iter().find(|(k, _)| k == key) {
+                return Ok(Some(value.clone()));
+            }
+            match entries.last() {
+                Some((last, _)) if more => after = last.clone(),
+                _ => return Ok(None),
+            }
+        }
+    }
+
     /// `rbd_resize` (blocking; used by tests and tools, the gateway never resizes).
     pub fn resize(&self, size: u64) -> Result<(), FfiError> {
         // SAFETY: open image.

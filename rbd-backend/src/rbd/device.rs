@@ -204,7 +204,82 @@ impl RbdDevice {
                 range(*offset, write.len() as u64)?;
                 Ok(())
             }
+            IoOp::StoreRecord { .. } => Ok(()),
         }
+    }
+}
+
+/// The RADOS object (in the image's pool and namespace) whose omap holds the records the
+/// gateway stores with an image ([`IoOp::StoreRecord`]): one object per image, named after
+/// it, so the records of every image stay apart and `rados ls` shows whose they are.
+pub fn record_object(image: &str) -> String {
+    format!("nvmeof_records.{image}")
+}
+
+/// A record store waiting for the `rbd-records` thread.
+struct RecordJob {
+    state: Arc<DeviceState>,
+    object: String,
+    started: Instant,
+    tag: u64,
+    op: IoOp,
+    completion: Arc<dyn IoCompletion>,
+}
+
+static RECORDS: OnceLock<Option<Mutex<mpsc::Sender<RecordJob>>>> = OnceLock::new();
+
+/// One thread runs every record store (blocking librados calls, which must not run on the
+/// submitting thread), in submission order.
+fn start_records_thread() -> Option<Mutex<mpsc::Sender<RecordJob>>> {
+    let (tx, rx) = mpsc::channel::<RecordJob>();
+    let spawned = std::thread::Builder::new()
+        .name("rbd-records".into())
+        .spawn(move || {
+            while let Ok(job) = rx.recv() {
+                run_record_job(job);
+            }
+        });
+    match spawned {
+        Ok(_) => Some(Mutex::new(tx)),
+        Err(e) => {
+            tracing::error!("cannot start the rbd-records thread ({e}); records cannot be stored");
+            None
+        }
+    }
+}
+
+fn run_record_job(job: RecordJob) {
+    let RecordJob {
+        state,
+        object,
+        started,
+        tag,
+        op,
+        completion,
+    } = job;
+    let result = match &op {
+        IoOp::StoreRecord { key, value } if !state.client.is_blocklisted() => state
+            .image
+            .store_record(&object, key, value)
+            .map_err(|e| record_error("store", &state, &e)),
+        IoOp::StoreRecord { .. } => {
+            state.fenced();
+            Err(IoError::Fenced("client blocklisted".into()))
+        }
+        _ => Err(IoError::Device("not a record store".into())),
+    };
+    state.deliver(started, &completion, tag, op, result);
+    state.in_flight.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// A record store's or load's librados error: a blocklisted client is the fence.
+fn record_error(what: &str, state: &DeviceState, e: &ffi::FfiError) -> IoError {
+    match e.errno() {
+        Some(ESHUTDOWN) => {
+            state.fenced();
+            IoError::Fenced(format!("record {what}: this client was blocklisted ({e})"))
+        }
+        _ => IoError::Device(format!("record {what}: {e}")),
     }
 }
 
@@ -229,6 +304,7 @@ fn op_result(req: &AioRequest, rv: i64) -> Result<(), IoError> {
         (IoOp::Discard { .. }, _) => "discard",
         (IoOp::WriteZeroes { .. }, _) => "write zeroes",
         (IoOp::CompareAndWrite { .. }, _) => "compare-and-write",
+        (IoOp::StoreRecord { .. }, _) => "record store",
     };
     Err(match (&req.op, errno) {
         (IoOp::CompareAndWrite { offset, write, .. }, EILSEQ) => IoError::Miscompare {
@@ -363,13 +439,43 @@ impl BlockDevice for RbdDevice {
             IoOp::Read { buf, .. } | IoOp::Write { buf, .. } => buf.is_empty(),
             IoOp::Discard { len, .. } | IoOp::WriteZeroes { len, .. } => *len == 0,
             IoOp::CompareAndWrite { write, .. } => write.is_empty(),
-            IoOp::Flush => false,
+            IoOp::Flush | IoOp::StoreRecord { .. } => false,
         };
         if empty {
             return self.state.deliver(started, completion, tag, op, Ok(()));
         }
-        // Counted down when the completion has been delivered (`finish`, the caw worker).
+        // Counted down when the completion has been delivered (`finish`, the caw worker,
+        // the records thread).
         self.state.in_flight.fetch_add(1, Ordering::SeqCst);
+        if let IoOp::StoreRecord { .. } = &op {
+            let job = RecordJob {
+                state: self.state.clone(),
+                object: record_object(&self.spec.image),
+                started,
+                tag,
+                op,
+                completion: completion.clone(),
+            };
+            let sent = match RECORDS.get_or_init(start_records_thread) {
+                Some(tx) => tx
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .send(job)
+                    .map_err(|e| e.0),
+                None => Err(job),
+            };
+            if let Err(job) = sent {
+                job.state.deliver(
+                    job.started,
+                    &job.completion,
+                    job.tag,
+                    job.op,
+                    Err(IoError::Device("no rbd-records thread".into())),
+                );
+                self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
+            return;
+        }
         if let IoOp::CompareAndWrite { offset, write, .. } = &op {
             if !native_compare_and_write(*offset, write.len() as u64) {
                 let job = CawJob {
@@ -427,5 +533,15 @@ impl BlockDevice for RbdDevice {
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
+    }
+
+    fn load_record(&self, key: &str) -> Result<Option<Vec<u8>>, IoError> {
+        if self.state.client.is_blocklisted() {
+            return Err(IoError::Fenced("client blocklisted".into()));
+        }
+        self.state
+            .image
+            .load_record(&record_object(&self.spec.image), key)
+            .map_err(|e| record_error("load", &self.state, &e))
     }
 }

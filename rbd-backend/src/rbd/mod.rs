@@ -55,7 +55,7 @@ pub use crate::ffi::versions as library_versions;
 pub use caw::WriteGate;
 pub(crate) use cluster::connect_rados;
 pub use cluster::{last_connect_failure, wait_for_closes, ClientHealth, ClusterPool, PoolAdmin};
-pub use device::{DeviceState, RbdDevice};
+pub use device::{record_object, DeviceState, RbdDevice};
 pub use settings::{default_connections, CephSettings, ImageSpec, GATEWAY_DEFAULT_ARGS};
 
 // Linux errno values, which librbd returns negated (include/uapi/asm-generic/errno*.h).

@@ -110,9 +110,19 @@ impl Listing for proto::Subsystem {
     }
 }
 
+/// VISIBLE TO: "all" (every allowed host), or the hosts on the namespace's list
+/// (comma-separated; "none" while it has none).
 impl Listing for proto::Namespace {
-    const HEADERS: &'static [&'static str] =
-        &["SUBSYSTEM", "NSID", "IMAGE", "BLOCK", "ANA GROUP", "NGUID"];
+    const HEADERS: &'static [&'static str] = &[
+        "SUBSYSTEM",
+        "NSID",
+        "IMAGE",
+        "BLOCK",
+        "ANA GROUP",
+        "NGUID",
+        "VISIBLE TO",
+        "QOS",
+    ];
     fn row(&self) -> Vec<String> {
         let image = if self.rados_namespace.is_empty() {
             format!("{}/{}", self.pool, self.image)
@@ -126,6 +136,12 @@ impl Listing for proto::Namespace {
             self.block_size.to_string(),
             self.ana_group.to_string(),
             self.nguid.clone(),
+            match (self.no_auto_visible, self.hosts.is_empty()) {
+                (false, _) => "all".into(),
+                (true, true) => "none".into(),
+                (true, false) => self.hosts.join(","),
+            },
+            control_plane::qos::QosLimits::from_proto(self.qos.as_ref()).to_string(),
         ]
     }
 }

@@ -1,0 +1,1197 @@
+//! ceph-nvmeof's management API (service `Gateway`, `proto/ceph_nvmeof_gateway.proto`) on
+//! the control plane's port, so ceph-csi's NVMe-oF driver, ceph-nvmeof's CLI and the Ceph
+//! dashboard drive the group unchanged.
+//!
+//! Every call maps onto this control plane's model through the same [`GroupState`] changes
+//! the Admin service makes (its checks, its refusals); only the answer differs: an errno in
+//! the reply's `status` and a text in `error_message`, as those clients expect, never a gRPC
+//! error status. The mapping, and what is not supported with the errno a client then gets,
+//! is in docs/ceph-nvmeof-api.md.
+//!
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::ceph_proto as pb;
+use crate::server::ControlPlane;
+use crate::state::{self, ConfigError, GroupState, ListenerEntry, NamespaceEntry};
+use crate::store::{ImageError, StoreError};
+
+/// The NVMe/TCP port a listener gets when the request names none (IANA's NVMe/TCP port, and
+/// ceph-nvmeof's default).
+const DEFAULT_TRSVCID: u32 = 4420;
+const MIB: u64 = 1024 * 1024;
+
+/// The service to add to the control plane's gRPC server.
+pub fn service(cp: Arc<ControlPlane>) -> pb::gateway_server::GatewayServer<CephGatewayService> {
+    pb::gateway_server::GatewayServer::new(CephGatewayService(cp))
+}
+
+/// `Gateway` on a replica.
+pub struct CephGatewayService(pub Arc<ControlPlane>);
+
+/// A refusal as the API answers it: an errno (Linux values) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub errno: i32,
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(errno: i32, message: impl Into<String>) -> Refusal {
+        Refusal {
+            errno,
+            message: message.into(),
+        }
+    }
+
+    /// A request option this gateway does not implement.
+    fn unsupported(what: &str) -> Refusal {
+        Refusal::new(
+            libc::EOPNOTSUPP,
+            format!("{what} is not supported by this gateway yet"),
+        )
+    }
+}
+
+/// The errno ceph-nvmeof's clients expect for each refusal of the model: ENOENT for a
+/// missing subsystem, host or listener, ENODEV for a missing namespace (ceph-csi tells the
+/// two apart on namespace_delete), EEXIST for anything already there.
+impl From<ConfigError> for Refusal {
+    fn from(e: ConfigError) -> Refusal {
+        let errno = match &e {
+            ConfigError::NoSubsystem(_)
+            | ConfigError::NoHost { .. }
+            | ConfigError::NoListener(_)
+            | ConfigError::NoNamespaceHost { .. } => libc::ENOENT,
+            ConfigError::NoNamespace { .. } | ConfigError::NoAnaGroup(_) => libc::ENODEV,
+            ConfigError::SubsystemExists(_)
+            | ConfigError::NamespaceExists { .. }
+            | ConfigError::ListenerExists(_)
+            | ConfigError::HostExists { .. }
+            | ConfigError::NamespaceHostExists { .. }
+            | ConfigError::ImageInUse(..) => libc::EEXIST,
+            ConfigError::SubsystemNotEmpty { .. } => libc::EBUSY,
+            ConfigError::NoFreeNsid { .. } | ConfigError::TooManyNamespaceHosts { .. } => {
+                libc::ENOSPC
+            }
+            // ceph-nvmeof answers EINVAL for a host list on an auto-visible namespace.
+            ConfigError::NamespaceAutoVisible { .. } => libc::EINVAL,
+            ConfigError::NsidRange { .. } => libc::ERANGE,
+            ConfigError::Corrupt { .. } => libc::EIO,
+            ConfigError::InvalidNqn { .. }
+            | ConfigError::BlockSize(_)
+            | ConfigError::Empty { .. }
+            | ConfigError::Invalid { .. }
+            | ConfigError::BadKey { .. }
+            | ConfigError::SecureMismatch { .. }
+            | ConfigError::Qos(_) => libc::EINVAL,
+        };
+        Refusal::new(errno, e.to_string())
+    }
+}
+
+impl From<StoreError> for Refusal {
+    fn from(e: StoreError) -> Refusal {
+        match e {
+            StoreError::Config(c) => c.into(),
+            StoreError::Contended(_) => Refusal::new(libc::EAGAIN, e.to_string()),
+            StoreError::Image(i) => {
+                let errno = match &i {
+                    ImageError::Exists(_) => libc::EEXIST,
+                    ImageError::NotFound(_) | ImageError::NoPool(_) => libc::ENOENT,
+                    ImageError::NoSpace(..) => libc::ENOSPC,
+                    ImageError::Busy(_) => libc::EBUSY,
+                    ImageError::Other(..) => libc::EIO,
+                };
+                Refusal::new(errno, i.to_string())
+            }
+            other => Refusal::new(libc::EIO, other.to_string()),
+        }
+    }
+}
+
+type Outcome<T> = Result<T, Refusal>;
+
+fn req_status(outcome: Outcome<String>) -> pb::ReqStatus {
+    match outcome {
+        Ok(_) => pb::ReqStatus {
+            status: 0,
+            error_message: String::new(),
+        },
+        Err(r) => pb::ReqStatus {
+            status: r.errno,
+            error_message: r.message,
+        },
+    }
+}
+
+/// Logs the outcome of a change: done at info, refused at warn (with the errno).
+fn logged<T>(call: &'static str, outcome: Outcome<T>) -> Outcome<T> {
+    if let Err(r) = &outcome {
+        tracing::warn!(call, errno = r.errno, "ceph-nvmeof API: {}", r.message);
+    }
+    outcome
+}
+
+fn flag(o: Option<bool>) -> bool {
+    o.unwrap_or(false)
+}
+
+fn subsystem_exists(st: &GroupState, nqn: &str) -> Outcome<()> {
+    if st.subsystems.contains_key(nqn) {
+        Ok(())
+    } else {
+        Err(ConfigError::NoSubsystem(nqn.to_string()).into())
+    }
+}
+
+fn namespace_of(st: &GroupState, nqn: &str, nsid: u32) -> Outcome<NamespaceEntry> {
+    subsystem_exists(st, nqn)?;
+    st.namespaces
+        .get(&(nqn.to_string(), nsid))
+        .cloned()
+        .ok_or_else(|| {
+            ConfigError::NoNamespace {
+                nqn: nqn.to_string(),
+                nsid,
+            }
+            .into()
+        })
+}
+
+// ------------------------------------------------------------------ QoS, visibility, images
+
+/// `namespace_set_qos_limits` on an existing namespace: the Admin service's NamespaceSetQos
+/// (an absent limit stays, 0 clears one; the MB/s fields are ceph-nvmeof's `mbytes`).
+async fn set_qos_limits(cp: &Arc<ControlPlane>, r: &pb::NamespaceSetQosReq) -> Outcome<String> {
+    let change = crate::proto::QosLimits {
+        rw_ios_per_second: r.rw_ios_per_second,
+        rw_megabytes_per_second: r.rw_mbytes_per_second,
+        r_megabytes_per_second: r.r_mbytes_per_second,
+        w_megabytes_per_second: r.w_mbytes_per_second,
+    };
+    let (nqn, nsid) = (r.subsystem_nqn.clone(), r.nsid);
+    let (limits, _) = cp
+        .try_update(move |st| st.set_qos(&nqn, nsid, &change))
+        .await?;
+    tracing::info!(nqn = %r.subsystem_nqn, nsid, qos = %limits, "namespace QoS limits set (ceph-nvmeof API)");
+    Ok(format!(
+        "namespace {nsid} of {}: QoS limits {limits}",
+        r.subsystem_nqn
+    ))
+}
+
+/// `namespace_add_host` on an existing namespace added with `no_auto_visible`.
+async fn add_namespace_host(
+    cp: &Arc<ControlPlane>,
+    r: &pb::NamespaceAddHostReq,
+) -> Outcome<String> {
+    let (nqn, nsid, host) = (r.subsystem_nqn.clone(), r.nsid, r.host_nqn.clone());
+    cp.try_update(move |st| st.add_namespace_host(&nqn, nsid, &host))
+        .await?;
+    tracing::info!(nqn = %r.subsystem_nqn, nsid, host = %r.host_nqn, "namespace made visible to a host (ceph-nvmeof API)");
+    Ok(format!(
+        "namespace {nsid} of {} visible to host {}",
+        r.subsystem_nqn, r.host_nqn
+    ))
+}
+
+/// `namespace_delete_host` on an existing namespace added with `no_auto_visible`.
+async fn delete_namespace_host(
+    cp: &Arc<ControlPlane>,
+    r: &pb::NamespaceDeleteHostReq,
+) -> Outcome<String> {
+    let (nqn, nsid, host) = (r.subsystem_nqn.clone(), r.nsid, r.host_nqn.clone());
+    cp.try_update(move |st| st.del_namespace_host(&nqn, nsid, &host))
+        .await?;
+    tracing::info!(nqn = %r.subsystem_nqn, nsid, host = %r.host_nqn, "namespace hidden from a host (ceph-nvmeof API)");
+    Ok(format!(
+        "namespace {nsid} of {} hidden from host {}",
+        r.subsystem_nqn, r.host_nqn
+    ))
+}
+
+/// `namespace_add` with `create_image`: creates the RBD image of `size` bytes (a non-zero
+/// multiple of the block size) before the namespace is added.
+async fn create_image(cp: &Arc<ControlPlane>, entry: &NamespaceEntry, size: u64) -> Outcome<()> {
+    let block = u64::from(entry.block_size);
+    if size == 0 || block == 0 || !size.is_multiple_of(block) {
+        return Err(Refusal::new(
+            libc::EINVAL,
+            format!(
+                "create_image needs a size that is a non-zero multiple of the block size \
+                 {block} (got {size})"
+            ),
+        ));
+    }
+    let backend = cp.backend().clone();
+    let e = entry.clone();
+    tokio::task::spawn_blocking(move || {
+        backend.create_image(&e.pool, &e.rados_namespace, &e.image, size)
+    })
+    .await
+    .map_err(|e| Refusal::new(libc::EIO, format!("task failed: {e}")))??;
+    tracing::info!(image = %state::image_spec(entry), size, "image created for a namespace (ceph-nvmeof API)");
+    Ok(())
+}
+
+/// `namespace_add` with `no_auto_visible`: the namespace starts visible to no host.
+fn no_auto_visible(entry: &mut NamespaceEntry) -> Outcome<()> {
+    entry.no_auto_visible = true;
+    Ok(())
+}
+
+// ------------------------------------------------------------------ subsystems
+
+/// `create_subsystem`. Every subsystem here is served by every gateway of the group with ANA
+/// (`enable_ha` is what it always is), and NQNs are never suffixed with a group name
+/// (`no_group_append` is what it always is). A new subsystem admits no host until
+/// `add_host`.
+async fn create_subsystem(cp: &Arc<ControlPlane>, r: pb::CreateSubsystemReq) -> Outcome<String> {
+    if !r.network_mask.is_empty() {
+        return Err(Refusal::unsupported(
+            "network_mask (listeners on every gateway in a network; use create_listener)",
+        ));
+    }
+    if r.dhchap_key.as_deref().is_some_and(|k| !k.is_empty()) {
+        return Err(Refusal::unsupported(
+            "a subsystem DH-HMAC-CHAP key (give each host its dhchap_ctrlr_key in add_host)",
+        ));
+    }
+    if flag(r.key_encrypted) {
+        return Err(Refusal::unsupported("key_encrypted"));
+    }
+    if flag(r.secure_listeners) {
+        return Err(Refusal::unsupported("secure_listeners (NVMe/TCP TLS)"));
+    }
+    let nqn = r.subsystem_nqn.clone();
+    let max = r.max_namespaces.unwrap_or(0);
+    cp.try_update(move |st| st.add_subsystem(&r.subsystem_nqn, &r.serial_number, false, max))
+        .await?;
+    tracing::info!(nqn = %nqn, "subsystem added (ceph-nvmeof API)");
+    Ok(nqn)
+}
+
+async fn delete_subsystem(cp: &Arc<ControlPlane>, r: pb::DeleteSubsystemReq) -> Outcome<String> {
+    let nqn = r.subsystem_nqn.clone();
+    let force = flag(r.force);
+    cp.try_update(move |st| st.del_subsystem(&r.subsystem_nqn, force))
+        .await?;
+    tracing::info!(nqn = %nqn, force, "subsystem deleted (ceph-nvmeof API)");
+    Ok(nqn)
+}
+
+fn list_subsystems(cp: &Arc<ControlPlane>, r: &pb::ListSubsystemsReq) -> pb::SubsystemsInfoCli {
+    let st = cp.snapshot();
+    // The controller IDs the group hands out: every gateway's range.
+    let ranges: Vec<(u32, u32)> = cp
+        .gateway_infos()
+        .iter()
+        .map(|g| (g.cntlid_min, g.cntlid_max))
+        .filter(|(lo, hi)| *lo > 0 && hi >= lo)
+        .collect();
+    let min_cntlid = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+    let max_cntlid = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    let subsystems = st
+        .subsystems
+        .values()
+        .filter(|s| {
+            r.subsystem_nqn
+                .as_deref()
+                .is_none_or(|n| n.is_empty() || n == s.nqn)
+        })
+        .filter(|s| {
+            r.serial_number
+                .as_deref()
+                .is_none_or(|n| n.is_empty() || n == s.serial)
+        })
+        .map(|s| pb::SubsystemCli {
+            nqn: s.nqn.clone(),
+            enable_ha: true,
+            serial_number: s.serial.clone(),
+            model_number: String::new(),
+            min_cntlid,
+            max_cntlid,
+            namespace_count: st.namespaces.keys().filter(|(n, _)| *n == s.nqn).count() as u32,
+            subtype: "NVMe".into(),
+            max_namespaces: s.max_namespaces,
+            has_dhchap_key: Some(false),
+            allow_any_host: Some(s.allow_any_host),
+            created_without_key: Some(true),
+            network_mask: Vec::new(),
+        })
+        .collect();
+    pb::SubsystemsInfoCli {
+        status: 0,
+        error_message: String::new(),
+        subsystems,
+    }
+}
+
+// ------------------------------------------------------------------ listeners
+
+/// The listener a create/delete request names: TCP (the API has no transport), `host_name`
+/// the gateway, the port 4420 when not given; the address must be of the family named.
+fn listener_entry(
+    nqn: &str,
+    host_name: &str,
+    traddr: &str,
+    adrfam: Option<i32>,
+    trsvcid: Option<u32>,
+) -> Outcome<ListenerEntry> {
+    let family = match adrfam.map(pb::AddressFamily::try_from) {
+        None => pb::AddressFamily::Ipv4,
+        Some(Ok(f)) => f,
+        Some(Err(_)) => return Err(Refusal::new(libc::EINVAL, "unknown address family")),
+    };
+    let bare = traddr
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .unwrap_or(traddr);
+    match (family, bare.parse::<std::net::IpAddr>()) {
+        (pb::AddressFamily::Ipv4, Ok(std::net::IpAddr::V6(_)))
+        | (pb::AddressFamily::Ipv6, Ok(std::net::IpAddr::V4(_))) => {
+            return Err(Refusal::new(
+                libc::EINVAL,
+                format!("address {traddr} is not of family {}", family.as_str_name()),
+            ))
+        }
+        _ => {} // a bad address is refused by the state's check
+    }
+    let port = trsvcid.unwrap_or(DEFAULT_TRSVCID);
+    let port = u16::try_from(port)
+        .map_err(|_| Refusal::new(libc::EINVAL, format!("port {port} out of range")))?;
+    Ok(ListenerEntry {
+        subsystem_nqn: nqn.to_string(),
+        gateway: host_name.to_string(),
+        transport: "tcp".into(),
+        address: traddr.to_string(),
+        port,
+        // Secure listeners are refused above (EOPNOTSUPP) on this API.
+        secure: false,
+    })
+}
+
+/// `create_listener`: a listener belongs to the gateway named `host_name`. One that is not
+/// (yet) in the group is stored all the same and served once it joins: answered EREMOTE,
+/// as ceph-nvmeof answers a listener it keeps for another gateway.
+async fn create_listener(cp: &Arc<ControlPlane>, r: pb::CreateListenerReq) -> Outcome<String> {
+    if flag(r.secure) {
+        return Err(Refusal::unsupported("secure (NVMe/TCP TLS) listeners"));
+    }
+    let l = listener_entry(&r.nqn, &r.host_name, &r.traddr, r.adrfam, r.trsvcid)?;
+    let gateway = l.gateway.clone();
+    let text = format!("{}:{} on {}", l.address, l.port, l.gateway);
+    cp.try_update(move |st| st.add_listener(l.clone())).await?;
+    tracing::info!(nqn = %r.nqn, listener = %text, "listener added (ceph-nvmeof API)");
+    let known = cp.gateway_infos().iter().any(|g| g.name == gateway);
+    if !known {
+        return Err(Refusal::new(
+            libc::EREMOTE,
+            format!(
+                "listener {text} stored for gateway {gateway}, which is not in the group yet: \
+                 it listens once that gateway joins"
+            ),
+        ));
+    }
+    Ok(text)
+}
+
+async fn delete_listener(cp: &Arc<ControlPlane>, r: pb::DeleteListenerReq) -> Outcome<String> {
+    let l = listener_entry(&r.nqn, &r.host_name, &r.traddr, r.adrfam, r.trsvcid)?;
+    let text = format!("{}:{} on {}", l.address, l.port, l.gateway);
+    cp.try_update(move |st| st.del_listener(&l)).await?;
+    tracing::info!(nqn = %r.nqn, listener = %text, "listener deleted (ceph-nvmeof API)");
+    Ok(text)
+}
+
+fn list_listeners(cp: &Arc<ControlPlane>, r: &pb::ListListenersReq) -> Outcome<pb::ListenersInfo> {
+    let st = cp.snapshot();
+    subsystem_exists(&st, &r.subsystem)?;
+    let available: Vec<String> = cp
+        .gateway_infos()
+        .into_iter()
+        .filter(|g| g.availability == "available")
+        .map(|g| g.name)
+        .collect();
+    let listeners = st
+        .listeners
+        .iter()
+        .filter(|l| l.subsystem_nqn == r.subsystem)
+        .map(|l| pb::ListenerInfo {
+            host_name: l.gateway.clone(),
+            trtype: l.transport.to_ascii_uppercase(),
+            adrfam: if l.address.contains(':') {
+                pb::AddressFamily::Ipv6 as i32
+            } else {
+                pb::AddressFamily::Ipv4 as i32
+            },
+            traddr: l.address.clone(),
+            trsvcid: u32::from(l.port),
+            secure: Some(false),
+            active: Some(available.contains(&l.gateway)),
+            manual: Some(true),
+        })
+        .collect();
+    Ok(pb::ListenersInfo {
+        status: 0,
+        error_message: String::new(),
+        listeners,
+    })
+}
+
+// ------------------------------------------------------------------ namespaces
+
+/// `namespace_add`: the image must exist (unless `create_image`), once in the whole group.
+async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcome<u32> {
+    let unsupported = [
+        (flag(r.trash_image), "trash_image"),
+        (
+            flag(r.disable_auto_resize),
+            "disable_auto_resize (gateways always follow an image's growth)",
+        ),
+        (flag(r.read_only), "read_only namespaces"),
+        (
+            r.rbd_data_pool_name
+                .as_deref()
+                .is_some_and(|p| !p.is_empty()),
+            "rbd_data_pool_name",
+        ),
+        (
+            r.location.as_deref().is_some_and(|l| !l.is_empty()),
+            "location",
+        ),
+        (
+            !r.encryption_entries.is_empty() || r.encryption_algorithm.unwrap_or(0) != 0,
+            "image encryption",
+        ),
+    ];
+    if let Some((_, what)) = unsupported.iter().find(|(set, _)| *set) {
+        return Err(Refusal::unsupported(what));
+    }
+    let ana_group = match r.anagrpid {
+        None => 0,
+        Some(g) => u32::try_from(g).map_err(|_| {
+            Refusal::new(
+                libc::EINVAL,
+                format!("load balancing group {g} is negative"),
+            )
+        })?,
+    };
+    let mut entry = NamespaceEntry {
+        subsystem_nqn: r.subsystem_nqn.clone(),
+        nsid: r.nsid.unwrap_or(0),
+        pool: r.rbd_pool_name.clone(),
+        rados_namespace: r.rados_namespace_name.clone().unwrap_or_default(),
+        image: r.rbd_image_name.clone(),
+        block_size: r.block_size,
+        ana_group,
+        moving_from: 0,
+        no_auto_visible: false,
+        hosts: Default::default(),
+        qos: Default::default(),
+    };
+    if flag(r.no_auto_visible) {
+        no_auto_visible(&mut entry)?;
+    }
+    // The same checks as the Admin service's NamespaceAdd, first on the cached state (no
+    // cluster round trip for a bad request); the NSID they choose is kept, so a UUID asked
+    // for is checked against the one that NSID gives.
+    let checked = cp.snapshot().check_namespace(entry.clone())?;
+    if let Some(uuid) = r.uuid.as_deref().filter(|u| !u.is_empty()) {
+        let (_, derived) = state::derived_ids(&checked.subsystem_nqn, checked.nsid);
+        if !uuid.eq_ignore_ascii_case(&derived) {
+            return Err(Refusal::new(
+                libc::EOPNOTSUPP,
+                format!(
+                    "a chosen namespace UUID is not supported: NSID {} of {} has UUID {derived}",
+                    checked.nsid, checked.subsystem_nqn
+                ),
+            ));
+        }
+    }
+    if flag(r.create_image) {
+        create_image(cp, &checked, r.size.unwrap_or(0)).await?;
+    } else {
+        let backend = cp.backend().clone();
+        let e = checked.clone();
+        let exists = tokio::task::spawn_blocking(move || {
+            backend.image_exists(&e.pool, &e.rados_namespace, &e.image)
+        })
+        .await
+        .map_err(|e| Refusal::new(libc::EIO, format!("task failed: {e}")))??;
+        if !exists {
+            return Err(Refusal::new(
+                libc::ENOENT,
+                format!("image {} not found", state::image_spec(&checked)),
+            ));
+        }
+    }
+    let created = flag(r.create_image);
+    let entry = checked.clone();
+    let added = cp
+        .try_update(move |st| st.add_namespace(entry.clone()))
+        .await;
+    let (added, _) = match added {
+        Ok(a) => a,
+        Err(refused) => {
+            if created {
+                // The namespace was refused (the state changed since the check): the image
+                // made for it goes too, so nothing is left behind.
+                let backend = cp.backend().clone();
+                let e = checked.clone();
+                let removed = tokio::task::spawn_blocking(move || {
+                    backend.remove_image(&e.pool, &e.rados_namespace, &e.image)
+                })
+                .await;
+                if !matches!(removed, Ok(Ok(()))) {
+                    tracing::error!(image = %state::image_spec(&checked), "image created for a refused namespace not removed: {removed:?}");
+                }
+            }
+            return Err(refused.into());
+        }
+    };
+    tracing::info!(nqn = %added.subsystem_nqn, nsid = added.nsid, ana_group = added.ana_group, image = %state::image_spec(&added), "namespace added (ceph-nvmeof API)");
+    Ok(added.nsid)
+}
+
+async fn namespace_delete(cp: &Arc<ControlPlane>, r: pb::NamespaceDeleteReq) -> Outcome<String> {
+    let (nqn, nsid) = (r.subsystem_nqn.clone(), r.nsid);
+    cp.try_update(move |st| st.del_namespace(&r.subsystem_nqn, r.nsid))
+        .await?;
+    tracing::info!(nqn = %nqn, nsid, "namespace deleted (ceph-nvmeof API)");
+    Ok(format!("namespace {nsid} deleted from {nqn}"))
+}
+
+fn namespace_cli(n: &NamespaceEntry) -> pb::NamespaceCli {
+    let (_, uuid) = state::derived_ids(&n.subsystem_nqn, n.nsid);
+    pb::NamespaceCli {
+        nsid: n.nsid,
+        bdev_name: state::image_spec(n),
+        rbd_image_name: n.image.clone(),
+        rbd_pool_name: n.pool.clone(),
+        load_balancing_group: n.ana_group,
+        block_size: n.block_size,
+        // Not known to the control plane (the image's size lives in RBD).
+        rbd_image_size: 0,
+        uuid,
+        rw_ios_per_second: n.qos.rw_ios_per_second,
+        rw_mbytes_per_second: n.qos.rw_megabytes_per_second,
+        r_mbytes_per_second: n.qos.r_megabytes_per_second,
+        w_mbytes_per_second: n.qos.w_megabytes_per_second,
+        auto_visible: !n.no_auto_visible,
+        hosts: n.hosts.iter().cloned().collect(),
+        ns_subsystem_nqn: Some(n.subsystem_nqn.clone()),
+        trash_image: Some(false),
+        disable_auto_resize: Some(false),
+        read_only: Some(false),
+        cluster_name: None,
+        configured_load_balancing_group: Some(n.ana_group),
+        image_was_shrunk: Some(false),
+        rbd_data_pool_name: None,
+        location: None,
+        rados_namespace_name: (!n.rados_namespace.is_empty()).then(|| n.rados_namespace.clone()),
+    }
+}
+
+/// `list_namespaces`: `uuid` is the UUID every gateway reports in the namespace's
+/// identification descriptors ([`state::derived_ids`]).
+fn list_namespaces(
+    cp: &Arc<ControlPlane>,
+    r: &pb::ListNamespacesReq,
+) -> Outcome<pb::NamespacesInfo> {
+    let st = cp.snapshot();
+    if !r.subsystem.is_empty() {
+        subsystem_exists(&st, &r.subsystem)?;
+    }
+    let namespaces = st
+        .namespaces
+        .values()
+        .filter(|n| r.subsystem.is_empty() || n.subsystem_nqn == r.subsystem)
+        .filter(|n| r.nsid.is_none_or(|id| id == 0 || id == n.nsid))
+        .map(namespace_cli)
+        .filter(|n| {
+            r.uuid
+                .as_deref()
+                .is_none_or(|u| u.is_empty() || u.eq_ignore_ascii_case(&n.uuid))
+        })
+        .collect();
+    Ok(pb::NamespacesInfo {
+        status: 0,
+        error_message: String::new(),
+        subsystem_nqn: r.subsystem.clone(),
+        namespaces,
+    })
+}
+
+/// `namespace_resize` (`new_size` in MiB): grows the image; gateways tell hosts. A resize to
+/// the image's size is no change (0), a shrink is refused (EINVAL).
+async fn namespace_resize(cp: &Arc<ControlPlane>, r: pb::NamespaceResizeReq) -> Outcome<String> {
+    let ns = namespace_of(&cp.snapshot(), &r.subsystem_nqn, r.nsid)?;
+    let size = r
+        .new_size
+        .checked_mul(MIB)
+        .filter(|s| *s > 0)
+        .ok_or_else(|| Refusal::new(libc::EINVAL, format!("size {} MiB", r.new_size)))?;
+    let backend = cp.backend().clone();
+    let n = ns.clone();
+    let grown = tokio::task::spawn_blocking(move || {
+        backend.grow_image(&n.pool, &n.rados_namespace, &n.image, size)
+    })
+    .await
+    .map_err(|e| Refusal::new(libc::EIO, format!("task failed: {e}")))?;
+    match grown {
+        Ok(old) => {
+            tracing::info!(nqn = %ns.subsystem_nqn, nsid = ns.nsid, image = %state::image_spec(&ns), old, new = size, "namespace grown (ceph-nvmeof API)");
+            Ok(format!("grown from {old} to {size} bytes"))
+        }
+        Err(StoreError::Config(ConfigError::Invalid { why, .. }))
+            if why == crate::store::SIZE_UNCHANGED =>
+        {
+            Ok("unchanged".into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+// ------------------------------------------------------------------ hosts
+
+/// A refusal of host keys, with the API's name for the controller key (`dhchap_ctrlr_key`;
+/// the model calls it `dhchap_ctrl_key`).
+fn host_key_refusal(e: StoreError) -> Refusal {
+    match e {
+        StoreError::Config(ConfigError::BadKey {
+            field: "dhchap_ctrl_key",
+            why,
+        }) => Refusal::new(libc::EINVAL, format!("invalid dhchap_ctrlr_key: {why}")),
+        other => other.into(),
+    }
+}
+
+/// How the API names "any host".
+const ANY_HOST: &str = "*";
+
+/// `add_host`: the host with its DH-HMAC-CHAP keys (checked and stored as the Admin
+/// service's HostAdd does), or `*` to open the subsystem to any host.
+async fn add_host(cp: &Arc<ControlPlane>, r: pb::AddHostReq) -> Outcome<String> {
+    let set = |k: &Option<String>| k.as_deref().is_some_and(|k| !k.is_empty());
+    if set(&r.psk) {
+        return Err(Refusal::unsupported("a TLS PSK (psk)"));
+    }
+    if flag(r.psk_encrypted) || flag(r.key_encrypted) || flag(r.ctrlr_key_encrypted) {
+        return Err(Refusal::unsupported(
+            "encrypted keys (psk_encrypted, key_encrypted, ctrlr_key_encrypted)",
+        ));
+    }
+    let (nqn, host) = (r.subsystem_nqn.clone(), r.host_nqn.clone());
+    if host == ANY_HOST {
+        if set(&r.dhchap_key) || set(&r.dhchap_ctrlr_key) {
+            return Err(Refusal::new(
+                libc::EINVAL,
+                "keys cannot be given for any host (*)",
+            ));
+        }
+        cp.try_update(move |st| st.set_allow_any_host(&r.subsystem_nqn, true))
+            .await?;
+        tracing::info!(nqn = %nqn, "subsystem open to any host (ceph-nvmeof API)");
+        return Ok(format!("{nqn} open to any host"));
+    }
+    let (auth, _) = cp
+        .try_update(move |st| {
+            st.add_host_with_keys(
+                &r.subsystem_nqn,
+                &r.host_nqn,
+                r.dhchap_key.as_deref().unwrap_or(""),
+                r.dhchap_ctrlr_key.as_deref().unwrap_or(""),
+            )
+        })
+        .await
+        .map_err(host_key_refusal)?;
+    tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), "host allowed (ceph-nvmeof API)");
+    Ok(format!("host {host} allowed on {nqn}"))
+}
+
+/// `remove_host`: the host is removed and the gateways close its controllers. When it
+/// still had connections (the gateways' last beacons) the answer is EBUSY, as ceph-nvmeof
+/// answers, unless `force`; `keep_connections` cannot be honoured (a removed host's
+/// controllers are always closed) and is refused while it has any.
+async fn remove_host(cp: &Arc<ControlPlane>, r: pb::RemoveHostReq) -> Outcome<String> {
+    let (nqn, host) = (r.subsystem_nqn.clone(), r.host_nqn.clone());
+    if host == ANY_HOST {
+        cp.try_update(move |st| st.set_allow_any_host(&r.subsystem_nqn, false))
+            .await?;
+        tracing::info!(nqn = %nqn, "subsystem closed to hosts not listed (ceph-nvmeof API)");
+        return Ok(format!("{nqn} closed to hosts not listed"));
+    }
+    let open = cp
+        .connections_of(&nqn)
+        .iter()
+        .filter(|c| c.host_nqn == host)
+        .count();
+    if open > 0 && flag(r.keep_connections) {
+        return Err(Refusal::new(
+            libc::EOPNOTSUPP,
+            format!(
+                "host {host} has {open} connection(s) to {nqn}: keep_connections is not \
+                 supported (the gateways close a removed host's controllers)"
+            ),
+        ));
+    }
+    let (n, h) = (nqn.clone(), host.clone());
+    cp.try_update(move |st| st.del_host(&n, &h)).await?;
+    tracing::info!(nqn = %nqn, host = %host, open, "host removed (ceph-nvmeof API)");
+    if open > 0 && !flag(r.force) {
+        return Err(Refusal::new(
+            libc::EBUSY,
+            format!(
+                "host {host} removed from {nqn}; it had {open} open connection(s), which the \
+                 gateways close"
+            ),
+        ));
+    }
+    Ok(format!("host {host} removed from {nqn}"))
+}
+
+async fn change_host_key(cp: &Arc<ControlPlane>, r: pb::ChangeHostKeyReq) -> Outcome<String> {
+    let (nqn, host) = (r.subsystem_nqn.clone(), r.host_nqn.clone());
+    let ((auth, changed), _) = cp
+        .try_update(move |st| {
+            st.change_host_keys(
+                &r.subsystem_nqn,
+                &r.host_nqn,
+                r.dhchap_key.as_deref().unwrap_or(""),
+                r.dhchap_ctrlr_key.as_deref().unwrap_or(""),
+            )
+        })
+        .await
+        .map_err(host_key_refusal)?;
+    tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), changed, "host keys set (ceph-nvmeof API)");
+    Ok(format!("keys of host {host} on {nqn} set"))
+}
+
+fn host_info(auth: &state::HostAuth, nqn: &str) -> pb::Host {
+    pb::Host {
+        nqn: nqn.to_string(),
+        use_psk: Some(false),
+        use_dhchap: Some(auth.dhchap_key.is_some()),
+        disconnected_due_to_keepalive_timeout: None,
+        dhchap_controller_origin: Some(if auth.dhchap_ctrl_key.is_some() {
+            pb::DhchapControllerKeyOrigin::HostSpecific as i32
+        } else {
+            pb::DhchapControllerKeyOrigin::NoKey as i32
+        }),
+    }
+}
+
+fn list_hosts(cp: &Arc<ControlPlane>, r: &pb::ListHostsReq) -> Outcome<pb::HostsInfo> {
+    let st = cp.snapshot();
+    subsystem_exists(&st, &r.subsystem)?;
+    Ok(pb::HostsInfo {
+        status: 0,
+        error_message: String::new(),
+        allow_any_host: st.subsystems[&r.subsystem].allow_any_host,
+        subsystem_nqn: r.subsystem.clone(),
+        hosts: st
+            .host_entries_of(&r.subsystem)
+            .map(|(h, auth)| host_info(auth, h))
+            .collect(),
+    })
+}
+
+/// `list_connections`: every connected controller the gateways reported in their last
+/// beacons (`traddr`/`trsvcid`: that gateway's listener for the subsystem, where it has
+/// one), then every allowed host without one (`connected` false).
+fn list_connections(
+    cp: &Arc<ControlPlane>,
+    r: &pb::ListConnectionsReq,
+) -> Outcome<pb::ConnectionsInfo> {
+    let st = cp.snapshot();
+    subsystem_exists(&st, &r.subsystem)?;
+    let nqn = r.subsystem.as_str();
+    let auth_of = |host: &str| st.hosts.get(&(nqn.to_string(), host.to_string())).cloned();
+    let mut connections: Vec<pb::Connection> = cp
+        .connections_of(nqn)
+        .into_iter()
+        .map(|c| {
+            let listener = st
+                .listeners
+                .iter()
+                .find(|l| l.subsystem_nqn == nqn && l.gateway == c.gateway);
+            let auth = auth_of(&c.host_nqn).unwrap_or_default();
+            pb::Connection {
+                nqn: c.host_nqn.clone(),
+                traddr: listener.map(|l| l.address.clone()).unwrap_or_default(),
+                trsvcid: listener.map(|l| u32::from(l.port)).unwrap_or(0),
+                trtype: listener
+                    .map(|l| l.transport.to_ascii_uppercase())
+                    .unwrap_or_default(),
+                adrfam: if listener.is_some_and(|l| l.address.contains(':')) {
+                    pb::AddressFamily::Ipv6 as i32
+                } else {
+                    pb::AddressFamily::Ipv4 as i32
+                },
+                connected: true,
+                // The admin queue and the I/O queues granted.
+                qpairs_count: i32::try_from(c.io_queues)
+                    .unwrap_or(i32::MAX)
+                    .saturating_add(1),
+                controller_id: i32::try_from(c.cntlid).unwrap_or(0),
+                secure: Some(false),
+                use_psk: Some(false),
+                use_dhchap: Some(auth.dhchap_key.is_some()),
+                subsystem: Some(nqn.to_string()),
+                disconnected_due_to_keepalive_timeout: None,
+                dhchap_controller_origin: None,
+                host_deleted: Some(
+                    !st.hosts
+                        .contains_key(&(nqn.to_string(), c.host_nqn.clone())),
+                ),
+            }
+        })
+        .collect();
+    let connected: std::collections::BTreeSet<String> =
+        connections.iter().map(|c| c.nqn.clone()).collect();
+    for (host, auth) in st.host_entries_of(nqn) {
+        if !connected.contains(host) {
+            connections.push(pb::Connection {
+                nqn: host.to_string(),
+                connected: false,
+                use_dhchap: Some(auth.dhchap_key.is_some()),
+                subsystem: Some(nqn.to_string()),
+                ..Default::default()
+            });
+        }
+    }
+    Ok(pb::ConnectionsInfo {
+        status: 0,
+        error_message: String::new(),
+        subsystem_nqn: nqn.to_string(),
+        connections,
+    })
+}
+
+// ------------------------------------------------------------------ gateway
+
+/// `get_gateway_info`: the answering control-plane replica (it is no gateway itself: no
+/// SPDK, no load-balancing group of its own), with this model's limits.
+fn gateway_info(cp: &Arc<ControlPlane>, r: &pb::GetGatewayInfoReq) -> pb::GatewayInfo {
+    let id = cp.id().to_string();
+    let (addr, port) = match id.rsplit_once(':') {
+        Some((a, p)) if p.parse::<u16>().is_ok() => (
+            a.trim_start_matches('[').trim_end_matches(']').to_string(),
+            p.to_string(),
+        ),
+        _ => (id.clone(), String::new()),
+    };
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    pb::GatewayInfo {
+        cli_version: r.cli_version.clone().unwrap_or_default(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        name: id,
+        group: String::new(),
+        addr,
+        port,
+        bool_status: true,
+        status: 0,
+        error_message: String::new(),
+        spdk_version: None,
+        load_balancing_group: 0,
+        hostname,
+        max_subsystems: None,
+        max_namespaces: None,
+        max_hosts_per_subsystem: None,
+        max_namespaces_per_subsystem: Some(state::DEFAULT_MAX_NAMESPACES),
+        max_hosts: None,
+        // The replica answers only once it has loaded the group state.
+        gateway_initialization_over: Some(true),
+        io_stats_enabled: Some(false),
+    }
+}
+
+/// `namespace_get_io_stats`: the control plane collects no I/O counters (beacons carry
+/// connections only); each gateway exports them per namespace on its Prometheus endpoint.
+fn namespace_io_stats(
+    cp: &Arc<ControlPlane>,
+    r: &pb::NamespaceGetIoStatsReq,
+) -> pb::NamespaceIoStatsInfo {
+    let refusal = match namespace_of(&cp.snapshot(), &r.subsystem_nqn, r.nsid) {
+        Err(missing) => missing,
+        Ok(_) => Refusal::new(
+            libc::EOPNOTSUPP,
+            "I/O statistics are not collected by the control plane: each gateway exports \
+             them per namespace on its metrics endpoint (nvmeof_namespace_ops_total, \
+             nvmeof_namespace_bytes_total, nvmeof_namespace_op_seconds_total)",
+        ),
+    };
+    pb::NamespaceIoStatsInfo {
+        status: refusal.errno,
+        error_message: refusal.message,
+        subsystem_nqn: r.subsystem_nqn.clone(),
+        nsid: r.nsid,
+        ..Default::default()
+    }
+}
+
+// ------------------------------------------------------------------ the service
+
+/// A listing's reply, or its refusal in the reply's status fields.
+macro_rules! listing {
+    ($outcome:expr, $ty:ident) => {
+        match $outcome {
+            Ok(reply) => reply,
+            Err(r) => pb::$ty {
+                status: r.errno,
+                error_message: r.message,
+                ..Default::default()
+            },
+        }
+    };
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl pb::gateway_server::Gateway for CephGatewayService {
+    async fn namespace_add(&self, r: Request<pb::NamespaceAddReq>) -> Reply<pb::NsidStatus> {
+        let outcome = logged(
+            "namespace_add",
+            namespace_add(&self.0, r.into_inner()).await,
+        );
+        Ok(Response::new(match outcome {
+            Ok(nsid) => pb::NsidStatus {
+                status: 0,
+                error_message: String::new(),
+                nsid,
+            },
+            Err(r) => pb::NsidStatus {
+                status: r.errno,
+                error_message: r.message,
+                nsid: 0,
+            },
+        }))
+    }
+
+    async fn create_subsystem(
+        &self,
+        r: Request<pb::CreateSubsystemReq>,
+    ) -> Reply<pb::SubsysStatus> {
+        let r = r.into_inner();
+        let nqn = r.subsystem_nqn.clone();
+        let outcome = logged("create_subsystem", create_subsystem(&self.0, r).await);
+        Ok(Response::new(match outcome {
+            Ok(_) => pb::SubsysStatus {
+                status: 0,
+                error_message: String::new(),
+                nqn,
+            },
+            Err(r) => pb::SubsysStatus {
+                status: r.errno,
+                error_message: r.message,
+                nqn,
+            },
+        }))
+    }
+
+    async fn delete_subsystem(&self, r: Request<pb::DeleteSubsystemReq>) -> Reply<pb::ReqStatus> {
+        let outcome = delete_subsystem(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged(
+            "delete_subsystem",
+            outcome,
+        ))))
+    }
+
+    async fn list_namespaces(
+        &self,
+        r: Request<pb::ListNamespacesReq>,
+    ) -> Reply<pb::NamespacesInfo> {
+        Ok(Response::new(listing!(
+            list_namespaces(&self.0, r.get_ref()),
+            NamespacesInfo
+        )))
+    }
+
+    async fn namespace_resize(&self, r: Request<pb::NamespaceResizeReq>) -> Reply<pb::ReqStatus> {
+        let outcome = namespace_resize(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged(
+            "namespace_resize",
+            outcome,
+        ))))
+    }
+
+    async fn namespace_get_io_stats(
+        &self,
+        r: Request<pb::NamespaceGetIoStatsReq>,
+    ) -> Reply<pb::NamespaceIoStatsInfo> {
+        Ok(Response::new(namespace_io_stats(&self.0, r.get_ref())))
+    }
+
+    async fn namespace_set_qos_limits(
+        &self,
+        r: Request<pb::NamespaceSetQosReq>,
+    ) -> Reply<pb::ReqStatus> {
+        let r = r.into_inner();
+        let outcome = match namespace_of(&self.0.snapshot(), &r.subsystem_nqn, r.nsid) {
+            Ok(_) => set_qos_limits(&self.0, &r).await,
+            Err(e) => Err(e),
+        };
+        Ok(Response::new(req_status(logged(
+            "namespace_set_qos_limits",
+            outcome,
+        ))))
+    }
+
+    async fn namespace_delete(&self, r: Request<pb::NamespaceDeleteReq>) -> Reply<pb::ReqStatus> {
+        let outcome = namespace_delete(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged(
+            "namespace_delete",
+            outcome,
+        ))))
+    }
+
+    async fn namespace_add_host(
+        &self,
+        r: Request<pb::NamespaceAddHostReq>,
+    ) -> Reply<pb::ReqStatus> {
+        let r = r.into_inner();
+        let outcome = match namespace_of(&self.0.snapshot(), &r.subsystem_nqn, r.nsid) {
+            Ok(_) => add_namespace_host(&self.0, &r).await,
+            Err(e) => Err(e),
+        };
+        Ok(Response::new(req_status(logged(
+            "namespace_add_host",
+            outcome,
+        ))))
+    }
+
+    async fn namespace_delete_host(
+        &self,
+        r: Request<pb::NamespaceDeleteHostReq>,
+    ) -> Reply<pb::ReqStatus> {
+        let r = r.into_inner();
+        let outcome = match namespace_of(&self.0.snapshot(), &r.subsystem_nqn, r.nsid) {
+            Ok(_) => delete_namespace_host(&self.0, &r).await,
+            Err(e) => Err(e),
+        };
+        Ok(Response::new(req_status(logged(
+            "namespace_delete_host",
+            outcome,
+        ))))
+    }
+
+    async fn add_host(&self, r: Request<pb::AddHostReq>) -> Reply<pb::ReqStatus> {
+        let outcome = add_host(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged("add_host", outcome))))
+    }
+
+    async fn remove_host(&self, r: Request<pb::RemoveHostReq>) -> Reply<pb::ReqStatus> {
+        let outcome = remove_host(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged("remove_host", outcome))))
+    }
+
+    async fn change_host_key(&self, r: Request<pb::ChangeHostKeyReq>) -> Reply<pb::ReqStatus> {
+        let outcome = change_host_key(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged(
+            "change_host_key",
+            outcome,
+        ))))
+    }
+
+    async fn list_hosts(&self, r: Request<pb::ListHostsReq>) -> Reply<pb::HostsInfo> {
+        Ok(Response::new(listing!(
+            list_hosts(&self.0, r.get_ref()),
+            HostsInfo
+        )))
+    }
+
+    async fn list_connections(
+        &self,
+        r: Request<pb::ListConnectionsReq>,
+    ) -> Reply<pb::ConnectionsInfo> {
+        Ok(Response::new(listing!(
+            list_connections(&self.0, r.get_ref()),
+            ConnectionsInfo
+        )))
+    }
+
+    async fn create_listener(&self, r: Request<pb::CreateListenerReq>) -> Reply<pb::ReqStatus> {
+        let outcome = create_listener(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged(
+            "create_listener",
+            outcome,
+        ))))
+    }
+
+    async fn delete_listener(&self, r: Request<pb::DeleteListenerReq>) -> Reply<pb::ReqStatus> {
+        let outcome = delete_listener(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged(
+            "delete_listener",
+            outcome,
+        ))))
+    }
+
+    async fn list_listeners(&self, r: Request<pb::ListListenersReq>) -> Reply<pb::ListenersInfo> {
+        Ok(Response::new(listing!(
+            list_listeners(&self.0, r.get_ref()),
+            ListenersInfo
+        )))
+    }
+
+    async fn list_subsystems(
+        &self,
+        r: Request<pb::ListSubsystemsReq>,
+    ) -> Reply<pb::SubsystemsInfoCli> {
+        Ok(Response::new(list_subsystems(&self.0, r.get_ref())))
+    }
+
+    async fn get_gateway_info(&self, r: Request<pb::GetGatewayInfoReq>) -> Reply<pb::GatewayInfo> {
+        Ok(Response::new(gateway_info(&self.0, r.get_ref())))
+    }
+}
+
+// ------------------------------------------------------------------ keys stay out of logs
+
+/// Whether an optional key is given, for `Debug`.
+fn key_shown(k: &Option<String>) -> &'static str {
+    match k.as_deref() {
+        None | Some("") => "<none>",
+        Some(_) => "<set>",
+    }
+}
+
+impl std::fmt::Debug for pb::AddHostReq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("add_host_req")
+            .field("subsystem_nqn", &self.subsystem_nqn)
+            .field("host_nqn", &self.host_nqn)
+            .field("psk", &key_shown(&self.psk))
+            .field("dhchap_key", &key_shown(&self.dhchap_key))
+            .field("dhchap_ctrlr_key", &key_shown(&self.dhchap_ctrlr_key))
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for pb::ChangeHostKeyReq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("change_host_key_req")
+            .field("subsystem_nqn", &self.subsystem_nqn)
+            .field("host_nqn", &self.host_nqn)
+            .field("dhchap_key", &key_shown(&self.dhchap_key))
+            .field("dhchap_ctrlr_key", &key_shown(&self.dhchap_ctrlr_key))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for pb::CreateSubsystemReq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("create_subsystem_req")
+            .field("subsystem_nqn", &self.subsystem_nqn)
+            .field("serial_number", &self.serial_number)
+            .field("max_namespaces", &self.max_namespaces)
+            .field("dhchap_key", &key_shown(&self.dhchap_key))
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,1100 @@
+//! ceph-nvmeof's management API (`proto/ceph_nvmeof_gateway.proto`) over the wire, with a
+//! tonic client generated from that file, against a replica with its state in memory: the
+//! sequence ceph-csi's NVMe-oF driver runs (create volume, publish, unpublish, expand,
+//! delete) with the errno statuses it treats as success, the refusals of bad input (errno and
+//! message, state unchanged), the options answered EOPNOTSUPP, and the service behind the
+//! same mTLS as the Admin API.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use control_plane::ana::Timing;
+use control_plane::ceph_proto as pb;
+use control_plane::ceph_proto::gateway_client::GatewayClient;
+use control_plane::proto;
+use control_plane::proto::gateway_control_client::GatewayControlClient;
+use control_plane::server::{ControlPlane, Options};
+use control_plane::state::{self, GroupState};
+use control_plane::store::{MemoryBackend, Store};
+use control_plane::test_support::{self, plain_channel, serve_in_memory_over_tls, TestPki};
+use control_plane::tls;
+use tonic::transport::Channel;
+
+const NQN: &str = "nqn.2016-06.io.test:csi";
+const NODE: &str = "nqn.2014-08.org.nvmexpress:node-1";
+const GIB: u64 = 1 << 30;
+
+// errno values, Linux include/uapi/asm-generic/errno-base.h and errno.h.
+const ENOENT: i32 = 2;
+const EBUSY: i32 = 16;
+const EEXIST: i32 = 17;
+const ENODEV: i32 = 19;
+const EINVAL: i32 = 22;
+const EREMOTE: i32 = 66;
+const EOPNOTSUPP: i32 = 95;
+
+struct Fixture {
+    backend: Arc<MemoryBackend>,
+    cp: Arc<ControlPlane>,
+    gw: GatewayClient<Channel>,
+    control: GatewayControlClient<Channel>,
+}
+
+async fn start() -> Fixture {
+    let backend =
+        test_support::memory_backend_with_images(["rbd/img1", "rbd/img2"].map(String::from));
+    let options = Options {
+        timing: Timing {
+            grace_ms: 5_000,
+            failback_delay_ms: 200,
+        },
+        lease: Duration::from_secs(3),
+        tick: Duration::from_millis(50),
+    };
+    let cp = test_support::start_replica(Store::new(backend.clone()), "csi-test", options).await;
+    let addr = test_support::serve_plain(cp.clone()).await;
+    test_support::wait_for_lease(&cp, Duration::from_secs(5)).await;
+    let mut control = GatewayControlClient::new(plain_channel(&addr).await);
+    beacon(&mut control, &[]).await;
+    Fixture {
+        backend,
+        cp,
+        gw: GatewayClient::new(plain_channel(&addr).await),
+        control,
+    }
+}
+
+/// A beacon of gateway gw1 (ANA group 1) with these hosts connected to NQN.
+async fn beacon(c: &mut GatewayControlClient<Channel>, hosts: &[&str]) {
+    c.send_beacon(proto::Beacon {
+        gateway: "gw1".into(),
+        ana_group: 1,
+        incarnation: 1,
+        client_addrs: vec!["127.0.0.1:0/1".into()],
+        applied_version: 0,
+        connections: hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| proto::Connection {
+                gateway: String::new(),
+                subsystem_nqn: NQN.into(),
+                host_nqn: h.to_string(),
+                cntlid: 1 + i as u32,
+                io_queues: 2,
+            })
+            .collect(),
+    })
+    .await
+    .expect("beacon");
+}
+
+fn subsystem_req(nqn: &str) -> pb::CreateSubsystemReq {
+    // As ceph-csi sends it.
+    pb::CreateSubsystemReq {
+        subsystem_nqn: nqn.into(),
+        serial_number: "Ceph12345678901234".into(),
+        enable_ha: true,
+        no_group_append: Some(true),
+        ..Default::default()
+    }
+}
+
+fn listener_req(host_name: &str) -> pb::CreateListenerReq {
+    pb::CreateListenerReq {
+        nqn: NQN.into(),
+        host_name: host_name.into(),
+        traddr: "127.0.0.1".into(),
+        trsvcid: Some(4420),
+        adrfam: Some(pb::AddressFamily::Ipv4 as i32),
+        ..Default::default()
+    }
+}
+
+fn namespace_req(image: &str, block_size: u32) -> pb::NamespaceAddReq {
+    pb::NamespaceAddReq {
+        subsystem_nqn: NQN.into(),
+        rbd_pool_name: "rbd".into(),
+        rbd_image_name: image.into(),
+        block_size,
+        ..Default::default()
+    }
+}
+
+fn key(byte: u8) -> String {
+    nvme_auth::DhchapSecret::from_bytes(&[byte; 32], None)
+        .expect("32 bytes")
+        .to_representation()
+        .to_string()
+}
+
+/// The state without its version: what a refused request must leave as it was.
+fn config(cp: &ControlPlane) -> GroupState {
+    let mut st = cp.state();
+    st.map = None;
+    st
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ceph_csi_volume_lifecycle() {
+    let mut f = start().await;
+    let gw = &mut f.gw;
+
+    // CreateVolume: the subsystem when list_subsystems lacks it (EEXIST is fine too).
+    let listed = gw
+        .list_subsystems(pb::ListSubsystemsReq::default())
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!((listed.status, listed.subsystems.len()), (0, 0));
+    let created = gw
+        .create_subsystem(subsystem_req(NQN))
+        .await
+        .expect("create")
+        .into_inner();
+    assert_eq!(
+        (created.status, created.nqn.as_str()),
+        (0, NQN),
+        "{created:?}"
+    );
+    let again = gw
+        .create_subsystem(subsystem_req(NQN))
+        .await
+        .expect("again");
+    assert_eq!(again.get_ref().status, EEXIST);
+    let listed = gw
+        .list_subsystems(pb::ListSubsystemsReq::default())
+        .await
+        .expect("list")
+        .into_inner();
+    let s = &listed.subsystems[0];
+    assert_eq!(
+        (s.nqn.as_str(), s.serial_number.as_str(), s.enable_ha),
+        (NQN, "Ceph12345678901234", true)
+    );
+    assert_eq!(s.allow_any_host, Some(false), "closed until add_host");
+    assert_eq!(s.max_namespaces, state::DEFAULT_MAX_NAMESPACES);
+
+    // A listener on the gateway gw1 (in the group), then one for a gateway not in it yet.
+    let l = gw
+        .create_listener(listener_req("gw1"))
+        .await
+        .expect("listener");
+    assert_eq!(l.get_ref().status, 0, "{:?}", l.get_ref());
+    let l = gw
+        .create_listener(listener_req("gw1"))
+        .await
+        .expect("again");
+    assert_eq!(l.get_ref().status, EEXIST);
+    let stashed = gw.create_listener(listener_req("gw9")).await.expect("gw9");
+    assert_eq!(stashed.get_ref().status, EREMOTE, "{:?}", stashed.get_ref());
+    assert!(stashed.get_ref().error_message.contains("gw9"));
+    let listeners = gw
+        .list_listeners(pb::ListListenersReq {
+            subsystem: NQN.into(),
+        })
+        .await
+        .expect("listeners")
+        .into_inner();
+    let mut seen: Vec<(String, Option<bool>)> = listeners
+        .listeners
+        .iter()
+        .map(|l| (l.host_name.clone(), l.active))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("gw1".to_string(), Some(true)),
+            ("gw9".to_string(), Some(false))
+        ]
+    );
+    assert_eq!(listeners.listeners[0].trtype, "TCP");
+    assert_eq!(listeners.listeners[0].trsvcid, 4420);
+
+    // The namespace (4096-byte blocks, as ceph-csi asks), then the same image again: EEXIST,
+    // and ceph-csi finds it by pool and image in list_namespaces.
+    let added = gw
+        .namespace_add(namespace_req("img1", 4096))
+        .await
+        .expect("add")
+        .into_inner();
+    assert_eq!((added.status, added.nsid), (0, 1), "{added:?}");
+    let dup = gw
+        .namespace_add(namespace_req("img1", 4096))
+        .await
+        .expect("dup")
+        .into_inner();
+    assert_eq!(dup.status, EEXIST, "{dup:?}");
+    let one = gw
+        .list_namespaces(pb::ListNamespacesReq {
+            subsystem: NQN.into(),
+            nsid: Some(1),
+            uuid: None,
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(one.status, 0);
+    let ns = &one.namespaces[0];
+    assert_eq!(
+        (
+            ns.rbd_pool_name.as_str(),
+            ns.rbd_image_name.as_str(),
+            ns.block_size
+        ),
+        ("rbd", "img1", 4096)
+    );
+    // The UUID is the one the gateways put in the namespace's identification descriptor:
+    // the one gw1's assignment carries.
+    let assignment = f.cp.assignment("gw1").expect("gw1 assignment");
+    let pushed = assignment
+        .namespaces
+        .iter()
+        .find(|n| n.subsystem_nqn == NQN && n.nsid == 1)
+        .expect("pushed namespace");
+    assert_eq!(ns.uuid, pushed.uuid);
+    assert_eq!(ns.uuid.len(), 36);
+    // 512-byte blocks too, listed by UUID.
+    let second = gw
+        .namespace_add(namespace_req("img2", 512))
+        .await
+        .expect("add")
+        .into_inner();
+    assert_eq!((second.status, second.nsid), (0, 2));
+    let by_uuid = gw
+        .list_namespaces(pb::ListNamespacesReq {
+            subsystem: NQN.into(),
+            nsid: None,
+            uuid: Some(ns.uuid.to_uppercase()),
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(by_uuid.namespaces.len(), 1);
+    assert_eq!(by_uuid.namespaces[0].nsid, 1);
+
+    // ControllerPublish: the node's host NQN with its DH-HMAC-CHAP keys; EEXIST again.
+    let host = pb::AddHostReq {
+        subsystem_nqn: NQN.into(),
+        host_nqn: NODE.into(),
+        dhchap_key: Some(key(1)),
+        dhchap_ctrlr_key: Some(key(2)),
+        ..Default::default()
+    };
+    assert_eq!(
+        gw.add_host(host.clone())
+            .await
+            .expect("add")
+            .get_ref()
+            .status,
+        0
+    );
+    assert_eq!(
+        gw.add_host(host.clone())
+            .await
+            .expect("again")
+            .get_ref()
+            .status,
+        EEXIST
+    );
+    let stored = f.cp.state().hosts[&(NQN.to_string(), NODE.to_string())].clone();
+    assert_eq!(stored.mode(), "bidirectional");
+    let hosts = gw
+        .list_hosts(pb::ListHostsReq {
+            subsystem: NQN.into(),
+            clear_alerts: None,
+        })
+        .await
+        .expect("hosts")
+        .into_inner();
+    assert_eq!(hosts.hosts.len(), 1);
+    assert_eq!(
+        (hosts.hosts[0].nqn.as_str(), hosts.hosts[0].use_dhchap),
+        (NODE, Some(true))
+    );
+    assert_eq!(
+        hosts.hosts[0].dhchap_controller_origin,
+        Some(pb::DhchapControllerKeyOrigin::HostSpecific as i32)
+    );
+
+    // The node connects (its connection reaches the control plane in gw1's beacon).
+    beacon(&mut f.control, &[NODE]).await;
+    let conns = gw
+        .list_connections(pb::ListConnectionsReq {
+            subsystem: NQN.into(),
+            clear_alerts: None,
+        })
+        .await
+        .expect("connections")
+        .into_inner();
+    assert_eq!(conns.connections.len(), 1);
+    let c = &conns.connections[0];
+    assert_eq!(
+        (
+            c.nqn.as_str(),
+            c.connected,
+            c.traddr.as_str(),
+            c.trsvcid,
+            c.qpairs_count
+        ),
+        (NODE, true, "127.0.0.1", 4420, 3)
+    );
+
+    // ControllerExpand: to 2 GiB (MiB in the request); the same size again changes nothing;
+    // a shrink is refused.
+    let resize = |mib: u64| pb::NamespaceResizeReq {
+        subsystem_nqn: NQN.into(),
+        nsid: 1,
+        new_size: mib,
+        ..Default::default()
+    };
+    assert_eq!(
+        gw.namespace_resize(resize(2048))
+            .await
+            .expect("grow")
+            .get_ref()
+            .status,
+        0
+    );
+    assert_eq!(
+        f.backend.sizes.lock().expect("sizes").get("rbd/img1"),
+        Some(&(2 * GIB))
+    );
+    assert_eq!(
+        gw.namespace_resize(resize(2048))
+            .await
+            .expect("same")
+            .get_ref()
+            .status,
+        0
+    );
+    let shrink = gw
+        .namespace_resize(resize(1024))
+        .await
+        .expect("shrink")
+        .into_inner();
+    assert_eq!(shrink.status, EINVAL, "{shrink:?}");
+
+    // ControllerUnpublish: the node disconnected (NodeUnstage runs first), then remove_host;
+    // a second remove_host answers ENOENT.
+    beacon(&mut f.control, &[]).await;
+    let remove = pb::RemoveHostReq {
+        subsystem_nqn: NQN.into(),
+        host_nqn: NODE.into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        gw.remove_host(remove.clone())
+            .await
+            .expect("rm")
+            .get_ref()
+            .status,
+        0
+    );
+    assert_eq!(
+        gw.remove_host(remove)
+            .await
+            .expect("again")
+            .get_ref()
+            .status,
+        ENOENT
+    );
+    assert!(f.cp.state().hosts.is_empty());
+
+    // DeleteVolume: namespace_delete (ENODEV once gone), then the listeners and the subsystem
+    // (ENOENT once gone); a namespace of a deleted subsystem: ENOENT.
+    let del = |nsid| pb::NamespaceDeleteReq {
+        subsystem_nqn: NQN.into(),
+        nsid,
+        ..Default::default()
+    };
+    for nsid in [1, 2] {
+        assert_eq!(
+            gw.namespace_delete(del(nsid))
+                .await
+                .expect("del")
+                .get_ref()
+                .status,
+            0
+        );
+    }
+    assert_eq!(
+        gw.namespace_delete(del(1))
+            .await
+            .expect("again")
+            .get_ref()
+            .status,
+        ENODEV
+    );
+    for host_name in ["gw1", "gw9"] {
+        let l = listener_req(host_name);
+        let req = pb::DeleteListenerReq {
+            nqn: l.nqn,
+            host_name: l.host_name,
+            traddr: l.traddr,
+            adrfam: l.adrfam,
+            trsvcid: l.trsvcid,
+            force: Some(true),
+        };
+        assert_eq!(
+            gw.delete_listener(req.clone())
+                .await
+                .expect("del")
+                .get_ref()
+                .status,
+            0
+        );
+        assert_eq!(
+            gw.delete_listener(req)
+                .await
+                .expect("again")
+                .get_ref()
+                .status,
+            ENOENT
+        );
+    }
+    let del_sub = pb::DeleteSubsystemReq {
+        subsystem_nqn: NQN.into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        gw.delete_subsystem(del_sub.clone())
+            .await
+            .expect("del")
+            .get_ref()
+            .status,
+        0
+    );
+    assert_eq!(
+        gw.delete_subsystem(del_sub)
+            .await
+            .expect("again")
+            .get_ref()
+            .status,
+        ENOENT
+    );
+    assert_eq!(
+        gw.namespace_delete(del(1))
+            .await
+            .expect("gone")
+            .get_ref()
+            .status,
+        ENOENT
+    );
+    let st = f.cp.state();
+    assert!(st.subsystems.is_empty() && st.namespaces.is_empty() && st.listeners.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_its_errno_and_changes_nothing() {
+    let mut f = start().await;
+    let gw = &mut f.gw;
+    assert_eq!(
+        gw.create_subsystem(subsystem_req(NQN))
+            .await
+            .expect("create")
+            .get_ref()
+            .status,
+        0
+    );
+    assert_eq!(
+        gw.namespace_add(namespace_req("img1", 512))
+            .await
+            .expect("ns")
+            .get_ref()
+            .status,
+        0
+    );
+    let before = config(&f.cp);
+    let version = f.cp.state().version;
+
+    let mut refusals: Vec<(&str, i32, String, i32, &str)> = Vec::new();
+    let mut check =
+        |what: &'static str, status: i32, message: String, want: i32, says: &'static str| {
+            refusals.push((what, status, message, want, says));
+        };
+
+    let r = gw
+        .create_subsystem(subsystem_req("not an nqn"))
+        .await
+        .expect("rpc")
+        .into_inner();
+    check(
+        "bad subsystem NQN",
+        r.status,
+        r.error_message,
+        EINVAL,
+        "invalid subsystem NQN",
+    );
+    let r = gw
+        .create_subsystem(subsystem_req(NQN))
+        .await
+        .expect("rpc")
+        .into_inner();
+    check(
+        "existing subsystem",
+        r.status,
+        r.error_message,
+        EEXIST,
+        "already exists",
+    );
+    let mut unknown = namespace_req("img2", 512);
+    unknown.subsystem_nqn = "nqn.2016-06.io.test:unknown".into();
+    let r = gw.namespace_add(unknown).await.expect("rpc").into_inner();
+    check(
+        "unknown subsystem",
+        r.status,
+        r.error_message,
+        ENOENT,
+        "not found",
+    );
+    let mut dup = namespace_req("img2", 512);
+    dup.nsid = Some(1);
+    let r = gw.namespace_add(dup).await.expect("rpc").into_inner();
+    check(
+        "duplicate NSID",
+        r.status,
+        r.error_message,
+        EEXIST,
+        "namespace 1 already exists",
+    );
+    let r = gw
+        .namespace_add(namespace_req("img1", 512))
+        .await
+        .expect("rpc")
+        .into_inner();
+    check(
+        "image already a namespace",
+        r.status,
+        r.error_message,
+        EEXIST,
+        "already namespace 1",
+    );
+    let r = gw
+        .namespace_add(namespace_req("img2", 1024))
+        .await
+        .expect("rpc")
+        .into_inner();
+    check(
+        "block size",
+        r.status,
+        r.error_message,
+        EINVAL,
+        "block size 1024",
+    );
+    let r = gw
+        .namespace_add(namespace_req("no-such", 512))
+        .await
+        .expect("rpc")
+        .into_inner();
+    check(
+        "missing image",
+        r.status,
+        r.error_message,
+        ENOENT,
+        "image rbd/no-such not found",
+    );
+    let mut uuid = namespace_req("img2", 512);
+    uuid.uuid = Some("8d6f1c5e-0000-4000-8000-000000000001".into());
+    let r = gw.namespace_add(uuid).await.expect("rpc").into_inner();
+    check(
+        "chosen UUID",
+        r.status,
+        r.error_message,
+        EOPNOTSUPP,
+        "chosen namespace UUID",
+    );
+
+    let host = |host_nqn: &str, k: &str, c: &str| pb::AddHostReq {
+        subsystem_nqn: NQN.into(),
+        host_nqn: host_nqn.into(),
+        dhchap_key: Some(k.into()),
+        dhchap_ctrlr_key: Some(c.into()),
+        ..Default::default()
+    };
+    let r = gw
+        .add_host(host("nqn.bad host", "", ""))
+        .await
+        .expect("rpc")
+        .into_inner();
+    check(
+        "bad host NQN",
+        r.status,
+        r.error_message,
+        EINVAL,
+        "invalid host NQN",
+    );
+    let mut bad_key = key(3);
+    bad_key.replace_range(14..15, if &bad_key[14..15] == "A" { "B" } else { "A" });
+    let r = gw
+        .add_host(host(NODE, &bad_key, ""))
+        .await
+        .expect("rpc")
+        .into_inner();
+    check(
+        "bad key",
+        r.status,
+        r.error_message,
+        EINVAL,
+        "invalid dhchap_key",
+    );
+    let r = gw
+        .add_host(host(NODE, "", &key(4)))
+        .await
+        .expect("rpc")
+        .into_inner();
+    check(
+        "controller key alone",
+        r.status,
+        r.error_message,
+        EINVAL,
+        "invalid dhchap_ctrlr_key",
+    );
+    let mut psk = host(NODE, "", "");
+    psk.psk = Some("NVMeTLSkey-1:01:AAAA:".into());
+    let r = gw.add_host(psk).await.expect("rpc").into_inner();
+    check("TLS PSK", r.status, r.error_message, EOPNOTSUPP, "TLS PSK");
+    let r = gw
+        .add_host(host("*", &key(5), ""))
+        .await
+        .expect("rpc")
+        .into_inner();
+    check(
+        "keys for any host",
+        r.status,
+        r.error_message,
+        EINVAL,
+        "any host",
+    );
+    let r = gw
+        .remove_host(pb::RemoveHostReq {
+            subsystem_nqn: NQN.into(),
+            host_nqn: NODE.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("rpc")
+        .into_inner();
+    check(
+        "host not allowed",
+        r.status,
+        r.error_message,
+        ENOENT,
+        "not allowed",
+    );
+
+    let mut ipv6 = listener_req("gw1");
+    ipv6.adrfam = Some(pb::AddressFamily::Ipv6 as i32);
+    let r = gw.create_listener(ipv6).await.expect("rpc").into_inner();
+    check(
+        "address of the other family",
+        r.status,
+        r.error_message,
+        EINVAL,
+        "not of family ipv6",
+    );
+    let mut secure = listener_req("gw1");
+    secure.secure = Some(true);
+    let r = gw.create_listener(secure).await.expect("rpc").into_inner();
+    check(
+        "secure listener",
+        r.status,
+        r.error_message,
+        EOPNOTSUPP,
+        "TLS",
+    );
+    let mut masked = subsystem_req("nqn.2016-06.io.test:masked");
+    masked.network_mask = vec!["10.0.0.0/24".into()];
+    let r = gw.create_subsystem(masked).await.expect("rpc").into_inner();
+    check(
+        "network_mask",
+        r.status,
+        r.error_message,
+        EOPNOTSUPP,
+        "network_mask",
+    );
+    let r = gw
+        .delete_subsystem(pb::DeleteSubsystemReq {
+            subsystem_nqn: NQN.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("rpc")
+        .into_inner();
+    check(
+        "subsystem with namespaces",
+        r.status,
+        r.error_message,
+        EBUSY,
+        "still has 1 namespace",
+    );
+
+    // Keys never show in a refusal.
+    let secret_part = &bad_key[10..50];
+    for (what, status, message, want, says) in &refusals {
+        assert_eq!(status, want, "{what}: {message}");
+        assert!(
+            message.contains(says),
+            "{what}: {message:?} does not say {says:?}"
+        );
+        assert!(
+            !message.contains(secret_part),
+            "{what}: the message shows a key"
+        );
+    }
+    assert_eq!(config(&f.cp), before, "a refused request changed the state");
+    assert_eq!(
+        f.cp.state().version,
+        version,
+        "a refused request wrote the state"
+    );
+}
+
+/// QoS limits, per-host visibility and image creation through the API (and their refusals,
+/// state unchanged), I/O stats answered EOPNOTSUPP (after the namespace is found), a host
+/// with connections is removed with EBUSY (as ceph-nvmeof answers; ceph-csi takes it as
+/// done), `*` opens the subsystem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_visibility_images_busy_hosts_and_any_host() {
+    let mut f = start().await;
+    let gw = &mut f.gw;
+    assert_eq!(
+        gw.create_subsystem(subsystem_req(NQN))
+            .await
+            .expect("create")
+            .get_ref()
+            .status,
+        0
+    );
+    assert_eq!(
+        gw.namespace_add(namespace_req("img1", 512))
+            .await
+            .expect("ns")
+            .get_ref()
+            .status,
+        0
+    );
+    let before = config(&f.cp);
+
+    // QoS: set (read back by list_namespaces), cleared by 0; a bad limit EINVAL, a missing
+    // namespace ENODEV, both leaving the state.
+    let qos = |nsid, iops| pb::NamespaceSetQosReq {
+        subsystem_nqn: NQN.into(),
+        nsid,
+        rw_ios_per_second: Some(iops),
+        w_mbytes_per_second: Some(50),
+        ..Default::default()
+    };
+    let r = gw
+        .namespace_set_qos_limits(qos(1, 1000))
+        .await
+        .expect("qos")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    let listed = |gw: &mut GatewayClient<Channel>| {
+        let mut gw = gw.clone();
+        async move {
+            gw.list_namespaces(pb::ListNamespacesReq {
+                subsystem: NQN.into(),
+                nsid: Some(1),
+                uuid: None,
+            })
+            .await
+            .expect("list")
+            .into_inner()
+            .namespaces
+            .remove(0)
+        }
+    };
+    let ns = listed(gw).await;
+    assert_eq!((ns.rw_ios_per_second, ns.w_mbytes_per_second), (1000, 50));
+    let limited = config(&f.cp);
+    for (what, req, want) in [
+        ("absurd IOPS", qos(1, 1 << 40), EINVAL),
+        ("IOPS below the minimum", qos(1, 3), EINVAL),
+        ("missing namespace", qos(7, 1000), ENODEV),
+    ] {
+        let r = gw
+            .namespace_set_qos_limits(req)
+            .await
+            .expect("qos")
+            .into_inner();
+        assert_eq!(r.status, want, "{what}: {r:?}");
+        assert_eq!(config(&f.cp), limited, "{what} changed the state");
+    }
+    let r = gw
+        .namespace_set_qos_limits(pb::NamespaceSetQosReq {
+            subsystem_nqn: NQN.into(),
+            nsid: 1,
+            rw_ios_per_second: Some(0),
+            w_mbytes_per_second: Some(0),
+            ..Default::default()
+        })
+        .await
+        .expect("qos")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(
+        f.cp.state().namespaces,
+        before.namespaces,
+        "limits cleared: the namespaces as before"
+    );
+
+    // Per-host visibility: a namespace added no_auto_visible is listed with no host, gains
+    // and loses one; twice answers EEXIST / ENOENT; on an auto-visible one EINVAL.
+    let mut hidden = namespace_req("img2", 512);
+    hidden.no_auto_visible = Some(true);
+    let added = gw.namespace_add(hidden).await.expect("rpc").into_inner();
+    assert_eq!((added.status, added.nsid), (0, 2), "{added:?}");
+    let ns_host = |nsid| pb::NamespaceAddHostReq {
+        subsystem_nqn: NQN.into(),
+        nsid,
+        host_nqn: NODE.into(),
+        force: None,
+    };
+    let ns_del_host = |nsid| pb::NamespaceDeleteHostReq {
+        subsystem_nqn: NQN.into(),
+        nsid,
+        host_nqn: NODE.into(),
+    };
+    for (what, nsid, want) in [
+        ("add host", 2, 0),
+        ("add host again", 2, EEXIST),
+        ("add host to an auto-visible namespace", 1, EINVAL),
+    ] {
+        let r = gw
+            .namespace_add_host(ns_host(nsid))
+            .await
+            .expect("rpc")
+            .into_inner();
+        assert_eq!(r.status, want, "{what}: {r:?}");
+    }
+    let entry = &f.cp.state().namespaces[&(NQN.to_string(), 2)];
+    assert!(entry.no_auto_visible);
+    assert_eq!(entry.hosts.iter().collect::<Vec<_>>(), vec![NODE]);
+    for (what, want) in [("delete host", 0), ("delete host again", ENOENT)] {
+        let r = gw
+            .namespace_delete_host(ns_del_host(2))
+            .await
+            .expect("rpc")
+            .into_inner();
+        assert_eq!(r.status, want, "{what}: {r:?}");
+    }
+    assert!(f.cp.state().namespaces[&(NQN.to_string(), 2)]
+        .hosts
+        .is_empty());
+
+    // create_image: the image made, then the namespace; again EEXIST; no size EINVAL.
+    let mut create = namespace_req("new-image", 512);
+    create.create_image = Some(true);
+    create.size = Some(GIB);
+    let r = gw
+        .namespace_add(create.clone())
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!((r.status, r.nsid), (0, 3), "{r:?}");
+    let made = config(&f.cp);
+    create.nsid = Some(9);
+    let r = gw
+        .namespace_add(create.clone())
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, EEXIST, "image exists: {r:?}");
+    create.rbd_image_name = "other-image".into();
+    create.size = None;
+    let r = gw.namespace_add(create).await.expect("rpc").into_inner();
+    assert_eq!(r.status, EINVAL, "no size: {r:?}");
+    assert_eq!(config(&f.cp), made, "refusals changed the state");
+    let stats = gw
+        .namespace_get_io_stats(pb::NamespaceGetIoStatsReq {
+            subsystem_nqn: NQN.into(),
+            nsid: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("stats")
+        .into_inner();
+    assert_eq!(stats.status, EOPNOTSUPP);
+    assert!(stats.error_message.contains("nvmeof_namespace_ops_total"));
+
+    // A host still connected: removed (the gateways close its controllers), EBUSY says it
+    // was; with keep_connections it is refused and stays.
+    let add = |host: &str| pb::AddHostReq {
+        subsystem_nqn: NQN.into(),
+        host_nqn: host.into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        gw.add_host(add(NODE)).await.expect("add").get_ref().status,
+        0
+    );
+    beacon(&mut f.control, &[NODE]).await;
+    let keep = pb::RemoveHostReq {
+        subsystem_nqn: NQN.into(),
+        host_nqn: NODE.into(),
+        keep_connections: Some(true),
+        ..Default::default()
+    };
+    assert_eq!(
+        gw.remove_host(keep).await.expect("rm").get_ref().status,
+        EOPNOTSUPP
+    );
+    assert_eq!(f.cp.state().hosts_of(NQN), vec![NODE.to_string()]);
+    let busy = gw
+        .remove_host(pb::RemoveHostReq {
+            subsystem_nqn: NQN.into(),
+            host_nqn: NODE.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("rm")
+        .into_inner();
+    assert_eq!(busy.status, EBUSY, "{busy:?}");
+    assert!(busy.error_message.contains("removed"), "{busy:?}");
+    assert!(f.cp.state().hosts_of(NQN).is_empty());
+    // With force, a connected host's removal answers 0.
+    assert_eq!(
+        gw.add_host(add(NODE)).await.expect("add").get_ref().status,
+        0
+    );
+    let forced = pb::RemoveHostReq {
+        subsystem_nqn: NQN.into(),
+        host_nqn: NODE.into(),
+        force: Some(true),
+        ..Default::default()
+    };
+    assert_eq!(
+        gw.remove_host(forced).await.expect("rm").get_ref().status,
+        0
+    );
+
+    // `*`: any host, and back; twice answers EEXIST / ENOENT.
+    assert_eq!(
+        gw.add_host(add("*")).await.expect("any").get_ref().status,
+        0
+    );
+    assert!(f.cp.state().subsystems[NQN].allow_any_host);
+    assert_eq!(
+        gw.add_host(add("*")).await.expect("any").get_ref().status,
+        EEXIST
+    );
+    let hosts = gw
+        .list_hosts(pb::ListHostsReq {
+            subsystem: NQN.into(),
+            clear_alerts: None,
+        })
+        .await
+        .expect("hosts")
+        .into_inner();
+    assert!(hosts.allow_any_host);
+    let closed = pb::RemoveHostReq {
+        subsystem_nqn: NQN.into(),
+        host_nqn: "*".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        gw.remove_host(closed.clone())
+            .await
+            .expect("close")
+            .get_ref()
+            .status,
+        0
+    );
+    assert!(!f.cp.state().subsystems[NQN].allow_any_host);
+    assert_eq!(
+        gw.remove_host(closed)
+            .await
+            .expect("close")
+            .get_ref()
+            .status,
+        ENOENT
+    );
+
+    let info = gw
+        .get_gateway_info(pb::GetGatewayInfoReq {
+            cli_version: Some("1.5.0".into()),
+        })
+        .await
+        .expect("info")
+        .into_inner();
+    assert_eq!((info.status, info.bool_status), (0, true));
+    assert_eq!(info.name, "csi-test");
+    assert_eq!(info.cli_version, "1.5.0");
+    assert_eq!(info.gateway_initialization_over, Some(true));
+    assert_eq!(
+        info.max_namespaces_per_subsystem,
+        Some(state::DEFAULT_MAX_NAMESPACES)
+    );
+}
+
+/// The method paths are `/Gateway/<name>` (no proto package), checked with a raw call that
+/// does not go through the generated client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn methods_are_served_at_package_less_paths() {
+    let f = start().await;
+    drop(f.gw);
+    let addr = test_support::serve_plain(f.cp.clone()).await;
+    let mut grpc = tonic::client::Grpc::new(plain_channel(&addr).await);
+    grpc.ready().await.expect("ready");
+    let reply: tonic::Response<pb::SubsystemsInfoCli> = grpc
+        .unary(
+            tonic::Request::new(pb::ListSubsystemsReq::default()),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/Gateway/list_subsystems"),
+            tonic::codec::ProstCodec::default(),
+        )
+        .await
+        .expect("/Gateway/list_subsystems answered");
+    assert_eq!(reply.get_ref().status, 0);
+    // A method of the API this gateway does not serve: UNIMPLEMENTED.
+    grpc.ready().await.expect("ready");
+    let missing: Result<tonic::Response<pb::ReqStatus>, _> = grpc
+        .unary(
+            tonic::Request::new(pb::ListSubsystemsReq::default()),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/Gateway/set_ana_state"),
+            tonic::codec::ProstCodec::default(),
+        )
+        .await;
+    assert_eq!(
+        missing.expect_err("unserved").code(),
+        tonic::Code::Unimplemented
+    );
+}
+
+/// With mTLS on, the API is behind it like the Admin API.
+#[tokio::test]
+async fn the_api_is_behind_the_same_mtls() {
+    let pki = TestPki::create("cp-tls-ceph-api");
+    let addr = serve_in_memory_over_tls(&pki.server, "tls-ceph-api").await;
+    let list = |files: tls::TlsFiles| {
+        let addr = addr.clone();
+        async move {
+            let config = tls::client_tls_config(&files, None).map_err(|e| e.to_string())?;
+            let channel = tls::client_endpoint(&addr, config.as_ref())
+                .map_err(|e| e.to_string())?
+                .connect_timeout(Duration::from_secs(3))
+                .timeout(Duration::from_secs(5))
+                .connect()
+                .await
+                .map_err(|e| tls::chain(&e))?;
+            GatewayClient::new(channel)
+                .list_subsystems(pb::ListSubsystemsReq::default())
+                .await
+                .map(|r| r.into_inner().status)
+                .map_err(|s| tls::chain(&s))
+        }
+    };
+    assert_eq!(list(pki.client.clone()).await, Ok(0));
+    let without_certificate = tls::TlsFiles {
+        ca: Some(pki.ca.clone()),
+        cert: None,
+        key: None,
+    };
+    assert!(list(without_certificate).await.is_err());
+    assert!(list(pki.stranger.clone()).await.is_err());
+    assert!(
+        list(tls::TlsFiles::default()).await.is_err(),
+        "plain text served"
+    );
+}

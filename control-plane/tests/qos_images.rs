@@ -1,0 +1,303 @@
+//! Per-namespace QoS limits and the image lifecycle (`namespace add --create-image`, `namespace
+//! del --delete-image`) through the admin API, with the in-process state backend: limits set,
+//! changed, cleared and refused (state unchanged), kept in the group state and pushed in the
+//! assignment; images created and removed, and the refusals that leave everything as it was.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use control_plane::ana::Timing;
+use control_plane::proto;
+use control_plane::proto::admin_client::AdminClient;
+use control_plane::proto::gateway_control_client::GatewayControlClient;
+use control_plane::server::{ControlPlane, Options};
+use control_plane::store::{MemoryBackend, Store};
+use control_plane::test_support::{self, add_subsystem_open_to_any_host, plain_channel};
+use tonic::transport::Channel;
+use tonic::Code;
+
+const NQN: &str = "nqn.2016-06.io.test:qos";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-000000000001";
+
+struct Fixture {
+    backend: Arc<MemoryBackend>,
+    cp: Arc<ControlPlane>,
+    admin: AdminClient<Channel>,
+    gateways: GatewayControlClient<Channel>,
+}
+
+async fn start() -> Fixture {
+    let backend = test_support::memory_backend_with_images(["rbd/img1"].map(String::from));
+    let options = Options {
+        timing: Timing {
+            grace_ms: 600,
+            failback_delay_ms: 200,
+        },
+        lease: Duration::from_secs(3),
+        tick: Duration::from_millis(50),
+    };
+    let cp = test_support::start_replica(Store::new(backend.clone()), "test", options).await;
+    let addr = test_support::serve_plain(cp.clone()).await;
+    test_support::wait_for_lease(&cp, Duration::from_secs(5)).await;
+    let mut admin = AdminClient::new(plain_channel(&addr).await);
+    let mut gateways = GatewayControlClient::new(plain_channel(&addr).await);
+    beacon(&mut gateways, false).await;
+    add_subsystem_open_to_any_host(&mut admin, NQN).await;
+    Fixture {
+        backend,
+        cp,
+        admin,
+        gateways,
+    }
+}
+
+/// gw1's beacon, with a host connected to the subsystem or not.
+async fn beacon(g: &mut GatewayControlClient<Channel>, connected: bool) {
+    g.send_beacon(proto::Beacon {
+        gateway: "gw1".into(),
+        ana_group: 1,
+        incarnation: 1,
+        client_addrs: vec!["127.0.0.1:0/1".into()],
+        applied_version: 0,
+        connections: if connected {
+            vec![proto::Connection {
+                gateway: String::new(),
+                subsystem_nqn: NQN.into(),
+                host_nqn: HOST.into(),
+                cntlid: 1,
+                io_queues: 1,
+            }]
+        } else {
+            Vec::new()
+        },
+    })
+    .await
+    .expect("beacon");
+}
+
+fn add(image: &str, create: bool, size: u64) -> proto::NamespaceAddRequest {
+    proto::NamespaceAddRequest {
+        subsystem_nqn: NQN.into(),
+        pool: "rbd".into(),
+        image: image.into(),
+        create_image: create,
+        size_bytes: size,
+        ..Default::default()
+    }
+}
+
+fn set_qos(nsid: u32, limits: proto::QosLimits) -> proto::NamespaceSetQosRequest {
+    proto::NamespaceSetQosRequest {
+        subsystem_nqn: NQN.into(),
+        nsid,
+        limits: Some(limits),
+    }
+}
+
+async fn limits_of(a: &mut AdminClient<Channel>, nsid: u32) -> Option<proto::QosLimits> {
+    a.namespace_list(proto::NamespaceListRequest::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .namespaces
+        .into_iter()
+        .find(|n| n.nsid == nsid)
+        .expect("namespace listed")
+        .qos
+}
+
+fn code<T>(r: Result<T, tonic::Status>) -> Code {
+    r.err().map(|s| s.code()).unwrap_or(Code::Ok)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_limits_are_set_changed_cleared_and_pushed() {
+    let mut f = start().await;
+    let a = &mut f.admin;
+    a.namespace_add(proto::NamespaceAddRequest {
+        qos: Some(proto::QosLimits {
+            w_megabytes_per_second: Some(50),
+            ..Default::default()
+        }),
+        ..add("img1", false, 0)
+    })
+    .await
+    .expect("added with a limit");
+    assert_eq!(
+        limits_of(a, 1).await.and_then(|l| l.w_megabytes_per_second),
+        Some(50)
+    );
+    a.namespace_set_qos(set_qos(
+        1,
+        proto::QosLimits {
+            rw_ios_per_second: Some(2000),
+            ..Default::default()
+        },
+    ))
+    .await
+    .expect("set");
+    let now = limits_of(a, 1).await.expect("limited");
+    assert_eq!(
+        (now.rw_ios_per_second, now.w_megabytes_per_second),
+        (Some(2000), Some(50)),
+        "a limit not named stays"
+    );
+    // Pushed to the gateways with the namespace.
+    let pushed = f.cp.assignment("gw1").expect("assignment");
+    let ns = &pushed.namespaces[0];
+    assert_eq!(
+        ns.qos.as_ref().and_then(|q| q.rw_ios_per_second),
+        Some(2000)
+    );
+
+    // Refused: state unchanged.
+    let before = f.cp.snapshot().version;
+    for (request, want) in [
+        (
+            set_qos(
+                1,
+                proto::QosLimits {
+                    rw_ios_per_second: Some(5),
+                    ..Default::default()
+                },
+            ),
+            Code::InvalidArgument,
+        ),
+        (
+            set_qos(
+                1,
+                proto::QosLimits {
+                    r_megabytes_per_second: Some(u64::MAX),
+                    ..Default::default()
+                },
+            ),
+            Code::InvalidArgument,
+        ),
+        (
+            set_qos(
+                7,
+                proto::QosLimits {
+                    rw_ios_per_second: Some(1000),
+                    ..Default::default()
+                },
+            ),
+            Code::NotFound,
+        ),
+    ] {
+        let got = a.namespace_set_qos(request).await;
+        let message = got.as_ref().err().map(|s| s.message().to_string());
+        assert_eq!(code(got), want, "{message:?}");
+    }
+    assert_eq!(f.cp.snapshot().version, before, "nothing written");
+    assert_eq!(
+        limits_of(a, 1).await.and_then(|l| l.rw_ios_per_second),
+        Some(2000)
+    );
+
+    // 0 clears; all cleared: no limits at all.
+    a.namespace_set_qos(set_qos(
+        1,
+        proto::QosLimits {
+            rw_ios_per_second: Some(0),
+            w_megabytes_per_second: Some(0),
+            ..Default::default()
+        },
+    ))
+    .await
+    .expect("cleared");
+    assert_eq!(limits_of(a, 1).await, None);
+    // Kept in the stored state: a fresh load has what the replica has.
+    let stored = Store::new(f.backend.clone()).load().expect("load");
+    assert!(stored.namespaces.values().all(|n| n.qos.is_unlimited()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_are_created_and_deleted_with_their_namespaces() {
+    let mut f = start().await;
+    let a = &mut f.admin;
+    let size = 64 << 20;
+    a.namespace_add(add("fresh", true, size))
+        .await
+        .expect("created and added");
+    assert!(f.backend.images.lock().unwrap().contains("rbd/fresh"));
+    assert_eq!(
+        f.backend.sizes.lock().unwrap().get("rbd/fresh"),
+        Some(&size)
+    );
+
+    let before = f.cp.snapshot().version;
+    for (request, want) in [
+        // It exists now.
+        (add("img1", true, size), Code::AlreadyExists),
+        // No size, or not a multiple of the block size.
+        (add("other", true, 0), Code::InvalidArgument),
+        (add("other", true, 1000), Code::InvalidArgument),
+        // A size without --create-image.
+        (add("img1", false, size), Code::InvalidArgument),
+        // Not there and not to be created.
+        (add("missing", false, 0), Code::NotFound),
+    ] {
+        let got = a.namespace_add(request).await;
+        let message = got.as_ref().err().map(|s| s.message().to_string());
+        assert_eq!(code(got), want, "{message:?}");
+    }
+    f.backend.pools.lock().unwrap().insert("rbd".into());
+    let got = a
+        .namespace_add(proto::NamespaceAddRequest {
+            pool: "nopool".into(),
+            ..add("x", true, size)
+        })
+        .await;
+    let status = got.expect_err("no pool");
+    assert_eq!(status.code(), Code::NotFound);
+    assert!(
+        status.message().contains("pool \"nopool\" not found"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(f.cp.snapshot().version, before, "nothing written");
+    assert!(!f.backend.images.lock().unwrap().contains("rbd/other"));
+
+    // A host connected: --delete-image refused unless forced; the namespace stays.
+    beacon(&mut f.gateways, true).await;
+    let del = |force| proto::NamespaceDelRequest {
+        subsystem_nqn: NQN.into(),
+        nsid: 1,
+        delete_image: true,
+        force,
+    };
+    let refused = a.namespace_del(del(false)).await.expect_err("connected");
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(refused.message().contains(HOST), "{}", refused.message());
+    assert_eq!(f.cp.snapshot().version, before, "nothing written");
+    assert!(f.backend.images.lock().unwrap().contains("rbd/fresh"));
+
+    // Forced: namespace and image go. The image is still open by a client for a while: the
+    // deletion waits for it to close.
+    f.backend
+        .busy_images
+        .lock()
+        .unwrap()
+        .insert("rbd/fresh".into());
+    let backend = f.backend.clone();
+    let closer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        backend.busy_images.lock().unwrap().clear();
+    });
+    a.namespace_del(del(true)).await.expect("forced");
+    closer.await.expect("closer");
+    assert!(!f.backend.images.lock().unwrap().contains("rbd/fresh"));
+    assert!(f.cp.snapshot().namespaces.is_empty());
+
+    // Without --delete-image the image stays.
+    beacon(&mut f.gateways, false).await;
+    a.namespace_add(add("img1", false, 0)).await.expect("added");
+    a.namespace_del(proto::NamespaceDelRequest {
+        subsystem_nqn: NQN.into(),
+        nsid: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("deleted");
+    assert!(f.backend.images.lock().unwrap().contains("rbd/img1"));
+}
