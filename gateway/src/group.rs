@@ -127,6 +127,9 @@ pub struct GroupClientsState {
     /// Groups that were served here (optimized or change) and then taken away: the control
     /// plane may have fenced this gateway's clients for them since.
     lost: Mutex<BTreeSet<u32>>,
+    /// Lost groups given fresh clients since they were taken away (for new namespaces, or
+    /// on a fence notice): not refreshed again for the next new namespace.
+    fresh_while_lost: Mutex<BTreeSet<u32>>,
     /// The configuration state version of the last assignment applied (beaconed: a
     /// namespace move waits for the old group's gateway to reach it).
     applied_state: AtomicU64,
@@ -146,6 +149,12 @@ impl GroupClientsState {
 
     fn lost(&self) -> std::sync::MutexGuard<'_, BTreeSet<u32>> {
         self.lost.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fresh_while_lost(&self) -> std::sync::MutexGuard<'_, BTreeSet<u32>> {
+        self.fresh_while_lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// This gateway was told it is fenced: the clients of every group it does not serve
@@ -168,11 +177,53 @@ impl GroupClientsState {
         for g in pool.connected_groups() {
             if g != 0 && !served.contains(&g) {
                 self.lost().insert(g);
+                self.fresh_while_lost().insert(g);
                 let retired = pool.retire_group(g);
                 tracing::warn!(
                     group = g,
                     retired,
                     "fenced: clients of a group not served here dropped"
+                );
+            }
+        }
+    }
+
+    /// Before the namespaces `a` adds are opened here: a group taken away from this gateway
+    /// (a failback or a move fences the gateway that held it) may have only blocklisted
+    /// clients left, on which an image does not open (ESHUTDOWN), so the new namespace would
+    /// stay unserved on this path. Such a group gets fresh clients first; it stays lost, so it
+    /// is refreshed again before it turns optimized here (its older images are still on the
+    /// fenced clients). A group served here keeps its clients.
+    pub fn refresh_lost_groups_before_opening(&self, target: &Target, a: &Assignment) {
+        let Some(pool) = self.pool() else {
+            return;
+        };
+        let groups: BTreeSet<u32> = a
+            .namespaces
+            .iter()
+            .filter(|n| n.ana_group != 0)
+            .filter(|n| {
+                target
+                    .subsystem(&n.subsystem_nqn)
+                    .is_none_or(|s| s.namespace(n.nsid).is_none())
+            })
+            .map(|n| n.ana_group)
+            .collect();
+        for g in groups {
+            let served = target
+                .subsystems()
+                .iter()
+                .filter(|s| !s.is_discovery())
+                .any(|s| matches!(s.ana_state(g), ana::OPTIMIZED | ana::CHANGE));
+            if served || !self.lost().contains(&g) || !self.fresh_while_lost().insert(g) {
+                continue;
+            }
+            let retired = pool.retire_group(g);
+            if retired > 0 {
+                tracing::info!(
+                    group = g,
+                    retired,
+                    "new namespaces of a group taken away from this gateway: opened on fresh clients (the old ones may be fenced)"
                 );
             }
         }
@@ -571,6 +622,7 @@ async fn assignment_loop(
                     match next {
                         Ok(Some(a)) => {
                             if let Some(config) = &settings.config {
+                                clients.refresh_lost_groups_before_opening(&target, &a);
                                 apply_config(&target, config, &a).await;
                                 apply_qos(&target, config, &a);
                                 apply_removals(&target, config, &a).await;
@@ -1216,6 +1268,7 @@ pub async fn apply_with_clients(
         {
             // Taken away from this gateway: its clients for the group may be fenced next.
             clients.lost().insert(g.ana_group);
+            clients.fresh_while_lost().remove(&g.ana_group);
         }
         if subsystems
             .iter()
@@ -1276,6 +1329,7 @@ pub async fn apply_with_clients(
                     continue;
                 }
                 clients.lost().remove(&g);
+                clients.fresh_while_lost().remove(&g);
             }
         }
         if target.reservations_persisted() && !load_reservations(&subsystems, g).await {

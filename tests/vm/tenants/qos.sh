@@ -11,7 +11,7 @@
 #                 nsid 2 keeps at least half its own unthrottled rate
 #   qos.bw        the same for bandwidth (64K reads, rw_megabytes_per_second)
 #   qos.failover  IOPS limit, kill -9 gw1, the path through gw2 optimized: the limit holds
-#                 there; gw1 started again
+#                 there; gw1 started again, and optimized again for the host (failback)
 #   qos.cleanup   disconnect; namespace del --delete-image (the image is gone: adding it back
 #                 without --create-image is refused); subsystem deleted
 # Rates: fio --output-format=json, 1 s ramp then 3 s measured.
@@ -155,6 +155,15 @@ qos_failover() {
   fi
   ask 60 start-gw 1 || ok=1
   both_available 60 > /dev/null || ok=1
+  # The host's path to the restarted gw1 is back (failback: optimized there again) before
+  # the part goes on: cleanup must not disconnect a controller still reconnecting.
+  if qos_optimized_via "${PORTS[0]}" 60; then say "failback: nsid 1 optimized through gw1 again"
+  else
+    say "nsid 1 not optimized through the restarted gw1 within 60 s; controllers:"
+    local c
+    for c in $(connected_ctrls "$QOS_NQN"); do say "  $c $(cat /sys/class/nvme/$c/state) $(cat /sys/class/nvme/$c/address)"; done
+    ok=1
+  fi
   return $ok
 }
 
