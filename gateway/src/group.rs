@@ -674,7 +674,7 @@ const PUSHED_PORT_ID_BASE: u16 = 0x8000;
 
 /// Secure channels as the control plane has them: which listeners the discovery log lists
 /// as secure, and which subsystems require TLS. Hosts' PSKs come with the host entries
-/// ([`pushed_hosts`]); whether this gateway's own sockets take TLS comes with them
+/// (`pushed_hosts`); whether this gateway's own sockets take TLS comes with them
 /// ([`own_listeners`]).
 pub fn apply_tls(target: &Target, a: &Assignment) {
     for l in a.group_listeners.iter().chain(&a.listeners) {

@@ -351,7 +351,7 @@ impl RetainedPsk {
 
     /// The TLS PSK for `identity`: HKDF-Expand-Label(HKDF-Extract(0, retained),
     /// "nvme-tls-psk", context, L), the context being the whole identity for version 0 and
-    /// "<hh> <digest>" for version 1. `None` when the identity names another hash than this
+    /// `<hh> <digest>` for version 1. `None` when the identity names another hash than this
     /// PSK's, or (version 1) a digest that is not this PSK's.
     pub fn tls_psk(&self, identity: &PskIdentity, encoding: LabelEncoding) -> Option<TlsPsk> {
         if identity.hash != self.hash {

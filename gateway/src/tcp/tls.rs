@@ -5,7 +5,7 @@
 //! The handshake comes first, before the ICReq: TLS 1.3 only (a TLS 1.2 offer is refused),
 //! the cipher suites TLS_AES_128_GCM_SHA256 and TLS_AES_256_GCM_SHA384, no certificate and
 //! so no handshake without a PSK, no session tickets (an NVMe queue is never resumed). The
-//! PSK is found from the identity the host offers ("NVMe0R01 <hostnqn> <subnqn>" ...; see
+//! PSK is found from the identity the host offers (`NVMe0R01 <hostnqn> <subnqn>` ...; see
 //! `nvme_auth::tls_psk`): the host's configured key in that subsystem, derived for that
 //! identity. A handshake that fails (no such host or key, a wrong key, a malformed or
 //! truncated ClientHello, plaintext NVMe/TCP, a stall past [`HANDSHAKE_TIMEOUT`]) closes that
