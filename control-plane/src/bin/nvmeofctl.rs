@@ -17,7 +17,7 @@ use tonic::transport::{Channel, ClientTlsConfig};
 #[path = "nvmeofctl/listing.rs"]
 mod listing;
 
-use listing::{ana_name, done, json, print_list, print_rows, table, GatewayRow, Output};
+use listing::{ana_name, done, json, print_list, print_rows, table, to_stdout, GatewayRow, Output};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "Manage an NVMe-oF gateway group")]
@@ -498,8 +498,7 @@ enum Failure {
 const EXIT_TLS: u8 = 4;
 
 fn main() -> ExitCode {
-    // `nvmeofctl ... | head`: end by SIGPIPE when the reader has gone, not by a panic.
-    sigpipe::reset();
+    // SIGPIPE stays ignored until the output is written (`listing::to_stdout`).
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -768,11 +767,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     added,
                     refused: None,
                 }),
-                Output::Table => println!(
-                    "{} namespaces added to {subsystem} in {:.2} s (state version {version})",
-                    lines.len(),
-                    started.elapsed().as_secs_f64(),
-                ),
+                Output::Table => {
+                    to_stdout();
+                    println!(
+                        "{} namespaces added to {subsystem} in {:.2} s (state version {version})",
+                        lines.len(),
+                        started.elapsed().as_secs_f64(),
+                    );
+                }
             }
         }
         Cmd::Namespace(NamespaceCmd::Del {
@@ -946,6 +948,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             match out {
                 Output::Json => json(&serde_json::json!({ "gateway": g, "ana_states": states })),
                 Output::Table => {
+                    to_stdout();
                     println!("gateway      {}", g.name);
                     println!("ANA group    {}", g.ana_group);
                     println!("state        {}", g.availability);
