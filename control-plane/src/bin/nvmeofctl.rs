@@ -104,6 +104,8 @@ enum SubsystemCmd {
 
 #[derive(Debug, Subcommand)]
 enum NamespaceCmd {
+    /// Adds a namespace: an RBD image (made first with --create-image) under an NSID.
+    // Without its own doc comment clap would take the flattened QosArgs' as its help.
     Add {
         #[arg(long, short = 'n')]
         subsystem: String,
