@@ -2,10 +2,11 @@
 //! hosts' PSKs only, and its queues carry I/O; wrong keys, a plaintext ICReq, a TLS 1.2
 //! offer and a truncated ClientHello are refused, each closing only its own connection; a
 //! subsystem requiring TLS refuses plain Connects, and a Connect over TLS must be the PSK
-//! identity's; the discovery log says which listener requires TLS. The client side is
-//! OpenSSL (a TLS PSK client relaying the Rust host's bytes), as the Linux host's tlshd
-//! (GnuTLS) is a different implementation of the same handshake; the real Linux host is in
-//! tests/vm/e2e-auth.sh.
+//! identity's; the discovery log says which listener requires TLS; a group gateway does the
+//! same with the settings the control plane pushes. The client side is OpenSSL (a TLS PSK
+//! client relaying the Rust host's bytes), as the Linux host's tlshd (GnuTLS) is a different
+//! implementation of the same handshake. The real Linux host (nvme-cli --tls with tlshd) is
+//! not tested yet: tests/vm/e2e-auth.sh covers DH-HMAC-CHAP only.
 
 mod common;
 
@@ -335,4 +336,137 @@ async fn secure_listener_serves_hosts_with_their_psk_and_refuses_the_rest() {
         assert!(!log.contains(&secret), "a key in the log");
     }
     assert!(gateway.terminate().success());
+}
+
+/// The same settings from a control plane (in memory) instead of the file: a group gateway
+/// whose file has no subsystem binds the secure listener `nvmeofctl listener add --secure`
+/// gives it as a TLS one, lets in the host with the PSK the control plane pushed, and
+/// refuses a plain Connect to the subsystem that requires TLS. The listener deleted and added
+/// again without `secure` is bound again as a plain one (a plain ICReq now reaches Connect).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_gateway_serves_tls_as_the_control_plane_sets_it() {
+    use common::poll_until;
+    use control_plane::proto::{self, admin_client::AdminClient};
+    use control_plane::store::Store;
+    use control_plane::test_support;
+
+    let backend = test_support::memory_backend_with_images(Vec::<String>::new());
+    let cp = test_support::start_replica(Store::new(backend), "test", Default::default()).await;
+    test_support::wait_for_lease(&cp, Duration::from_secs(10)).await;
+    let cp_addr = test_support::serve_plain(cp).await;
+    let mut admin = AdminClient::new(test_support::plain_channel(&cp_addr).await);
+
+    let dir = scratch_dir(&format!("nvmeof-group-tls-{}", std::process::id()));
+    let (plain, secure, metrics) = (free_port(), free_port(), free_port());
+    let config = format!(
+        r#"
+[gateway]
+name = "gw1"
+metrics_listen = "127.0.0.1:{metrics}"
+[group]
+control_plane = ["{cp_addr}"]
+ana_group = 1
+beacon_interval_ms = 200
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = {plain}
+"#
+    );
+    let gateway = GatewayProcess::spawn(&dir, "gw1", plain, &config);
+    gateway.wait_for_metrics(metrics).await;
+
+    admin
+        .subsystem_add(proto::SubsystemAddRequest {
+            nqn: SUBNQN.into(),
+            require_tls: true,
+            ..Default::default()
+        })
+        .await
+        .expect("subsystem");
+    let listener = |secure_flag: bool| proto::Listener {
+        subsystem_nqn: SUBNQN.into(),
+        gateway: "gw1".into(),
+        transport: "tcp".into(),
+        address: "127.0.0.1".into(),
+        port: u32::from(secure),
+        secure: secure_flag,
+    };
+    admin
+        .listener_add(listener(true))
+        .await
+        .expect("secure listener");
+    let key = psk(0x51);
+    admin
+        .host_add(proto::Host {
+            subsystem_nqn: SUBNQN.into(),
+            host_nqn: KEYED.into(),
+            psk: Some(proto::TlsPsk {
+                key: key.to_interchange().to_string(),
+                derivation: String::new(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("host with a PSK");
+
+    // Once the assignment is applied and the listener bound: TLS with the pushed key.
+    let proxy = tls_proxy(
+        secure,
+        offer(&key, KEYED, SUBNQN, 0, LabelEncoding::Rfc8446),
+    )
+    .await;
+    poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || {
+            try_connect_admin(loopback(proxy), &attach(KEYED, SUBNQN))
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("Connect over TLS: {e}"))
+        },
+    )
+    .await;
+    assert!(
+        tls_connect(
+            secure,
+            &offer(&psk(0x52), KEYED, SUBNQN, 0, LabelEncoding::Rfc8446)
+        )
+        .await
+        .is_err(),
+        "a wrong key must fail the handshake"
+    );
+    // require_tls pushed: the plain listener reaches Connect, which is refused.
+    let e = try_connect_admin(loopback(plain), &attach(KEYED, SUBNQN))
+        .await
+        .expect_err("TLS required");
+    assert!(matches!(e, HostError::Nvme(_)), "{e}");
+    assert_eq!(refusals(metrics, "tls_required"), 1.0);
+
+    // The listener plain again: bound again as plain, a plain ICReq gets to Connect.
+    admin
+        .listener_del(listener(false))
+        .await
+        .expect("listener deleted");
+    admin
+        .listener_add(listener(false))
+        .await
+        .expect("plain listener");
+    poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || {
+            let _ = try_connect_admin(loopback(secure), &attach(KEYED, SUBNQN)).await;
+            if refusals(metrics, "tls_required") >= 2.0 {
+                Ok(())
+            } else {
+                Err("the listener still takes TLS only".to_string())
+            }
+        },
+    )
+    .await;
+    assert!(
+        !gateway.log_text().contains(key.to_interchange().as_str()),
+        "the PSK in the log"
+    );
 }
