@@ -20,7 +20,7 @@ RUN set -eux; \
     export DEBIAN_FRONTEND=noninteractive; \
     apt-get update; \
     apt-get install -y --no-install-recommends \
-        librbd1 librados2 libibverbs1 librdmacm1 ibverbs-providers ca-certificates; \
+        librbd1 librados2 libibverbs1 librdmacm1 ibverbs-providers libssl3 ca-certificates; \
     apt-get clean; \
     rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log; \
     groupadd --system --gid 65532 nvmeof; \

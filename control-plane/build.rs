@@ -27,6 +27,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "#[serde(skip_serializing)]",
         )
         .skip_debug(".nvmeof.control.v1.Host")
+        // Nor is a host's TLS PSK; a host without one shows no `psk` at all.
+        .field_attribute(
+            ".nvmeof.control.v1.TlsPsk.key",
+            "#[serde(skip_serializing)]",
+        )
+        .field_attribute(
+            ".nvmeof.control.v1.Host.psk",
+            "#[serde(skip_serializing_if = \"Option::is_none\")]",
+        )
+        .skip_debug(".nvmeof.control.v1.TlsPsk")
         // The ceph-nvmeof API's requests that carry keys: `Debug` written in src/ceph_api.rs.
         .skip_debug(".add_host_req")
         .skip_debug(".change_host_key_req")

@@ -115,8 +115,8 @@ build() {
         return 0
     fi
     command -v cargo >/dev/null || die "cargo not found: install the Rust toolchain (https://rustup.rs), then run this again"
-    if [ "$(id -u)" = 0 ] && ! dpkg-query -W -f='${Status}' pkg-config 2>/dev/null | grep -q 'ok installed'; then
-        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq pkg-config >/dev/null
+    if [ "$(id -u)" = 0 ] && ! dpkg-query -W -f='${Status}' pkg-config libssl-dev 2>/dev/null | grep -c 'ok installed' | grep -qx 2; then
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq pkg-config libssl-dev >/dev/null
     fi
     say "building the gateway and the control plane (release)"
     (cd "$ROOT" && cargo build --release -q -p nvmeof-gateway -p control-plane)

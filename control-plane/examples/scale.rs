@@ -267,6 +267,7 @@ async fn run(args: Arc<Args>) -> Result<(), String> {
             serial: String::new(),
             allow_any_host: true,
             max_namespaces: 0,
+            require_tls: false,
         })
         .await
         .map_err(|s| format!("subsystem add: {}", s.message()))?;

@@ -85,6 +85,7 @@ impl From<ConfigError> for Refusal {
             | ConfigError::Empty { .. }
             | ConfigError::Invalid { .. }
             | ConfigError::BadKey { .. }
+            | ConfigError::SecureMismatch { .. }
             | ConfigError::Qos(_) => libc::EINVAL,
         };
         Refusal::new(errno, e.to_string())
@@ -368,6 +369,8 @@ fn listener_entry(
         transport: "tcp".into(),
         address: traddr.to_string(),
         port,
+        // Secure listeners are refused above (EOPNOTSUPP) on this API.
+        secure: false,
     })
 }
 

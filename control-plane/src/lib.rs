@@ -24,8 +24,8 @@ pub mod visibility;
 pub mod proto {
     tonic::include_proto!("nvmeof.control.v1");
 
-    /// Leaves the keys out (whether each is set shows), so a `Host`, or an `Assignment` or
-    /// `Subsystem` holding one, can be logged with `?`.
+    /// Leaves the keys out (whether each is set shows; the PSK's `Debug` below), so a `Host`,
+    /// or an `Assignment` or `Subsystem` holding one, can be logged with `?`.
     impl std::fmt::Debug for Host {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             let set = |k: &str| if k.is_empty() { "<none>" } else { "<set>" };
@@ -35,6 +35,22 @@ pub mod proto {
                 .field("dhchap_key", &set(&self.dhchap_key))
                 .field("dhchap_ctrl_key", &set(&self.dhchap_ctrl_key))
                 .field("auth", &self.auth)
+                .field("psk", &self.psk)
+                .finish()
+        }
+    }
+
+    /// Leaves the key out (whether it is set shows).
+    impl std::fmt::Debug for TlsPsk {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let set = if self.key.is_empty() {
+                "<none>"
+            } else {
+                "<set>"
+            };
+            f.debug_struct("TlsPsk")
+                .field("key", &set)
+                .field("derivation", &self.derivation)
                 .finish()
         }
     }

@@ -622,8 +622,8 @@ impl ControlPlane {
 // ------------------------------------------------------------------ conversions
 
 /// A subsystem as replies and assignments carry it: `hosts` lists the hosts without keys
-/// (what a gateway that knows no keys may let in), `host_entries` every host, with its keys
-/// only when `with_keys` (an assignment, for the gateways).
+/// (DH-HMAC-CHAP or TLS PSK: what a gateway that knows no keys may let in), `host_entries`
+/// every host, with its keys only when `with_keys` (an assignment, for the gateways).
 fn subsystem_proto(
     st: &GroupState,
     s: &state::SubsystemEntry,
@@ -639,11 +639,13 @@ fn subsystem_proto(
         allow_any_host: s.allow_any_host,
         hosts: entries
             .iter()
-            .filter(|h| h.auth == "none")
+            // A host with a PSK is not one a gateway that knows no keys may let in.
+            .filter(|h| h.auth == "none" && h.psk.is_none())
             .map(|h| h.host_nqn.clone())
             .collect(),
         max_namespaces: s.max_namespaces,
         host_entries: entries,
+        require_tls: s.require_tls,
     }
 }
 
@@ -661,6 +663,14 @@ fn host_proto(nqn: &str, host: &str, auth: &state::HostAuth, with_keys: bool) ->
         dhchap_key: key(&auth.dhchap_key),
         dhchap_ctrl_key: key(&auth.dhchap_ctrl_key),
         auth: auth.mode().to_string(),
+        // Replies say only that there is a PSK (a derivation, no key).
+        psk: auth.psk.as_ref().map(|k| proto::TlsPsk {
+            key: key(&Some(k.clone())),
+            derivation: auth
+                .psk_derivation
+                .clone()
+                .unwrap_or_else(|| "rfc8446".into()),
+        }),
     }
 }
 
@@ -706,6 +716,7 @@ fn listener_proto(l: &ListenerEntry) -> proto::Listener {
         transport: l.transport.clone(),
         address: l.address.clone(),
         port: u32::from(l.port),
+        secure: l.secure,
     }
 }
 
@@ -723,6 +734,7 @@ fn listener_entry(l: proto::Listener) -> Result<ListenerEntry, Status> {
         },
         address: l.address,
         port,
+        secure: l.secure,
     })
 }
 
@@ -979,15 +991,19 @@ impl proto::admin_server::Admin for AdminService {
         r: Request<proto::SubsystemAddRequest>,
     ) -> Result<Response<proto::Reply>, Status> {
         let r = r.into_inner();
-        let nqn = r.nqn.clone();
+        let (nqn, require_tls) = (r.nqn.clone(), r.require_tls);
         let (_, st) = self
             .0
             .update(move |st| {
-                st.add_subsystem(&r.nqn, &r.serial, r.allow_any_host, r.max_namespaces)
+                st.add_subsystem(&r.nqn, &r.serial, r.allow_any_host, r.max_namespaces)?;
+                st.set_require_tls(&r.nqn, r.require_tls)
             })
             .await?;
-        tracing::info!(nqn = %nqn, "subsystem added");
+        tracing::info!(nqn = %nqn, require_tls, "subsystem added");
         let mut text = format!("subsystem {nqn} added");
+        if require_tls {
+            text.push_str(" (hosts must connect over TLS)");
+        }
         if let Some(warning) = crate::nqn::format_warning("subsystem NQN", &nqn) {
             tracing::warn!("{warning}");
             text = format!("{text}\nwarning: {warning}");
@@ -1382,7 +1398,10 @@ impl proto::admin_server::Admin for AdminService {
         r: Request<proto::Listener>,
     ) -> Result<Response<proto::Reply>, Status> {
         let l = listener_entry(r.into_inner())?;
-        let text = format!("{} {}:{} on {}", l.transport, l.address, l.port, l.gateway);
+        let mut text = format!("{} {}:{} on {}", l.transport, l.address, l.port, l.gateway);
+        if l.secure {
+            text.push_str(" (secure: TLS)");
+        }
         let (_, st) = self.0.update(move |st| st.add_listener(l.clone())).await?;
         Ok(reply(&st, format!("listener {text} added")))
     }
@@ -1423,19 +1442,20 @@ impl proto::admin_server::Admin for AdminService {
         let (auth, st) = self
             .0
             .update(move |st| {
-                st.add_host_with_keys(
-                    &h.subsystem_nqn,
-                    &h.host_nqn,
-                    &h.dhchap_key,
-                    &h.dhchap_ctrl_key,
-                )
+                let psk = h.psk.clone().unwrap_or_default();
+                let auth = state::HostAuth::parse(&h.dhchap_key, &h.dhchap_ctrl_key)?
+                    .with_psk(&psk.key, &psk.derivation)?;
+                st.add_host_with_auth(&h.subsystem_nqn, &h.host_nqn, auth)
             })
             .await?;
-        tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), "host allowed");
+        tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), tls_psk = auth.psk.is_some(), "host allowed");
         let mut text = match auth.mode() {
             "none" => format!("host {host} allowed on {nqn}"),
             mode => format!("host {host} allowed on {nqn} (DH-HMAC-CHAP: {mode})"),
         };
+        if auth.psk.is_some() {
+            text.push_str(" with a TLS PSK");
+        }
         if let Some(warning) = crate::nqn::format_warning("host NQN", &host) {
             tracing::warn!("{warning}");
             text = format!("{text}\nwarning: {warning}");
@@ -1452,19 +1472,20 @@ impl proto::admin_server::Admin for AdminService {
         let ((auth, changed), st) = self
             .0
             .update(move |st| {
-                st.change_host_keys(
-                    &h.subsystem_nqn,
-                    &h.host_nqn,
-                    &h.dhchap_key,
-                    &h.dhchap_ctrl_key,
-                )
+                let psk = h.psk.clone().unwrap_or_default();
+                let auth = state::HostAuth::parse(&h.dhchap_key, &h.dhchap_ctrl_key)?
+                    .with_psk(&psk.key, &psk.derivation)?;
+                st.change_host_auth(&h.subsystem_nqn, &h.host_nqn, auth)
             })
             .await?;
-        tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), changed, "host keys set");
-        let what = match (auth.mode(), changed) {
-            (_, false) => "unchanged".to_string(),
-            ("none", true) => "cleared: it connects without authenticating".to_string(),
-            (mode, true) => format!("changed (DH-HMAC-CHAP: {mode})"),
+        let psk = auth.psk.is_some();
+        tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), tls_psk = psk, changed, "host keys set");
+        // The request replaces every key: a PSK not given is cleared, as a DH-HMAC-CHAP key.
+        let what = match (auth.mode(), psk, changed) {
+            (_, _, false) => "unchanged".to_string(),
+            ("none", false, true) => "cleared: it connects without authenticating".to_string(),
+            (mode, false, true) => format!("changed (DH-HMAC-CHAP: {mode})"),
+            (mode, true, true) => format!("changed (DH-HMAC-CHAP: {mode}; TLS PSK set)"),
         };
         Ok(reply(&st, format!("keys of host {host} on {nqn} {what}")))
     }

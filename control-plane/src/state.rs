@@ -9,7 +9,7 @@
 //! | `subsystem/<nqn>` | JSON [`SubsystemEntry`] |
 //! | `namespace/<nqn>/<nsid, 10 digits>` | JSON [`NamespaceEntry`] |
 //! | `listener/<nqn>/<gateway>/<transport>/<address>/<port>` | JSON [`ListenerEntry`] |
-//! | `host/<nqn>/<host nqn>` | JSON `[nqn, host nqn]`; a host with DH-HMAC-CHAP keys: `[nqn, host nqn, {"dhchap_key": ..., "dhchap_ctrl_key": ...}]` ([`HostAuth`]) |
+//! | `host/<nqn>/<host nqn>` | JSON `[nqn, host nqn]`; a host with DH-HMAC-CHAP keys or a TLS PSK: `[nqn, host nqn, {"dhchap_key": ..., "dhchap_ctrl_key": ..., "psk": ..., "psk_derivation": ...}]` ([`HostAuth`], unset ones left out) |
 //! | `groupmap` | JSON [`GroupMap`] (written by the leader) |
 //!
 //! Key parts are escaped (`%` → `%25`, `/` → `%2F`): NQNs may contain `/`. Items are decoded
@@ -40,6 +40,10 @@ pub struct SubsystemEntry {
     #[serde(default)]
     pub allow_any_host: bool,
     pub max_namespaces: u32,
+    /// Hosts must connect through a secure listener (TLS). Left out of the JSON when false,
+    /// so states of older replicas load and are written unchanged.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_tls: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,10 +80,13 @@ pub struct ListenerEntry {
     pub transport: String,
     pub address: String,
     pub port: u16,
+    /// A secure listener: TLS 1.3 with the hosts' PSKs (NVMe/TCP only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secure: bool,
 }
 
 /// A host's DH-HMAC-CHAP keys on one subsystem, each in the canonical `DHHC-1:XX:<base64>:`
-/// text (None: not set). `Debug` leaves the keys out.
+/// text, and its TLS PSK (None: not set). `Debug` leaves the keys out.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostAuth {
     /// Proves the host: given, it must authenticate every queue.
@@ -88,11 +95,19 @@ pub struct HostAuth {
     /// Proves the gateway to a host that asks (bidirectional); only with `dhchap_key`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dhchap_ctrl_key: Option<String>,
+    /// The host's TLS PSK (`NVMeTLSkey-1:HH:<base64>:`) for secure listeners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psk: Option<String>,
+    /// How the host derives its TLS keys from `psk`: "rfc8446" or "libnvme-compat"; None:
+    /// "rfc8446".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psk_derivation: Option<String>,
 }
 
 impl std::fmt::Debug for HostAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostAuth({})", self.mode())
+        let psk = if self.psk.is_some() { ", TLS PSK" } else { "" };
+        write!(f, "HostAuth({}{psk})", self.mode())
     }
 }
 
@@ -115,6 +130,8 @@ impl HostAuth {
         let auth = HostAuth {
             dhchap_key: parse("dhchap_key", dhchap_key)?,
             dhchap_ctrl_key: parse("dhchap_ctrl_key", dhchap_ctrl_key)?,
+            psk: None,
+            psk_derivation: None,
         };
         if auth.dhchap_key.is_none() && auth.dhchap_ctrl_key.is_some() {
             return Err(ConfigError::BadKey {
@@ -138,7 +155,41 @@ impl HostAuth {
     }
 
     pub fn is_none(&self) -> bool {
-        self.dhchap_key.is_none() && self.dhchap_ctrl_key.is_none()
+        self.dhchap_key.is_none() && self.dhchap_ctrl_key.is_none() && self.psk.is_none()
+    }
+
+    /// Adds a TLS PSK as an admin gives it (empty: none), checked with the gateway's parser
+    /// and stored in canonical text; `derivation` "rfc8446", "libnvme-compat" or empty (the
+    /// default), and only with a key. The error names the field, never the key.
+    pub fn with_psk(mut self, psk: &str, derivation: &str) -> Result<HostAuth, ConfigError> {
+        use nvme_auth::tls_psk::{ConfiguredPsk, LabelEncoding};
+        if psk.is_empty() {
+            if !derivation.is_empty() {
+                return Err(ConfigError::BadKey {
+                    field: "psk_derivation",
+                    why: "needs a psk: it says how the host derives its TLS keys from it".into(),
+                });
+            }
+            return Ok(self);
+        }
+        let key = ConfiguredPsk::parse(psk).map_err(|e| ConfigError::BadKey {
+            field: "psk",
+            why: e.to_string(),
+        })?;
+        self.psk = Some(key.to_interchange().to_string());
+        self.psk_derivation = match derivation {
+            "" => None,
+            name => Some(
+                LabelEncoding::from_name(name)
+                    .ok_or_else(|| ConfigError::BadKey {
+                        field: "psk_derivation",
+                        why: format!("{name:?} is not one of rfc8446, libnvme-compat"),
+                    })?
+                    .name()
+                    .to_string(),
+            ),
+        };
+        Ok(self)
     }
 }
 
@@ -200,13 +251,25 @@ pub enum ConfigError {
     ListenerExists(String),
     #[error("listener {0} not found")]
     NoListener(String),
+    /// A gateway's address and port is either secure (TLS) or plain for all subsystems.
+    #[error(
+        "listener {listener}: the same gateway, address and port is already {} for subsystem \
+         {other}; a port is secure (TLS) or plain for every subsystem it serves",
+        if *secure { "secure" } else { "plain (not secure)" }
+    )]
+    SecureMismatch {
+        listener: String,
+        other: String,
+        secure: bool,
+    },
     #[error("host {host} already allowed on {nqn}")]
     HostExists { nqn: String, host: String },
     #[error("host {host} not allowed on {nqn}")]
     NoHost { nqn: String, host: String },
     #[error("stored state is corrupt: key {key}: {why}")]
     Corrupt { key: String, why: String },
-    /// A DH-HMAC-CHAP key that does not parse, or a controller key without a host key.
+    /// A DH-HMAC-CHAP key or TLS PSK that does not parse, a controller key without a host
+    /// key, or a PSK derivation that is unknown or without a PSK.
     #[error("invalid {field}: {why}")]
     BadKey { field: &'static str, why: String },
     /// `namespace add-host/del-host` on a namespace every allowed host sees.
@@ -495,8 +558,18 @@ impl GroupState {
                 serial: serial.into(),
                 allow_any_host,
                 max_namespaces: max,
+                require_tls: false,
             },
         );
+        Ok(())
+    }
+
+    /// Sets whether subsystem `nqn` requires TLS.
+    pub fn set_require_tls(&mut self, nqn: &str, required: bool) -> Result<(), ConfigError> {
+        self.subsystem(nqn)?;
+        if let Some(s) = self.subsystems.get_mut(nqn) {
+            s.require_tls = required;
+        }
         Ok(())
     }
 
@@ -691,12 +764,36 @@ impl GroupState {
                 why: "must be 1..=65535",
             });
         }
-        if !self.listeners.insert(l.clone()) {
+        if l.secure && l.transport != "tcp" {
+            return Err(ConfigError::Invalid {
+                what: "secure",
+                value: l.transport.clone(),
+                why: "TLS secure channels are for NVMe/TCP listeners only",
+            });
+        }
+        // `secure` is not part of the omap key: one entry per key, whatever its flag.
+        if self.listeners.iter().any(|o| same_listener(o, &l)) {
             return Err(ConfigError::ListenerExists(listener_key(&l)));
         }
+        // A gateway's socket is either TLS or plain for every subsystem it serves.
+        if let Some(other) = self.listeners.iter().find(|o| {
+            o.gateway == l.gateway
+                && o.transport == l.transport
+                && o.address == l.address
+                && o.port == l.port
+                && o.secure != l.secure
+        }) {
+            return Err(ConfigError::SecureMismatch {
+                listener: listener_key(&l),
+                other: other.subsystem_nqn.clone(),
+                secure: other.secure,
+            });
+        }
+        self.listeners.insert(l);
         Ok(())
     }
 
+    /// Deletes a listener whatever its `secure` flag (the request's is not compared).
     pub fn del_listener(&mut self, l: &ListenerEntry) -> Result<(), ConfigError> {
         self.subsystem(&l.subsystem_nqn)?;
         let mut key = l.clone();
@@ -704,10 +801,18 @@ impl GroupState {
             key.address = address;
         }
         // As typed too: a listener stored before addresses were made canonical.
-        if !self.listeners.remove(&key) && !self.listeners.remove(l) {
-            return Err(ConfigError::NoListener(listener_key(l)));
+        let found = self
+            .listeners
+            .iter()
+            .find(|o| same_listener(o, &key) || same_listener(o, l))
+            .cloned();
+        match found {
+            Some(stored) => {
+                self.listeners.remove(&stored);
+                Ok(())
+            }
+            None => Err(ConfigError::NoListener(listener_key(l))),
         }
-        Ok(())
     }
 
     /// Allows `host` on subsystem `nqn`, without keys.
@@ -727,6 +832,18 @@ impl GroupState {
         self.subsystem(nqn)?;
         check_nqn("host NQN", host)?;
         let auth = HostAuth::parse(dhchap_key, dhchap_ctrl_key)?;
+        self.add_host_with_auth(nqn, host, auth)
+    }
+
+    /// Allows `host` on subsystem `nqn` with `auth` (already checked). Returns it as stored.
+    pub fn add_host_with_auth(
+        &mut self,
+        nqn: &str,
+        host: &str,
+        auth: HostAuth,
+    ) -> Result<HostAuth, ConfigError> {
+        self.subsystem(nqn)?;
+        check_nqn("host NQN", host)?;
         match self.hosts.entry((nqn.into(), host.into())) {
             std::collections::btree_map::Entry::Occupied(_) => Err(ConfigError::HostExists {
                 nqn: nqn.into(),
@@ -736,8 +853,9 @@ impl GroupState {
         }
     }
 
-    /// Sets, replaces or (both empty) clears the keys of a host already allowed on `nqn`;
-    /// the host stays. Returns the keys as stored and whether they changed.
+    /// Sets, replaces or (both empty) clears the DH-HMAC-CHAP keys of a host already allowed
+    /// on `nqn`; the host and its TLS PSK stay (the ceph-nvmeof API's change_host_key, which
+    /// knows no PSKs). Returns the keys as stored and whether they changed.
     pub fn change_host_keys(
         &mut self,
         nqn: &str,
@@ -745,8 +863,23 @@ impl GroupState {
         dhchap_key: &str,
         dhchap_ctrl_key: &str,
     ) -> Result<(HostAuth, bool), ConfigError> {
+        let mut auth = HostAuth::parse(dhchap_key, dhchap_ctrl_key)?;
+        if let Some(stored) = self.hosts.get(&(nqn.to_string(), host.to_string())) {
+            auth.psk = stored.psk.clone();
+            auth.psk_derivation = stored.psk_derivation.clone();
+        }
+        self.change_host_auth(nqn, host, auth)
+    }
+
+    /// Replaces all of a host's keys (DH-HMAC-CHAP and TLS PSK) with `auth` (already
+    /// checked): `HostChangeKey`. Returns the keys as stored and whether they changed.
+    pub fn change_host_auth(
+        &mut self,
+        nqn: &str,
+        host: &str,
+        auth: HostAuth,
+    ) -> Result<(HostAuth, bool), ConfigError> {
         self.subsystem(nqn)?;
-        let auth = HostAuth::parse(dhchap_key, dhchap_ctrl_key)?;
         let stored = self
             .hosts
             .get_mut(&(nqn.to_string(), host.to_string()))
@@ -835,6 +968,15 @@ fn canonical_address(text: &str) -> Option<String> {
     bare.parse::<std::net::IpAddr>()
         .ok()
         .map(|ip| ip.to_string())
+}
+
+/// Whether two listeners have the same omap key (everything but `secure`).
+fn same_listener(a: &ListenerEntry, b: &ListenerEntry) -> bool {
+    a.subsystem_nqn == b.subsystem_nqn
+        && a.gateway == b.gateway
+        && a.transport == b.transport
+        && a.address == b.address
+        && a.port == b.port
 }
 
 fn listener_key(l: &ListenerEntry) -> String {
@@ -1137,6 +1279,7 @@ mod tests {
             transport: "tcp".into(),
             address: address.into(),
             port: 4420,
+            secure: false,
         };
         st.add_listener(listener("[0:0::1]"))
             .expect("bracketed IPv6");
@@ -1181,6 +1324,7 @@ mod tests {
             transport: "tcp".into(),
             address: "127.0.0.1".into(),
             port: 4420,
+            secure: false,
         })
         .expect("listener");
         st.add_host(
@@ -1394,6 +1538,44 @@ mod tests {
 
     /// A state written before host keys existed (`[nqn, host]` values) loads as hosts
     /// without keys and encodes to the same bytes; a host with keys round-trips.
+    /// A PSK is stored canonical, survives the omap, stays through a DH-HMAC-CHAP-only key
+    /// change (the ceph-nvmeof API's) and goes with a change of all keys (`HostChangeKey`).
+    #[test]
+    fn host_psks_are_stored_kept_and_replaced() {
+        let mut st = with_groups(1);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        let psk = nvme_auth::tls_psk::ConfiguredPsk::from_bytes(&[0x5a; 32], None)
+            .expect("32 bytes")
+            .to_interchange()
+            .to_string();
+        let auth = HostAuth::default()
+            .with_psk(&format!(" {psk}\n"), "libnvme-compat")
+            .expect("a PSK");
+        st.add_host_with_auth(NQN, H1, auth).expect("host");
+        let hk = (NQN.to_string(), H1.to_string());
+        assert_eq!(st.hosts[&hk].psk.as_deref(), Some(psk.as_str()));
+        assert_eq!(
+            st.hosts[&hk].psk_derivation.as_deref(),
+            Some("libnvme-compat")
+        );
+        assert!(!format!("{:?}", st.hosts[&hk]).contains(&psk[16..40]));
+        let back = GroupState::from_omap(&st.to_omap()).expect("decodes");
+        assert_eq!(back.hosts[&hk], st.hosts[&hk]);
+
+        let k = key(0x44, None);
+        let (auth, changed) = st.change_host_keys(NQN, H1, &k, "").expect("keys");
+        assert!(changed);
+        assert_eq!(
+            (auth.mode(), auth.psk.as_deref()),
+            ("host", Some(psk.as_str()))
+        );
+        let (auth, changed) = st
+            .change_host_auth(NQN, H1, HostAuth::parse(&k, "").expect("key"))
+            .expect("all keys");
+        assert!(changed);
+        assert_eq!((auth.psk, auth.psk_derivation), (None, None));
+    }
+
     #[test]
     fn old_host_entries_load_unchanged() {
         let mut st = with_groups(1);

@@ -112,9 +112,9 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
     let many = std::env::temp_dir().join(format!("cli-output-{}.txt", std::process::id()));
     std::fs::write(&many, "img3 5\nimg4\n").expect("add-many file");
     let many = many.to_string_lossy().into_owned();
-    // DH-HMAC-CHAP keys: given on the command line here, masked in the transcript's command
-    // lines (KEY1, KEY2); no output may show them.
-    let keys: Vec<String> = [0x11u8, 0x22]
+    // DH-HMAC-CHAP keys and a TLS PSK: given on the command line here, masked in the
+    // transcript's command lines (KEY1, KEY2; KEY3 the PSK); no output may show them.
+    let mut keys: Vec<String> = [0x11u8, 0x22]
         .iter()
         .map(|&b| {
             nvme_auth::DhchapSecret::from_bytes(&[b; 32], None)
@@ -123,6 +123,12 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
                 .to_string()
         })
         .collect();
+    keys.push(
+        nvme_auth::tls_psk::ConfiguredPsk::from_bytes(&[0x33; 32], None)
+            .expect("32 bytes")
+            .to_interchange()
+            .to_string(),
+    );
     let mut transcript = String::new();
     let mut ctl = |args: &[&str]| {
         let out = common::nvmeofctl(&["--server", &addr])
@@ -191,6 +197,18 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
     ctl(&["host", "add", "-n", NQN, "--host", &host(3), "--dhchap-key", &keys[0], "--dhchap-ctrl-key", &keys[1]]);
     #[rustfmt::skip]
     ctl(&["host", "change-key", "-n", NQN, "--host", &host(2), "--dhchap-key", &keys[1]]);
+    // TLS: a subsystem that requires it, a secure listener, a host with a PSK.
+    ctl(&[
+        "subsystem",
+        "add",
+        "--nqn",
+        &format!("{NQN}-3"),
+        "--require-tls",
+    ]);
+    #[rustfmt::skip]
+    ctl(&["listener", "add", "-n", NQN, "-g", "gw1", "-a", "10.0.0.3", "--secure"]);
+    #[rustfmt::skip]
+    ctl(&["host", "add", "-n", NQN, "--host", &host(4), "--psk", &keys[2], "--psk-derivation", "libnvme-compat"]);
     // Per-host visibility: a namespace for host 1 and a host not allowed yet; the refusals.
     ctl(&[
         "namespace",

@@ -162,6 +162,7 @@ async fn admin_requests_and_their_refusals() {
                     transport: "tcp".into(),
                     address: "not-an-ip".into(),
                     port: 4420,
+                    secure: false,
                 })
                 .await,
             ),

@@ -1,7 +1,8 @@
-//! Hosts' DH-HMAC-CHAP keys in the control plane, with the in-process state backend: given
-//! with `HostAdd`, changed and cleared with `HostChangeKey`, pushed to the gateways in their
-//! assignment (`Subsystem.host_entries`; `hosts` keeps only the hosts without keys) and never
-//! shown by a list, a refusal, `nvmeofctl` or the `nvmeof-control` log.
+//! Hosts' DH-HMAC-CHAP keys and TLS PSKs in the control plane, with the in-process state
+//! backend: given with `HostAdd`, changed and cleared with `HostChangeKey`, pushed to the
+//! gateways in their assignment (`Subsystem.host_entries`; `hosts` keeps only the hosts
+//! without keys) and never shown by a list, a refusal, `nvmeofctl` or the `nvmeof-control`
+//! log. With the PSKs, the rest of the TLS settings: `require_tls` and secure listeners.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -53,6 +54,7 @@ fn host(nqn: &str, host: &str, dhchap_key: &str, dhchap_ctrl_key: &str) -> proto
         dhchap_key: dhchap_key.into(),
         dhchap_ctrl_key: dhchap_ctrl_key.into(),
         auth: String::new(),
+        psk: None,
     }
 }
 
@@ -75,6 +77,81 @@ async fn next_assignment(
             }
         }
     }
+}
+
+/// A valid TLS PSK (`NVMeTLSkey-1:01:...:`), different for each `byte`.
+fn psk(byte: u8) -> String {
+    nvme_auth::tls_psk::ConfiguredPsk::from_bytes(
+        &[byte; 32],
+        Some(nvme_auth::tls_psk::PskHash::Sha256),
+    )
+    .expect("32 bytes")
+    .to_interchange()
+    .to_string()
+}
+
+/// The part of a PSK that would show if any of it were printed (its base64).
+fn psk_secret_part(key: &str) -> &str {
+    &key[16..key.len() - 1]
+}
+
+fn assert_no_psk(text: &str, keys: &[&str], what: &str) {
+    for k in keys {
+        assert!(
+            !text.contains(psk_secret_part(k)),
+            "{what} shows a PSK:\n{text}"
+        );
+    }
+}
+
+fn psk_host(nqn: &str, host: &str, key: &str, derivation: &str) -> proto::Host {
+    proto::Host {
+        subsystem_nqn: nqn.into(),
+        host_nqn: host.into(),
+        psk: Some(proto::TlsPsk {
+            key: key.into(),
+            derivation: derivation.into(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// An in-process control plane and gateway gw1's assignment stream (gw1 has beaconed).
+async fn control_plane_with_gw1() -> (
+    AdminClient<tonic::transport::Channel>,
+    tonic::Streaming<Assignment>,
+) {
+    let backend = test_support::memory_backend_with_images(Vec::new());
+    let options = Options {
+        timing: Timing {
+            grace_ms: 120_000,
+            failback_delay_ms: 0,
+        },
+        lease: Duration::from_secs(3),
+        tick: Duration::from_millis(50),
+    };
+    let cp = test_support::start_replica(Store::new(backend), "test", options).await;
+    let addr = test_support::serve_plain(cp.clone()).await;
+    test_support::wait_for_lease(&cp, Duration::from_secs(5)).await;
+    let a = AdminClient::new(plain_channel(&addr).await);
+    let mut g = GatewayControlClient::new(plain_channel(&addr).await);
+    g.send_beacon(proto::Beacon {
+        gateway: "gw1".into(),
+        ana_group: 1,
+        incarnation: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("beacon");
+    let stream = g
+        .join(proto::JoinRequest {
+            gateway: "gw1".into(),
+            incarnation: 1,
+        })
+        .await
+        .expect("join")
+        .into_inner();
+    (a, stream)
 }
 
 fn entry<'a>(s: &'a proto::Subsystem, host_nqn: &str) -> &'a proto::Host {
@@ -275,6 +352,231 @@ async fn keys_reach_the_gateways_and_no_list() {
     assert!(entry(&s, KEYED).dhchap_key.is_empty());
 }
 
+/// TLS settings as the gateways' files have them: a subsystem requiring TLS, a secure
+/// listener, hosts' PSKs (each with its derivation) pushed in the assignment, shown by lists
+/// only as "there is one"; bad input (a malformed PSK, an unknown derivation, a derivation
+/// without a PSK, a secure RDMA listener, one port both secure and plain) refused with the
+/// reason and the state unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_settings_reach_the_gateways_and_psks_no_list() {
+    let (mut a, mut stream) = control_plane_with_gw1().await;
+    let added = a
+        .subsystem_add(proto::SubsystemAddRequest {
+            nqn: NQN.into(),
+            require_tls: true,
+            ..Default::default()
+        })
+        .await
+        .expect("subsystem")
+        .into_inner();
+    assert!(
+        added.message.contains("must connect over TLS"),
+        "{}",
+        added.message
+    );
+    const OTHER: &str = "nqn.2016-06.io.test:other";
+    a.subsystem_add(proto::SubsystemAddRequest {
+        nqn: OTHER.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("other subsystem");
+    let listener = |nqn: &str, transport: &str, port: u32, secure: bool| proto::Listener {
+        subsystem_nqn: nqn.into(),
+        gateway: "gw1".into(),
+        transport: transport.into(),
+        address: "10.0.0.1".into(),
+        port,
+        secure,
+    };
+    a.listener_add(listener(NQN, "tcp", 4420, true))
+        .await
+        .expect("secure listener");
+    a.listener_add(listener(OTHER, "tcp", 4421, false))
+        .await
+        .expect("plain listener");
+    let (p1, p2) = (psk(0x71), psk(0x72));
+    let added = a
+        .host_add(psk_host(NQN, KEYED, &p1, ""))
+        .await
+        .expect("host with a PSK")
+        .into_inner();
+    assert!(
+        added.message.ends_with("with a TLS PSK"),
+        "{}",
+        added.message
+    );
+    a.host_add(host(NQN, PLAIN, "", "")).await.expect("plain");
+
+    // Pushed: require_tls, the secure listener, KEYED's key (in canonical text).
+    let s = next_assignment(&mut stream, |s| s.host_entries.len() == 2).await;
+    assert!(s.require_tls);
+    let pushed = entry(&s, KEYED).psk.clone().expect("KEYED's PSK pushed");
+    assert_eq!(
+        (pushed.key.as_str(), pushed.derivation.as_str()),
+        (p1.as_str(), "rfc8446")
+    );
+    assert_eq!(entry(&s, PLAIN).psk, None);
+    // `hosts` (what a gateway that knows no keys reads) leaves a host with a PSK out.
+    assert_eq!(s.hosts, vec![PLAIN.to_string()]);
+    assert_no_psk(&format!("{s:?}"), &[&p1], "an assignment's Debug");
+    let lists = a
+        .listener_list(proto::ListenerListRequest::default())
+        .await
+        .expect("listeners")
+        .into_inner();
+    let secure: Vec<(u32, bool)> = lists.listeners.iter().map(|l| (l.port, l.secure)).collect();
+    assert_eq!(secure, vec![(4420, true), (4421, false)]);
+
+    // Lists: whether there is one and its derivation, never the key.
+    let list = a
+        .host_list(proto::HostListRequest {
+            subsystem_nqn: NQN.into(),
+        })
+        .await
+        .expect("host list")
+        .into_inner();
+    let listed: Vec<(&str, Option<(&str, &str)>)> = list
+        .hosts
+        .iter()
+        .map(|h| {
+            (
+                h.host_nqn.as_str(),
+                h.psk
+                    .as_ref()
+                    .map(|p| (p.key.as_str(), p.derivation.as_str())),
+            )
+        })
+        .collect();
+    assert_eq!(listed, vec![(PLAIN, None), (KEYED, Some(("", "rfc8446")))]);
+    let subsystems = a
+        .subsystem_list(proto::Empty {})
+        .await
+        .expect("subsystem list")
+        .into_inner();
+    let tls: Vec<(&str, bool)> = subsystems
+        .subsystems
+        .iter()
+        .map(|s| (s.nqn.as_str(), s.require_tls))
+        .collect();
+    assert_eq!(tls, vec![(NQN, true), (OTHER, false)]);
+    for text in [
+        format!("{subsystems:?}{list:?}"),
+        serde_json::to_string(&subsystems).expect("json"),
+        serde_json::to_string(&list).expect("json"),
+    ] {
+        assert_no_psk(&text, &[&p1], "a list");
+    }
+
+    // Changed to another key and derivation; then the DH-HMAC-CHAP keys alone: the PSK goes
+    // (a change gives all the host's keys).
+    let changed = a
+        .host_change_key(psk_host(NQN, KEYED, &p2, "libnvme-compat"))
+        .await
+        .expect("change")
+        .into_inner();
+    assert!(
+        changed.message.contains("TLS PSK set"),
+        "{}",
+        changed.message
+    );
+    let s = next_assignment(&mut stream, |s| {
+        entry(s, KEYED).psk.as_ref().is_some_and(|p| p.key == p2)
+    })
+    .await;
+    assert_eq!(
+        entry(&s, KEYED).psk.as_ref().map(|p| p.derivation.as_str()),
+        Some("libnvme-compat")
+    );
+    let version = changed.version;
+
+    // Refused with the field and why, never the key; nothing changes.
+    let mut bad = p1.clone().into_bytes();
+    bad[20] = if bad[20] == b'A' { b'B' } else { b'A' };
+    let bad = String::from_utf8(bad).expect("ASCII");
+    let host_refusals = [
+        (
+            psk_host(NQN, KEYED, &bad, ""),
+            "invalid psk: the key's CRC-32",
+        ),
+        (
+            psk_host(NQN, KEYED, "NVMeTLSkey-1:01:short:", ""),
+            "invalid psk:",
+        ),
+        (
+            psk_host(NQN, KEYED, &p1, "rfc9999"),
+            "invalid psk_derivation: \"rfc9999\" is not one of",
+        ),
+        (
+            psk_host(NQN, KEYED, "", "rfc8446"),
+            "invalid psk_derivation: needs a psk",
+        ),
+    ];
+    for (request, message) in host_refusals {
+        let mut add = request.clone();
+        add.host_nqn = "nqn.2016-06.io.test:new".into();
+        for s in [
+            a.host_change_key(request).await.expect_err(message),
+            a.host_add(add).await.expect_err(message),
+        ] {
+            assert_eq!(s.code(), Code::InvalidArgument, "{}", s.message());
+            assert!(s.message().starts_with(message), "{}", s.message());
+            assert_no_psk(s.message(), &[&p1, &p2, &bad], "a refusal");
+        }
+    }
+    let listener_refusals = [
+        (
+            listener(NQN, "rdma", 4422, true),
+            Code::InvalidArgument,
+            "invalid secure \"rdma\": TLS secure channels are for NVMe/TCP listeners only",
+        ),
+        (
+            listener(OTHER, "tcp", 4420, false),
+            Code::InvalidArgument,
+            "listener listener/nqn.2016-06.io.test:other/gw1/tcp/10.0.0.1/4420: the same gateway, \
+             address and port is already secure for subsystem nqn.2016-06.io.test:keys",
+        ),
+        (
+            listener(NQN, "tcp", 4421, true),
+            Code::InvalidArgument,
+            "listener listener/nqn.2016-06.io.test:keys/gw1/tcp/10.0.0.1/4421: the same gateway, \
+             address and port is already plain (not secure) for subsystem nqn.2016-06.io.test:other",
+        ),
+        (
+            // The same listener but for its flag: one entry per listener.
+            listener(NQN, "tcp", 4420, false),
+            Code::AlreadyExists,
+            "listener listener/nqn.2016-06.io.test:keys/gw1/tcp/10.0.0.1/4420 already exists",
+        ),
+    ];
+    for (request, code, message) in listener_refusals {
+        let s = a.listener_add(request).await.expect_err(message);
+        assert_eq!(s.code(), code, "{}", s.message());
+        assert!(s.message().starts_with(message), "{}", s.message());
+    }
+    let now = a
+        .host_list(proto::HostListRequest::default())
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(now.version, version, "a refusal changed the state");
+
+    // A listener is deleted whatever the request says of its flag.
+    a.listener_del(listener(NQN, "tcp", 4420, false))
+        .await
+        .expect("secure listener deleted");
+    a.listener_add(listener(OTHER, "tcp", 4420, false))
+        .await
+        .expect("the port is free for a plain listener");
+
+    // Cleared: a host without keys again (back in `hosts`).
+    a.host_change_key(host(NQN, KEYED, "", ""))
+        .await
+        .expect("clear");
+    let s = next_assignment(&mut stream, |s| s.hosts.len() == 2).await;
+    assert_eq!(entry(&s, KEYED).psk, None);
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -368,6 +670,7 @@ fn nvmeofctl_takes_keys_from_files_and_never_prints_them() {
     bad[14] = if bad[14] == b'A' { b'B' } else { b'A' };
     let bad = String::from_utf8(bad).expect("ASCII");
     let keys = [k1.as_str(), c1.as_str(), k2.as_str(), bad.as_str()];
+    let p1 = psk(0x77);
     // Files as `nvme gen-dhchap-key > FILE` writes them (with a newline).
     let k1_file = write(&dir, "host.key", &format!("{k1}\n"));
     let c1_file = write(&dir, "ctrl.key", &format!("{c1}\n"));
@@ -412,9 +715,9 @@ fn nvmeofctl_takes_keys_from_files_and_never_prints_them() {
     assert_eq!(
         rows,
         vec![
-            vec!["SUBSYSTEM", "HOST", "AUTH"],
-            vec![NQN, PLAIN, "none"],
-            vec![NQN, KEYED, "bidirectional"],
+            vec!["SUBSYSTEM", "HOST", "AUTH", "TLS", "PSK"],
+            vec![NQN, PLAIN, "none", "no"],
+            vec![NQN, KEYED, "bidirectional", "no"],
         ]
     );
     let (rc, out, _) = run(&["-o", "json", "host", "list"], None);
@@ -446,7 +749,7 @@ fn nvmeofctl_takes_keys_from_files_and_never_prints_them() {
     assert_eq!(rc, 0);
     assert!(
         out.lines()
-            .any(|l| l.contains(KEYED) && l.ends_with(" host")),
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == [NQN, KEYED, "host", "no"]),
         "{out}"
     );
     let (rc, out, err) = run(
@@ -521,8 +824,83 @@ fn nvmeofctl_takes_keys_from_files_and_never_prints_them() {
     assert_eq!(rc, 1, "{err}");
     assert!(err.contains("not allowed"), "{err}");
 
+    // A TLS PSK from a file (as `nvme gen-tls-key` prints it), with its derivation: listed as
+    // that derivation, never the key; an unknown derivation is refused (exit 1).
+    let p1_file = write(&dir, "tls.psk", &format!("{p1}\n"));
+    let (rc, out, err) = run(
+        &[
+            "host",
+            "add",
+            "-n",
+            NQN,
+            "--host",
+            "nqn.2016-06.io.test:tls",
+            "--psk-file",
+            &p1_file,
+            "--psk-derivation",
+            "libnvme-compat",
+        ],
+        None,
+    );
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("with a TLS PSK"), "{out}");
+    let (rc, out, _) = run(&["host", "list"], None);
+    assert_eq!(rc, 0);
+    assert!(
+        out.lines().any(|l| l.split_whitespace().collect::<Vec<_>>()
+            == [NQN, "nqn.2016-06.io.test:tls", "none", "libnvme-compat"]),
+        "{out}"
+    );
+    let (rc, out, _) = run(&["-o", "json", "host", "list"], None);
+    assert_eq!(rc, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let listed = v["hosts"]
+        .as_array()
+        .and_then(|h| {
+            h.iter()
+                .find(|h| h["host_nqn"] == "nqn.2016-06.io.test:tls")
+        })
+        .expect("the host listed");
+    assert_eq!(
+        listed["psk"],
+        serde_json::json!({"derivation": "libnvme-compat"}),
+        "{out}"
+    );
+    let (rc, _, err) = run(
+        &[
+            "host",
+            "change-key",
+            "-n",
+            NQN,
+            "--host",
+            "nqn.2016-06.io.test:tls",
+            "--psk",
+            &p1,
+            "--psk-derivation",
+            "rfc9999",
+        ],
+        None,
+    );
+    assert_eq!(rc, 1, "{err}");
+    assert!(
+        err.contains("invalid psk_derivation: \"rfc9999\" is not one of rfc8446, libnvme-compat"),
+        "{err}"
+    );
+    let (rc, _, err) = run(
+        &[
+            "host",
+            "del",
+            "-n",
+            NQN,
+            "--host",
+            "nqn.2016-06.io.test:tls",
+        ],
+        None,
+    );
+    assert_eq!(rc, 0, "{err}");
+
     // Bad usage: exit 2, nothing sent.
-    let usage: [&[&str]; 5] = [
+    let usage: [&[&str]; 6] = [
         &[
             "host",
             "add",
@@ -577,6 +955,18 @@ fn nvmeofctl_takes_keys_from_files_and_never_prints_them() {
             "--dhchap-ctrl-key-file",
             "-",
         ],
+        &[
+            "host",
+            "change-key",
+            "-n",
+            NQN,
+            "--host",
+            KEYED,
+            "--dhchap-key-file",
+            "-",
+            "--psk-file",
+            "-",
+        ],
     ];
     for args in usage {
         let (rc, _, err) = run(args, Some(""));
@@ -589,11 +979,13 @@ fn nvmeofctl_takes_keys_from_files_and_never_prints_them() {
     // Nothing printed a key (the command lines above carried some), and neither did the
     // control plane's log.
     assert_no_key(&outputs, &keys, "nvmeofctl's output");
+    assert_no_psk(&outputs, &[&p1], "nvmeofctl's output");
     let text = std::fs::read_to_string(&log).expect("read the log");
     assert!(
         text.contains("host keys set"),
         "the log covers the changes:\n{text}"
     );
     assert_no_key(&text, &keys, "the nvmeof-control log");
+    assert_no_psk(&text, &[&p1], "the nvmeof-control log");
     let _ = std::fs::remove_dir_all(&dir);
 }

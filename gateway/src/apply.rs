@@ -16,6 +16,7 @@ use std::time::Duration;
 use rbd_backend::{DeviceEvent, DeviceEventSink};
 
 use crate::config::HostEntry;
+use crate::core::tls::HostPsk;
 use crate::core::{HostAccess, HostKeys, Namespace, Subsystem, Target, Visibility};
 use crate::events::NamespaceEvents;
 use crate::spec::ana;
@@ -73,6 +74,17 @@ fn auth_mode(keys: Option<&Arc<HostKeys>>) -> &'static str {
     }
 }
 
+/// The TLS PSKs of the hosts that have one, by NQN (entries were validated).
+pub fn tls_psks(hosts: &[HostEntry]) -> BTreeMap<String, Arc<HostPsk>> {
+    hosts
+        .iter()
+        .filter_map(|h| match h.tls_psk() {
+            Ok(Some(psk)) => Some((h.nqn().to_string(), Arc::new(psk))),
+            _ => None,
+        })
+        .collect()
+}
+
 /// What [`apply_hosts`] changed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct HostChanges {
@@ -96,6 +108,12 @@ pub fn apply_hosts(sub: &Subsystem, wanted: &WantedHosts, origin: &str) -> HostC
     let access = wanted.access();
     let current = sub.all_host_keys();
     let keys_changed = current != wanted.keys;
+    let psks = tls_psks(&wanted.entries);
+    if sub.tls.all_psks() != psks {
+        changes.keys += 1;
+        tracing::info!(nqn = %sub.nqn(), hosts_with_psk = psks.len(), "TLS PSKs changed {origin}");
+        sub.tls.set_psks(psks);
+    }
     if keys_changed {
         let mut interim = wanted.keys.clone();
         for (h, k) in &current {

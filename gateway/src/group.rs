@@ -83,12 +83,15 @@ pub struct GroupAgent {
     pub listeners: tokio::sync::watch::Receiver<Option<BTreeSet<PushedListener>>>,
 }
 
-/// A listener the control plane has for this gateway.
+/// A listener the control plane (or the file) has for this gateway.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PushedListener {
     /// NVMe/RDMA (else NVMe/TCP).
     pub rdma: bool,
     pub addr: std::net::SocketAddr,
+    /// TLS connections only (NVMe/TCP). Part of the identity: a listener whose flag changed
+    /// is another one, so the running socket stops and one of the new kind starts.
+    pub secure: bool,
 }
 
 /// This gateway's listeners in an assignment (any subsystem; a listener serves them all);
@@ -108,6 +111,7 @@ pub fn own_listeners(a: &Assignment, gateway: &str) -> BTreeSet<PushedListener> 
             Some(PushedListener {
                 rdma,
                 addr: std::net::SocketAddr::new(ip, port),
+                secure: l.secure && !rdma,
             })
         })
         .collect()
@@ -659,6 +663,7 @@ async fn assignment_loop(
                                 apply_qos(&target, config, &a);
                                 apply_removals(&target, config, &a).await;
                                 apply_listeners(&target, &a);
+                                apply_tls(&target, &a);
                                 let own = Some(own_listeners(&a, &settings.gateway));
                                 listeners.send_if_modified(|l| {
                                     let changed = *l != own;
@@ -702,6 +707,23 @@ async fn assignment_loop(
 /// Port IDs of the listeners taken from the control plane start here, clear of the local
 /// listeners' 1.. (the file's).
 const PUSHED_PORT_ID_BASE: u16 = 0x8000;
+
+/// Secure channels as the control plane has them: which listeners the discovery log lists
+/// as secure, and which subsystems require TLS. Hosts' PSKs come with the host entries
+/// (`pushed_hosts`); whether this gateway's own sockets take TLS comes with them
+/// ([`own_listeners`]).
+pub fn apply_tls(target: &Target, a: &Assignment) {
+    for l in a.group_listeners.iter().chain(&a.listeners) {
+        if let (Ok(port), "tcp") = (u16::try_from(l.port), l.transport.as_str()) {
+            target.secure_listeners.set(&l.address, port, l.secure);
+        }
+    }
+    for s in &a.subsystems {
+        if let Some(sub) = target.subsystem(&s.nqn) {
+            sub.tls.set_required(s.require_tls);
+        }
+    }
+}
 
 /// Makes this gateway's discovery log list every gateway's listeners of an assignment: the new
 /// ones are added (once each), and the ones taken from an earlier assignment that are gone
@@ -770,15 +792,26 @@ fn pushed_hosts(s: &control_plane::proto::Subsystem) -> WantedHosts {
     }
     let given = |k: &str| (!k.is_empty()).then(|| k.to_string());
     for h in &s.host_entries {
-        let entry = if h.dhchap_key.is_empty() && h.dhchap_ctrl_key.is_empty() {
+        let psk = h.psk.as_ref().filter(|p| !p.key.is_empty());
+        let entry = if h.dhchap_key.is_empty() && h.dhchap_ctrl_key.is_empty() && psk.is_none() {
             HostEntry::Nqn(h.host_nqn.clone())
         } else {
             HostEntry::WithKeys(HostTable {
                 nqn: h.host_nqn.clone(),
                 dhchap_key: given(&h.dhchap_key),
                 dhchap_ctrl_key: given(&h.dhchap_ctrl_key),
+                psk: psk.map(|p| p.key.clone()),
+                psk_derivation: psk.and_then(|p| given(&p.derivation)),
             })
         };
+        if let Err((field, why)) = entry.tls_psk() {
+            tracing::error!(
+                nqn = %s.nqn,
+                host = %h.host_nqn,
+                "pushed host not allowed here: its {field} is refused ({why})"
+            );
+            continue;
+        }
         match entry.keys() {
             Ok(keys) => {
                 if let Some(keys) = keys {
@@ -1092,6 +1125,7 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
                 } else {
                     pushed_hosts(s).entries
                 },
+                require_tls: s.require_tls,
                 namespaces,
             });
         }
@@ -1669,6 +1703,7 @@ ana_group = 2
                     dhchap_key: k.unwrap_or_default().into(),
                     dhchap_ctrl_key: c.unwrap_or_default().into(),
                     auth: String::new(),
+                    psk: None,
                 })
                 .collect(),
             ..Default::default()
@@ -1839,6 +1874,136 @@ ana_group = 2
         let logged = logs.text();
         for k in [&k1t, &c1t, &k2t, &bad] {
             assert!(!logged.contains(&k[10..50]), "a key in the log:\n{logged}");
+        }
+    }
+
+    fn psk_text(byte: u8) -> String {
+        nvme_auth::tls_psk::ConfiguredPsk::from_bytes(&[byte; 32], None)
+            .expect("32 bytes")
+            .to_interchange()
+            .to_string()
+    }
+
+    /// A pushed subsystem whose hosts have TLS PSKs (host NQN, key, derivation).
+    fn tls_subsystem(
+        require_tls: bool,
+        hosts: &[(&str, &str, &str)],
+    ) -> control_plane::proto::Subsystem {
+        control_plane::proto::Subsystem {
+            nqn: PUSHED.into(),
+            require_tls,
+            host_entries: hosts
+                .iter()
+                .map(|&(h, key, derivation)| control_plane::proto::Host {
+                    subsystem_nqn: PUSHED.into(),
+                    host_nqn: h.into(),
+                    psk: (!key.is_empty()).then(|| control_plane::proto::TlsPsk {
+                        key: key.into(),
+                        derivation: derivation.into(),
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn tls_assignment(
+        version: u64,
+        subsystem: control_plane::proto::Subsystem,
+        secure: bool,
+    ) -> Assignment {
+        let listener = |gateway: &str, address: &str| control_plane::proto::Listener {
+            subsystem_nqn: PUSHED.into(),
+            gateway: gateway.into(),
+            transport: "tcp".into(),
+            address: address.into(),
+            port: 4430,
+            secure,
+        };
+        Assignment {
+            version,
+            state_version: version,
+            subsystems: vec![subsystem],
+            listeners: vec![listener("gw1", "127.0.0.1")],
+            group_listeners: vec![listener("gw1", "127.0.0.1"), listener("gw2", "127.0.0.2")],
+            ..Assignment::default()
+        }
+    }
+
+    async fn apply_all(target: &Arc<Target>, base: &Config, a: &Assignment) {
+        apply_config(target, base, a).await;
+        apply_removals(target, base, a).await;
+        apply_listeners(target, a);
+        apply_tls(target, a);
+    }
+
+    /// TLS settings from the control plane, as the file gives them: a subsystem built from
+    /// an assignment requires TLS and has its hosts' PSKs (each with its derivation); the
+    /// listeners are secure in the discovery log and this gateway's socket is a TLS one;
+    /// all of it follows the next assignment (plain again, PSK cleared); a PSK that does
+    /// not parse keeps its host out; no PSK is logged.
+    #[tokio::test]
+    async fn pushed_tls_settings_are_applied_and_follow_changes() {
+        use nvme_auth::tls_psk::{ConfiguredPsk, LabelEncoding};
+        let (logs, _guard) = capture_logs();
+        let base = Config::from_toml_str(TOML).expect("config");
+        let target = base.build_target().expect("target");
+        let (p1, p2) = (psk_text(0x41), psk_text(0x42));
+
+        let a = tls_assignment(
+            1,
+            tls_subsystem(true, &[(KEYED, &p1, ""), (PLAIN, &p2, "libnvme-compat")]),
+            true,
+        );
+        apply_all(&target, &base, &a).await;
+        let pushed = target.subsystem(PUSHED).expect("built");
+        assert!(pushed.tls.required());
+        let psk = pushed.tls.psk(KEYED).expect("KEYED's PSK");
+        assert_eq!(psk.psk, ConfiguredPsk::parse(&p1).expect("p1"));
+        assert_eq!(psk.derivation, LabelEncoding::Rfc8446);
+        let psk = pushed.tls.psk(PLAIN).expect("PLAIN's PSK");
+        assert_eq!(psk.psk, ConfiguredPsk::parse(&p2).expect("p2"));
+        assert_eq!(psk.derivation, LabelEncoding::LibnvmeCompat);
+        assert!(pushed.allows_host(KEYED) && pushed.allows_host(PLAIN));
+        assert!(target.secure_listeners.is_secure("127.0.0.1", 4430));
+        assert!(target.secure_listeners.is_secure("127.0.0.2", 4430));
+        let own = own_listeners(&a, "gw1");
+        assert!(
+            own.len() == 1 && own.iter().all(|l| l.secure && !l.rdma),
+            "{own:?}"
+        );
+
+        // Plain again: not required, KEYED's PSK cleared, listeners plain.
+        let a = tls_assignment(2, tls_subsystem(false, &[(KEYED, "", "")]), false);
+        apply_all(&target, &base, &a).await;
+        assert!(!pushed.tls.required());
+        assert!(pushed.tls.psk(KEYED).is_none());
+        assert!(pushed.allows_host(KEYED) && !pushed.allows_host(PLAIN));
+        assert!(!target.secure_listeners.is_secure("127.0.0.1", 4430));
+        assert!(!target.secure_listeners.is_secure("127.0.0.2", 4430));
+        assert!(own_listeners(&a, "gw1").iter().all(|l| !l.secure));
+
+        // A PSK that does not parse here (a CRC mismatch): that host is not let in.
+        let mut bad = p1.clone().into_bytes();
+        bad[20] = if bad[20] == b'A' { b'B' } else { b'A' };
+        let bad = String::from_utf8(bad).expect("ASCII");
+        let a = tls_assignment(
+            3,
+            tls_subsystem(true, &[(KEYED, &bad, ""), (PLAIN, &p2, "")]),
+            true,
+        );
+        apply_all(&target, &base, &a).await;
+        assert!(!pushed.allows_host(KEYED), "let in without its PSK");
+        assert!(pushed.tls.psk(KEYED).is_none());
+        assert!(pushed.allows_host(PLAIN) && pushed.tls.psk(PLAIN).is_some());
+        let logged = logs.text();
+        assert!(
+            logged.contains("pushed host not allowed here: its psk is refused"),
+            "{logged}"
+        );
+        for k in [&p1, &p2, &bad] {
+            assert!(!logged.contains(&k[16..48]), "a PSK in the log:\n{logged}");
         }
     }
 

@@ -18,6 +18,7 @@ use nvmeof_gateway::health::Health;
 use nvmeof_gateway::rdma::server::RdmaServer;
 use nvmeof_gateway::reload::{self, Outcome, Prepared, Reloader};
 use nvmeof_gateway::tcp::server::TcpServer;
+use nvmeof_gateway::tcp::tls::TlsAcceptor;
 use tokio::sync::watch;
 
 /// NVMe over Fabrics gateway in front of Ceph RBD.
@@ -136,11 +137,8 @@ async fn serve(config: Config, path: PathBuf) -> Result<(), String> {
         return Err("the NVMe/TCP data budget was set twice".into());
     }
     let mut listeners = Listeners::new(target.clone(), config.tcp_busy_poll());
-    for addr in config.listen_addrs() {
-        listeners.start(false, addr).await?;
-    }
-    for addr in config.rdma_listen_addrs() {
-        listeners.start(true, addr).await?;
+    for l in reload::listeners_of(&config) {
+        listeners.start(l).await?;
     }
     health.serving(&target);
     let metrics = match config.metrics_addr() {
@@ -275,7 +273,7 @@ async fn reload(reloader: &mut Reloader, target: &Arc<Target>, listeners: &mut L
     };
     let mut bound = Vec::new();
     for new in plan.listeners_added() {
-        if let Err(e) = listeners.start(new.rdma, new.addr).await {
+        if let Err(e) = listeners.start(new.clone()).await {
             for l in &bound {
                 listeners.stop(l).await;
             }
@@ -297,6 +295,7 @@ struct Listeners {
     /// `[gateway] tcp_busy_poll_us` and `tcp_busy_poll_adaptive`, for every NVMe/TCP listener.
     tcp_busy_poll: Option<nvmeof_gateway::tcp::busy_poll::BusyPollConfig>,
     running: BTreeMap<PushedListener, (watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+    tls: Option<Arc<TlsAcceptor>>,
 }
 
 impl Listeners {
@@ -308,29 +307,47 @@ impl Listeners {
             target,
             tcp_busy_poll,
             running: BTreeMap::new(),
+            tls: None,
         }
     }
 
-    /// Binds and serves `addr` (a no-op when it already runs).
-    async fn start(&mut self, rdma: bool, addr: SocketAddr) -> Result<(), String> {
-        let key = PushedListener { rdma, addr };
+    /// Binds and serves a listener (a no-op when it already runs); a secure one takes TLS
+    /// connections only.
+    async fn start(&mut self, key: PushedListener) -> Result<(), String> {
         if self.running.contains_key(&key) {
             return Ok(());
         }
+        let PushedListener { rdma, addr, secure } = key;
         let (stop, stopped) = watch::channel(false);
         let task = if rdma {
             let server = RdmaServer::bind(addr, self.target.clone())
                 .map_err(|e| format!("cannot listen on rdma {addr}: {e}"))?;
             tokio::spawn(server.serve(stopped))
         } else {
-            let server = TcpServer::bind(addr, self.target.clone())
+            let mut server = TcpServer::bind(addr, self.target.clone())
                 .await
                 .map_err(|e| format!("cannot listen on {addr}: {e}"))?
                 .with_busy_poll(self.tcp_busy_poll);
+            if secure {
+                server = server.with_tls(self.tls_acceptor()?);
+            }
             tokio::spawn(server.serve(stopped))
         };
         self.running.insert(key, (stop, task));
         Ok(())
+    }
+
+    /// The TLS server side every secure listener shares (made at the first one).
+    fn tls_acceptor(&mut self) -> Result<Arc<TlsAcceptor>, String> {
+        if let Some(acceptor) = &self.tls {
+            return Ok(acceptor.clone());
+        }
+        let acceptor = Arc::new(
+            TlsAcceptor::new(self.target.clone())
+                .map_err(|e| format!("cannot set up TLS for secure listeners: {e}"))?,
+        );
+        self.tls = Some(acceptor.clone());
+        Ok(acceptor)
     }
 
     async fn stop(&mut self, key: &PushedListener) {
@@ -351,16 +368,22 @@ impl Listeners {
     ) -> Vec<(String, String)> {
         for gone in before.difference(now) {
             if self.running.contains_key(gone) {
-                tracing::info!(addr = %gone.addr, rdma = gone.rdma, "listener deleted: stop listening");
+                tracing::info!(addr = %gone.addr, rdma = gone.rdma, secure = gone.secure, "listener deleted: stop listening");
                 self.stop(gone).await;
             }
-            self.forget(gone);
+            // One whose `secure` flag changed starts again below: it stays listed.
+            if !now
+                .iter()
+                .any(|n| n.rdma == gone.rdma && n.addr == gone.addr)
+            {
+                self.forget(gone);
+            }
         }
         let mut failed = Vec::new();
         for new in now {
             if !self.running.contains_key(new) {
-                tracing::info!(addr = %new.addr, rdma = new.rdma, "listener added: listening");
-                if let Err(e) = self.start(new.rdma, new.addr).await {
+                tracing::info!(addr = %new.addr, rdma = new.rdma, secure = new.secure, "listener added: listening");
+                if let Err(e) = self.start(new.clone()).await {
                     tracing::error!("{e}");
                     failed.push((new.addr.to_string(), e));
                 }

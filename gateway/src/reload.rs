@@ -270,6 +270,11 @@ impl Reloader {
         }
         apply_file_qos(target, &new);
         add_to_discovery_log(target, &new);
+        for s in &new.subsystems {
+            if let Some(sub) = target.subsystem(&s.nqn) {
+                sub.tls.set_required(s.require_tls);
+            }
+        }
         self.current = new;
         summary
     }
@@ -280,11 +285,22 @@ pub fn listeners_of(config: &Config) -> BTreeSet<PushedListener> {
     let tcp = config
         .listen_addrs()
         .into_iter()
-        .map(|addr| PushedListener { rdma: false, addr });
+        .map(|addr| PushedListener {
+            rdma: false,
+            addr,
+            secure: config
+                .listeners
+                .iter()
+                .any(|c| c.secure && c.transport != "rdma" && c.socket_addr().ok() == Some(addr)),
+        });
     let rdma = config
         .rdma_listen_addrs()
         .into_iter()
-        .map(|addr| PushedListener { rdma: true, addr });
+        .map(|addr| PushedListener {
+            rdma: true,
+            addr,
+            secure: false,
+        });
     tcp.chain(rdma).collect()
 }
 
@@ -310,6 +326,12 @@ fn add_to_discovery_log(target: &Target, config: &Config) {
         else {
             continue;
         };
+        let secure = transport == TransportType::Tcp
+            && config
+                .listeners
+                .iter()
+                .any(|c| c.secure && c.transport != "rdma" && c.socket_addr().ok() == Some(l.addr));
+        target.secure_listeners.set(&address, l.addr.port(), secure);
         target.add_listener(ListenerInfo {
             transport,
             address,
@@ -391,6 +413,21 @@ fn not_live_changes(old: &Config, new: &Config) -> Vec<String> {
         ),
         (None, None) => {}
         _ => out.push("[group]".into()),
+    }
+    // A socket is bound as TLS or plain: the listener must be deleted (a reload) and added
+    // again (another one), or the gateway restarted.
+    let (before, after) = (listeners_of(old), listeners_of(new));
+    for (i, l) in new.listeners.iter().enumerate() {
+        let Ok(addr) = l.socket_addr() else {
+            continue;
+        };
+        let flipped = |set: &BTreeSet<PushedListener>, secure: bool| {
+            set.iter()
+                .any(|p| !p.rdma && p.addr == addr && p.secure == secure)
+        };
+        if l.transport != "rdma" && flipped(&before, !l.secure) && flipped(&after, l.secure) {
+            out.push(format!("listener[{i}].secure"));
+        }
     }
     for (i, s) in new.subsystems.iter().enumerate() {
         let Some(o) = old.subsystems.iter().find(|o| o.nqn == s.nqn) else {
@@ -621,6 +658,20 @@ mod tests {
             ]
         );
         assert!(not_live_changes(&old, &old).is_empty());
+    }
+
+    #[test]
+    fn a_listener_turning_secure_or_plain_is_not_live() {
+        let sub = subsystem("nqn.2016-06.io.x:a", "");
+        let plain = Config::from_toml_str(&format!("{LISTENER}{sub}")).expect("valid");
+        let secure =
+            Config::from_toml_str(&format!("{LISTENER}secure = true\n{sub}")).expect("valid");
+        assert_eq!(not_live_changes(&plain, &secure), ["listener[0].secure"]);
+        assert_eq!(not_live_changes(&secure, &plain), ["listener[0].secure"]);
+        assert!(not_live_changes(&secure, &secure).is_empty());
+        // The socket's kind follows the file.
+        assert!(listeners_of(&secure).iter().all(|l| l.secure));
+        assert!(listeners_of(&plain).iter().all(|l| !l.secure));
     }
 
     #[tokio::test]

@@ -354,8 +354,14 @@ pub mod disc {
     /// TREQ bit 2: the controller can disable SQ flow control (`NVMF_TREQ_DISABLE_SQFLOW`);
     /// `nvme connect-all` then connects with `disable_sqflow`. Linux nvmet sets it by default.
     pub const TREQ_DISABLE_SQFLOW: u8 = 1 << 2;
+    /// TREQ bits 1:0, secure channel required (`NVMF_TREQ_REQUIRED`): a secure listener,
+    /// which takes TLS connections only. Linux's `nvme discover` prints "required" and
+    /// `connect-all` then connects with TLS.
+    pub const TREQ_SECURE_CHANNEL_REQUIRED: u8 = 1;
     /// TSAS for TCP: no security (`NVMF_TCP_SECTYPE_NONE`).
     pub const TCP_SECTYPE_NONE: u8 = 0;
+    /// TSAS for TCP: TLS 1.3 (`NVMF_TCP_SECTYPE_TLS13`, NVMe/TCP 3.6.1.1).
+    pub const TCP_SECTYPE_TLS13: u8 = 2;
     /// RDMA TSAS values (`NVMF_RDMA_*`).
     pub const RDMA_QPTYPE_CONNECTED: u8 = 1;
     pub const RDMA_PRTYPE_NOT_SPECIFIED: u8 = 1;

@@ -253,6 +253,7 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
                 transport: "tcp".into(),
                 address: "127.0.0.1".into(),
                 port: u32::from(port),
+                secure: false,
             })
             .await
             .expect("listener");
@@ -281,6 +282,7 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
         transport: "tcp".into(),
         address: "127.0.0.1".into(),
         port: u32::from(extra),
+        secure: false,
     };
     admin
         .listener_add(extra_listener.clone())
@@ -318,6 +320,7 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
             transport: "tcp".into(),
             address: "127.0.0.1".into(),
             port: 4999,
+            secure: false,
         })
         .await
         .expect("listener del gw2");

@@ -18,6 +18,7 @@ pub mod hash;
 pub mod ids;
 pub mod message;
 pub mod secret;
+pub mod tls_psk;
 
 use zeroize::Zeroizing;
 

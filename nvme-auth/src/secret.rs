@@ -120,7 +120,7 @@ impl DhchapSecret {
 }
 
 /// CRC-32 (the IEEE/zlib polynomial, reflected), as the representation's check value.
-fn crc32(data: &[u8]) -> u32 {
+pub(crate) fn crc32(data: &[u8]) -> u32 {
     let mut crc = !0u32;
     for &byte in data {
         crc ^= u32::from(byte);

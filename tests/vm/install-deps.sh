@@ -14,6 +14,7 @@ PKGS=(
   e2fsprogs iproute2 python3
   rdma-core ibverbs-providers libibverbs1 librdmacm1 ibverbs-utils  # Soft-RoCE (rxe) for e2e-rdma.sh
   docker.io debootstrap python3-venv  # e2e-k8s: the container image (scripts/build-image.sh) and the Helm venv
+  libssl-dev pkg-config  # building the gateway: it links OpenSSL for NVMe/TCP TLS (openssl-sys)
 )
 need=()
 for p in "${PKGS[@]}"; do

@@ -17,7 +17,7 @@ use tonic::transport::{Channel, ClientTlsConfig};
 #[path = "nvmeofctl/listing.rs"]
 mod listing;
 
-use listing::{ana_name, done, json, print_list, print_rows, table, GatewayRow, Output};
+use listing::{ana_name, done, json, print_list, print_rows, table, to_stdout, GatewayRow, Output};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "Manage an NVMe-oF gateway group")]
@@ -88,6 +88,9 @@ enum SubsystemCmd {
         allow_any_host: bool,
         #[arg(long, default_value_t = 0)]
         max_namespaces: u32,
+        /// Hosts must connect through a secure listener (TLS 1.3 with their PSK).
+        #[arg(long)]
+        require_tls: bool,
     },
     Del {
         #[arg(long, short)]
@@ -101,6 +104,8 @@ enum SubsystemCmd {
 
 #[derive(Debug, Subcommand)]
 enum NamespaceCmd {
+    /// Adds a namespace: an RBD image (made first with --create-image) under an NSID.
+    // Without its own doc comment clap would take the flattened QosArgs' as its help.
     Add {
         #[arg(long, short = 'n')]
         subsystem: String,
@@ -302,11 +307,17 @@ struct ListenerArgs {
     port: u32,
     #[arg(long, default_value = "tcp")]
     transport: String,
+    /// A secure listener (NVMe/TCP only): TLS 1.3 with the hosts' PSKs before anything else.
+    /// Every subsystem's listener on one gateway address and port must agree. Ignored by
+    /// `listener del`.
+    #[arg(long)]
+    secure: bool,
 }
 
 #[derive(Debug, Subcommand)]
 enum HostCmd {
-    /// Allows a host; with --dhchap-key it must authenticate (DH-HMAC-CHAP) every queue.
+    /// Allows a host; with --dhchap-key it must authenticate (DH-HMAC-CHAP) every queue; with
+    /// --psk it can connect through secure listeners (TLS).
     Add {
         #[arg(long, short = 'n')]
         subsystem: String,
@@ -315,9 +326,10 @@ enum HostCmd {
         #[command(flatten)]
         keys: KeyArgs,
     },
-    /// Sets, replaces or clears a host's DH-HMAC-CHAP keys; the host stays allowed and its
-    /// connections stay (the keys apply from its next authentication). With no key given the
-    /// keys are cleared: the host then connects without authenticating.
+    /// Sets, replaces or clears a host's DH-HMAC-CHAP keys and TLS PSK; the host stays allowed
+    /// and its connections stay (the keys apply from its next authentication or TLS
+    /// handshake). A key not given is cleared: with none, the host connects without
+    /// authenticating (and no longer through a secure listener).
     ChangeKey {
         #[arg(long, short = 'n')]
         subsystem: String,
@@ -338,7 +350,8 @@ enum HostCmd {
     },
 }
 
-/// A host's DH-HMAC-CHAP keys, `DHHC-1:XX:<base64>:` as `nvme gen-dhchap-key` prints them.
+/// A host's DH-HMAC-CHAP keys, `DHHC-1:XX:<base64>:` as `nvme gen-dhchap-key` prints them,
+/// and its TLS PSK.
 #[derive(clap::Args)]
 struct KeyArgs {
     /// The host's secret (`nvme connect --dhchap-secret`): given, the host must authenticate.
@@ -356,6 +369,17 @@ struct KeyArgs {
     /// Reads --dhchap-ctrl-key from this file (`-`: standard input).
     #[arg(long)]
     dhchap_ctrl_key_file: Option<PathBuf>,
+    /// The host's TLS pre-shared key for secure listeners, `NVMeTLSkey-1:HH:<base64>:` as
+    /// `nvme gen-tls-key` prints it. Prefer --psk-file.
+    #[arg(long, conflicts_with = "psk_file")]
+    psk: Option<String>,
+    /// Reads --psk from this file (`-`: standard input).
+    #[arg(long)]
+    psk_file: Option<PathBuf>,
+    /// How the host's nvme-cli derives its TLS key from the PSK: rfc8446 (default; libnvme
+    /// since August 2025) or libnvme-compat (older libnvme, e.g. Debian trixie's).
+    #[arg(long)]
+    psk_derivation: Option<String>,
 }
 
 /// Says which keys are given, never what they are.
@@ -367,6 +391,9 @@ impl std::fmt::Debug for KeyArgs {
             .field("dhchap_key_file", &self.dhchap_key_file)
             .field("dhchap_ctrl_key", &set(&self.dhchap_ctrl_key))
             .field("dhchap_ctrl_key_file", &self.dhchap_ctrl_key_file)
+            .field("psk", &set(&self.psk))
+            .field("psk_file", &self.psk_file)
+            .field("psk_derivation", &self.psk_derivation)
             .finish()
     }
 }
@@ -376,6 +403,8 @@ impl std::fmt::Debug for KeyArgs {
 struct Keys {
     host: String,
     ctrl: String,
+    psk: String,
+    psk_derivation: String,
 }
 
 impl KeyArgs {
@@ -383,11 +412,18 @@ impl KeyArgs {
     /// (an unset shell variable must not add a host without authentication); so is reading
     /// both from standard input. Messages never contain a key.
     fn read(&self) -> Result<Keys, String> {
-        if self.dhchap_key_file.as_deref() == Some(std::path::Path::new("-"))
-            && self.dhchap_ctrl_key_file.as_deref() == Some(std::path::Path::new("-"))
-        {
+        let stdin = std::path::Path::new("-");
+        let from_stdin = [
+            &self.dhchap_key_file,
+            &self.dhchap_ctrl_key_file,
+            &self.psk_file,
+        ]
+        .iter()
+        .filter(|f| f.as_deref() == Some(stdin))
+        .count();
+        if from_stdin > 1 {
             return Err(
-                "--dhchap-key-file and --dhchap-ctrl-key-file cannot both be standard input".into(),
+                "--dhchap-key-file, --dhchap-ctrl-key-file and --psk-file: only one can be standard input".into(),
             );
         }
         let one = |option: &str, text: &Option<String>, file: &Option<PathBuf>| {
@@ -410,6 +446,8 @@ impl KeyArgs {
                 &self.dhchap_ctrl_key,
                 &self.dhchap_ctrl_key_file,
             )?,
+            psk: one("psk", &self.psk, &self.psk_file)?,
+            psk_derivation: self.psk_derivation.clone().unwrap_or_default(),
         })
     }
 }
@@ -462,8 +500,7 @@ enum Failure {
 const EXIT_TLS: u8 = 4;
 
 fn main() -> ExitCode {
-    // `nvmeofctl ... | head`: end by SIGPIPE when the reader has gone, not by a panic.
-    sigpipe::reset();
+    // SIGPIPE stays ignored until the output is written (`listing::to_stdout`).
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -597,12 +634,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             serial,
             allow_any_host,
             max_namespaces,
+            require_tls,
         }) => {
             let request = proto::SubsystemAddRequest {
                 nqn,
                 serial,
                 allow_any_host,
                 max_namespaces,
+                require_tls,
             };
             done(out, answer(c.subsystem_add(request), tls_on).await?)
         }
@@ -730,11 +769,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     added,
                     refused: None,
                 }),
-                Output::Table => println!(
-                    "{} namespaces added to {subsystem} in {:.2} s (state version {version})",
-                    lines.len(),
-                    started.elapsed().as_secs_f64(),
-                ),
+                Output::Table => {
+                    to_stdout();
+                    println!(
+                        "{} namespaces added to {subsystem} in {:.2} s (state version {version})",
+                        lines.len(),
+                        started.elapsed().as_secs_f64(),
+                    );
+                }
             }
         }
         Cmd::Namespace(NamespaceCmd::Del {
@@ -843,10 +885,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             subsystem, host, ..
         }) => {
             let keyed = !keys.host.is_empty() || !keys.ctrl.is_empty();
+            let with_psk = !keys.psk.is_empty();
             let request = keyed_host(subsystem.clone(), host.clone(), keys);
             let reply = answer(c.host_add(request), tls_on).await?;
-            if keyed {
-                check_keys_taken(&mut c, &subsystem, &host, tls_on).await?;
+            if keyed || with_psk {
+                check_keys_taken(&mut c, &subsystem, &host, keyed, with_psk, tls_on).await?;
             }
             done(out, reply)
         }
@@ -907,6 +950,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             match out {
                 Output::Json => json(&serde_json::json!({ "gateway": g, "ana_states": states })),
                 Output::Table => {
+                    to_stdout();
                     println!("gateway      {}", g.name);
                     println!("ANA group    {}", g.ana_group);
                     println!("state        {}", g.availability);
@@ -1033,34 +1077,44 @@ fn keyed_host(subsystem: String, host: String, keys: Keys) -> proto::Host {
         dhchap_key: keys.host,
         dhchap_ctrl_key: keys.ctrl,
         auth: String::new(),
+        // A derivation without a key is sent too: the control plane refuses it.
+        psk: (!keys.psk.is_empty() || !keys.psk_derivation.is_empty()).then_some(proto::TlsPsk {
+            key: keys.psk,
+            derivation: keys.psk_derivation,
+        }),
     }
 }
 
-/// After adding a host with keys: a control plane that predates keys ignores them and adds
-/// the host without; said here (exit 1) rather than left unnoticed.
+/// After adding a host with keys: a control plane that predates keys (DH-HMAC-CHAP keys, or
+/// TLS PSKs) ignores them and adds the host without; said here (exit 1) rather than left
+/// unnoticed.
 async fn check_keys_taken(
     c: &mut AdminClient<Channel>,
     subsystem: &str,
     host: &str,
+    dhchap: bool,
+    psk: bool,
     tls_on: bool,
 ) -> Result<(), Failure> {
     let request = proto::HostListRequest {
         subsystem_nqn: subsystem.to_string(),
     };
     let hosts = answer(c.host_list(request), tls_on).await?.hosts;
-    let auth = hosts
-        .iter()
-        .find(|h| h.host_nqn == host)
-        .map(|h| h.auth.as_str());
-    match auth {
-        Some("host" | "bidirectional") => Ok(()),
-        _ => Err(Failure::Refused(tonic::Status::failed_precondition(
-            format!(
-                "host {host} was added to {subsystem} WITHOUT its keys: this control plane does \
-             not know DH-HMAC-CHAP keys (upgrade it); remove the host with `host del` until then"
-            ),
-        ))),
-    }
+    let listed = hosts.iter().find(|h| h.host_nqn == host);
+    let dhchap_taken = listed.is_some_and(|h| matches!(h.auth.as_str(), "host" | "bidirectional"));
+    let missing = if dhchap && !dhchap_taken {
+        "DH-HMAC-CHAP keys"
+    } else if psk && listed.is_none_or(|h| h.psk.is_none()) {
+        "TLS PSKs"
+    } else {
+        return Ok(());
+    };
+    Err(Failure::Refused(tonic::Status::failed_precondition(
+        format!(
+            "host {host} was added to {subsystem} WITHOUT its keys: this control plane does not \
+             know {missing} (upgrade it); remove the host with `host del` until then"
+        ),
+    )))
 }
 
 fn listener(a: ListenerArgs) -> proto::Listener {
@@ -1070,6 +1124,7 @@ fn listener(a: ListenerArgs) -> proto::Listener {
         transport: a.transport,
         address: a.address,
         port: a.port,
+        secure: a.secure,
     }
 }
 

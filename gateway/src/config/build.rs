@@ -318,6 +318,8 @@ impl Config {
                 },
             ));
             subsystem.set_host_keys(host_keys(&s.hosts));
+            subsystem.tls.set_psks(crate::apply::tls_psks(&s.hosts));
+            subsystem.tls.set_required(s.require_tls);
             for (j, ns) in s.namespaces.iter().enumerate() {
                 let nfield = format!("subsystem[{i}].namespace[{j}]");
                 let device: Arc<dyn BlockDevice> = match ns.backend.as_str() {
@@ -398,6 +400,9 @@ impl Config {
                 port: addr.port(),
                 port_id: i as u16 + 1,
             });
+            target
+                .secure_listeners
+                .set(&addr.ip().to_string(), addr.port(), l.secure);
         }
         Ok((target, skipped))
     }

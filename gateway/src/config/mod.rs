@@ -17,9 +17,11 @@ use rbd_backend::rbd::{CephSettings, ImageSpec};
 use serde::Deserialize;
 
 use crate::auth::{DhGroup, DhchapSecret, HashFunction};
+use crate::core::tls::HostPsk;
 use crate::core::{AuthPolicy, HostKeys};
 use crate::spec::cntlid;
 use address::{metrics_socket_addr, parse_listen_address, with_port_example};
+use nvme_auth::tls_psk::{ConfiguredPsk, LabelEncoding};
 
 pub use build::OPEN_STALL_TIMEOUT;
 
@@ -153,6 +155,11 @@ pub struct ListenerConfig {
     /// Required unless `address` carries the port.
     #[serde(default)]
     pub port: Option<u16>,
+    /// A secure listener (NVMe/TCP only): every connection must first complete a TLS 1.3
+    /// handshake with a host's PSK (`psk` of a host entry); the discovery log says TLS is
+    /// required here.
+    #[serde(default)]
+    pub secure: bool,
 }
 
 impl ListenerConfig {
@@ -412,6 +419,15 @@ pub struct HostTable {
     /// (`nvme connect --dhchap-ctrl-secret`); needs `dhchap_key`.
     #[serde(default)]
     pub dhchap_ctrl_key: Option<String>,
+    /// The host's TLS pre-shared key for secure listeners, `NVMeTLSkey-1:HH:...:` as `nvme
+    /// gen-tls-key` prints it.
+    #[serde(default)]
+    pub psk: Option<String>,
+    /// How the host's nvme-cli derives its TLS keys from `psk`: `rfc8446` (the NVMe/TCP
+    /// specification's HKDF-Expand-Label, libnvme since August 2025, the default) or
+    /// `libnvme-compat` (older libnvme, e.g. Debian trixie's nvme-cli 2.13).
+    #[serde(default)]
+    pub psk_derivation: Option<String>,
 }
 
 impl std::fmt::Debug for HostTable {
@@ -423,6 +439,8 @@ impl std::fmt::Debug for HostTable {
                 "dhchap_ctrl_key",
                 &self.dhchap_ctrl_key.as_ref().map(|_| "<set>"),
             )
+            .field("psk", &self.psk.as_ref().map(|_| "<set>"))
+            .field("psk_derivation", &self.psk_derivation)
             .finish()
     }
 }
@@ -450,6 +468,34 @@ impl HostEntry {
         match self {
             HostEntry::Nqn(nqn) => nqn,
             HostEntry::WithKeys(table) => &table.nqn,
+        }
+    }
+
+    /// The host's TLS PSK, if it has one; Err names the field at fault (`psk` or
+    /// `psk_derivation`) and why, without the key.
+    pub fn tls_psk(&self) -> Result<Option<HostPsk>, (&'static str, String)> {
+        let HostEntry::WithKeys(table) = self else {
+            return Ok(None);
+        };
+        let derivation = match table.psk_derivation.as_deref() {
+            None => LabelEncoding::default(),
+            Some(name) => LabelEncoding::from_name(name).ok_or_else(|| {
+                (
+                    "psk_derivation",
+                    format!("{name:?} is not one of rfc8446, libnvme-compat"),
+                )
+            })?,
+        };
+        match table.psk.as_deref() {
+            Some(text) => Ok(Some(HostPsk {
+                psk: ConfiguredPsk::parse(text).map_err(|e| ("psk", e.to_string()))?,
+                derivation,
+            })),
+            None if table.psk_derivation.is_some() => Err((
+                "psk_derivation",
+                "needs psk: it says how the host derives its TLS keys from it".into(),
+            )),
+            None => Ok(None),
         }
     }
 
@@ -495,6 +541,10 @@ pub struct SubsystemConfig {
     /// The hosts allowed: NQNs, or tables that also give the host's DH-HMAC-CHAP keys.
     #[serde(default)]
     pub hosts: Vec<HostEntry>,
+    /// Hosts must connect through a secure listener (TLS); a Connect over a plain
+    /// connection is refused.
+    #[serde(default)]
+    pub require_tls: bool,
     #[serde(default, rename = "namespace")]
     pub namespaces: Vec<NamespaceConfig>,
 }

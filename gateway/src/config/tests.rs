@@ -669,6 +669,57 @@ fn nqns_are_taken_as_linux_nvmet_takes_them_with_a_warning_outside_the_spec() {
     }
 }
 
+#[test]
+fn tls_psks_and_secure_listeners_are_checked_without_showing_the_key() {
+    const PSK: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+    let good = with_hosts(
+        &format!(
+            r#"{{ nqn = "nqn.2014-08.org.example:h", psk = "{PSK}", psk_derivation = "libnvme-compat" }}"#
+        ),
+        "",
+    );
+    let c = parse(&good).expect("valid");
+    let psk = c.subsystems[0].hosts[0]
+        .tls_psk()
+        .expect("valid")
+        .expect("set");
+    assert_eq!(psk.derivation, LabelEncoding::LibnvmeCompat);
+    assert!(
+        !format!("{c:?}").contains("AAEC"),
+        "the key in Debug output"
+    );
+
+    let typo = with_hosts(
+        &format!(
+            r#"{{ nqn = "nqn.2014-08.org.example:h", psk = "{}" }}"#,
+            PSK.replacen("AAEC", "AAED", 1)
+        ),
+        "",
+    );
+    let e = parse(&typo).unwrap_err().to_string();
+    assert!(e.starts_with("subsystem[0].hosts[0].psk: "), "{e}");
+    assert!(e.contains("CRC") && !e.contains("AAED"), "{e}");
+
+    let derivation = with_hosts(
+        &format!(
+            r#"{{ nqn = "nqn.2014-08.org.example:h", psk = "{PSK}", psk_derivation = "v2" }}"#
+        ),
+        "",
+    );
+    let e = parse(&derivation).unwrap_err().to_string();
+    assert!(
+        e.starts_with("subsystem[0].hosts[0].psk_derivation: "),
+        "{e}"
+    );
+
+    let rdma = with_hosts(r#""nqn.2014-08.org.example:h""#, "").replace(
+        "port = 4420",
+        "port = 4420\n        secure = true\n\n        [[listener]]\n        transport = \"rdma\"\n        address = \"127.0.0.1\"\n        port = 4421\n        secure = true",
+    );
+    let e = parse(&rdma).unwrap_err().to_string();
+    assert!(e.starts_with("listener[1].secure: "), "{e}");
+}
+
 /// `auto_visible` and `hosts` of a namespace: a list only with `auto_visible = false`, each
 /// host a valid NQN once, at most MAX_HOSTS_PER_NAMESPACE; each error names its field.
 #[test]

@@ -185,6 +185,12 @@ impl Config {
                     ),
                 ));
             }
+            if l.secure && l.transport != "tcp" {
+                return Err(invalid(
+                    format!("{field}.secure"),
+                    "TLS secure channels are for NVMe/TCP listeners only",
+                ));
+            }
             let addr = l
                 .socket_addr()
                 .map_err(|(key, problem)| invalid(format!("{field}.{key}"), problem))?;
@@ -288,6 +294,8 @@ impl Config {
                     return Err(invalid(hfield, format!("{:?} is listed twice", host.nqn())));
                 }
                 host.keys()
+                    .map_err(|(key, problem)| invalid(format!("{hfield}.{key}"), problem))?;
+                host.tls_psk()
                     .map_err(|(key, problem)| invalid(format!("{hfield}.{key}"), problem))?;
             }
             if let Some(serial) = &s.serial {

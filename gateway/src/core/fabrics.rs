@@ -269,6 +269,7 @@ impl Queue {
             };
             return Err(Reject::data(sc::CONNECT_INVALID_HOST, DATA_HOSTNQN, reason));
         }
+        self.check_secure_channel(&subsystem, &req)?;
         if req.sqsize == 0 || u32::from(req.sqsize) + 1 > MAX_QUEUE_ENTRIES {
             return Err(Reject::command(
                 sc::CONNECT_INVALID_PARAM,
@@ -305,6 +306,30 @@ impl Queue {
             qid: req.qid,
         });
         Ok(cntlid)
+    }
+
+    /// Over TLS, the Connect must be for the PSK identity's host and subsystem (a host's key
+    /// must not open another host's queues); without TLS, the subsystem must not require it.
+    fn check_secure_channel(
+        &self,
+        subsystem: &Subsystem,
+        req: &ConnectRequest,
+    ) -> Result<(), Reject> {
+        match &self.secure_channel {
+            Some(channel) if channel.hostnqn != req.hostnqn || channel.subnqn != req.subnqn => {
+                Err(Reject::data(
+                    sc::CONNECT_INVALID_HOST,
+                    DATA_HOSTNQN,
+                    RefusalReason::TlsIdentityMismatch,
+                ))
+            }
+            None if subsystem.tls.required() => Err(Reject::data(
+                sc::CONNECT_INVALID_HOST,
+                DATA_HOSTNQN,
+                RefusalReason::TlsRequired,
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn connect_admin(

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use super::command::Status;
 use super::controller::Controller;
 use super::supported;
-use super::target::{ListenerInfo, TransportType};
+use super::target::{ListenerInfo, Target, TransportType};
 use super::wire::{put_str, put_u16, put_u32, put_u64};
 use crate::spec::{admin_opcode, disc, effects, log, sc, NQN_FIELD_LEN, NSID_ALL};
 
@@ -192,6 +192,7 @@ fn advertised_address(
 
 fn discovery_entry(
     page: &mut Vec<u8>,
+    target: &Target,
     listener: &ListenerInfo,
     local: Option<(TransportType, IpAddr)>,
     subtype: u8,
@@ -207,7 +208,16 @@ fn discovery_entry(
     };
     entry[1] = adrfam;
     entry[2] = subtype;
-    entry[3] = disc::TREQ_SECURE_CHANNEL_NOT_SPECIFIED | disc::TREQ_DISABLE_SQFLOW;
+    let secure = listener.transport == TransportType::Tcp
+        && target
+            .secure_listeners
+            .is_secure(&listener.address, listener.port);
+    let secure_channel = if secure {
+        disc::TREQ_SECURE_CHANNEL_REQUIRED
+    } else {
+        disc::TREQ_SECURE_CHANNEL_NOT_SPECIFIED
+    };
+    entry[3] = secure_channel | disc::TREQ_DISABLE_SQFLOW;
     put_u16(entry, 4, listener.port_id);
     put_u16(entry, 6, crate::spec::cntlid::DYNAMIC);
     put_u16(entry, 8, 32); // ASQSZ: admin queue depth the host should use
@@ -215,6 +225,7 @@ fn discovery_entry(
     put_str(entry, 256, NQN_FIELD_LEN, subnqn);
     put_str(entry, 512, 256, &address);
     match listener.transport {
+        TransportType::Tcp if secure => entry[768] = disc::TCP_SECTYPE_TLS13,
         TransportType::Tcp => entry[768] = disc::TCP_SECTYPE_NONE,
         TransportType::Rdma => {
             entry[768] = disc::RDMA_QPTYPE_CONNECTED;
@@ -233,6 +244,7 @@ fn discovery_log(ctrl: &Controller) -> Vec<u8> {
     for listener in &listeners {
         discovery_entry(
             &mut page,
+            target,
             listener,
             ctrl.local_address,
             disc::SUBTYPE_CURRENT_DISCOVERY,
@@ -246,6 +258,7 @@ fn discovery_log(ctrl: &Controller) -> Vec<u8> {
         for listener in &listeners {
             discovery_entry(
                 &mut page,
+                target,
                 listener,
                 ctrl.local_address,
                 disc::SUBTYPE_NVME,

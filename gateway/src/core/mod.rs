@@ -18,6 +18,7 @@ pub mod refusals;
 pub mod subsystem;
 pub(crate) mod supported;
 pub mod target;
+pub mod tls;
 pub mod visibility;
 mod wire;
 

@@ -137,6 +137,8 @@ pub struct Queue {
     pub(crate) local_address: Option<(TransportType, IpAddr)>,
     /// In-band authentication, when the host must authenticate this queue.
     pub(crate) auth: Option<QueueAuth>,
+    /// The TLS PSK identity this queue's connection was made with (secure listeners).
+    pub(crate) secure_channel: Option<super::tls::SecureChannel>,
     /// Reservation changes waiting for another change of their namespace to be stored.
     pub(crate) parked_reservations: Vec<super::pr::ParkedChange>,
 }
@@ -172,6 +174,7 @@ impl Queue {
             notifier,
             local_address: None,
             auth: None,
+            secure_channel: None,
             parked_reservations: Vec::new(),
         }
     }
@@ -183,6 +186,12 @@ impl Queue {
     /// a dual-stack `[::]` socket) is kept as the IPv4 address (nvmet lists ::ffff:a.b.c.d).
     pub fn set_local_address(&mut self, transport: TransportType, address: IpAddr) {
         self.local_address = Some((transport, address.to_canonical()));
+    }
+
+    /// The connection came over a TLS handshake with this identity: Connect must name its
+    /// host and subsystem.
+    pub fn set_secure_channel(&mut self, channel: super::tls::SecureChannel) {
+        self.secure_channel = Some(channel);
     }
 
     pub fn binding(&self) -> Option<&Binding> {

@@ -50,10 +50,14 @@ pub enum RefusalReason {
     AuthenticationRequired,
     /// In-band authentication failed (counted by reason in the authentication failures).
     AuthenticationFailed,
+    /// A Connect without a secure channel to a subsystem that requires TLS.
+    TlsRequired,
+    /// A Connect over TLS naming another host or subsystem than the PSK identity.
+    TlsIdentityMismatch,
 }
 
 impl RefusalReason {
-    pub const ALL: [RefusalReason; 18] = [
+    pub const ALL: [RefusalReason; 20] = [
         RefusalReason::IncompatibleFormat,
         RefusalReason::NoConnectData,
         RefusalReason::InvalidSubsystemNqn,
@@ -72,6 +76,8 @@ impl RefusalReason {
         RefusalReason::AlreadyConnected,
         RefusalReason::AuthenticationRequired,
         RefusalReason::AuthenticationFailed,
+        RefusalReason::TlsRequired,
+        RefusalReason::TlsIdentityMismatch,
     ];
 
     /// The name in logs and in the `reason` label.
@@ -95,6 +101,8 @@ impl RefusalReason {
             RefusalReason::AlreadyConnected => "already_connected",
             RefusalReason::AuthenticationRequired => "authentication_required",
             RefusalReason::AuthenticationFailed => "authentication_failed",
+            RefusalReason::TlsRequired => "tls_required",
+            RefusalReason::TlsIdentityMismatch => "tls_identity_mismatch",
         }
     }
 

@@ -106,6 +106,8 @@ pub struct Subsystem {
     host_keys: RwLock<BTreeMap<String, Arc<HostKeys>>>,
     /// Every namespace's reservations.
     pub reservations: Reservations,
+    /// Secure channels: the hosts' PSKs and whether TLS is required.
+    pub tls: super::tls::SubsystemTls,
 }
 
 impl std::fmt::Debug for Subsystem {
@@ -135,6 +137,7 @@ impl Subsystem {
             ana_change_count: AtomicU64::new(1),
             host_keys: RwLock::new(BTreeMap::new()),
             reservations: Reservations::default(),
+            tls: Default::default(),
         }
     }
 

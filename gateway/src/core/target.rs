@@ -77,6 +77,8 @@ pub struct Target {
     connect_refusals: ConnectRefusals,
     /// Whether namespaces offer reservations (see `core::pr`).
     reservations: bool,
+    /// The NVMe/TCP listeners that take TLS connections only.
+    pub secure_listeners: super::tls::SecureListeners,
     /// Whether each reservation change is stored with the namespace's device before it
     /// completes (a gateway of a group, see `core::pr`).
     reservations_persisted: bool,
@@ -112,6 +114,7 @@ impl Target {
             auth_counters: AuthCounters::default(),
             connect_refusals: ConnectRefusals::default(),
             reservations: true,
+            secure_listeners: Default::default(),
             reservations_persisted: false,
         }
     }

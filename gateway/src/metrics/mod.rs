@@ -144,7 +144,7 @@ fn render_transports(out: &mut String) {
     for (name, help, value) in gauges {
         Family::new(out, name, "gauge", help).sample(&[], value);
     }
-    let counters: [(&str, &str, u64); 16] = [
+    let counters: [(&str, &str, u64); 18] = [
         (
             "nvmeof_tcp_connections_accepted_total",
             "NVMe/TCP connections accepted.",
@@ -189,6 +189,16 @@ fn render_transports(out: &mut String) {
             "nvmeof_tcp_busy_poll_chose_sleep_total",
             "Adaptive busy polling: a queue compared both modes and sleeps (polling did not pay).",
             load(&tcp.busy_poll_chose_sleep),
+        ),
+        (
+            "nvmeof_tls_handshakes_total",
+            "TLS handshakes completed on secure NVMe/TCP listeners.",
+            load(&crate::tcp::tls::stats().handshakes),
+        ),
+        (
+            "nvmeof_tls_handshake_failures_total",
+            "Connections to secure NVMe/TCP listeners closed because the TLS handshake failed.",
+            load(&crate::tcp::tls::stats().handshake_failures),
         ),
         (
             "nvmeof_keep_alive_timeouts_total",

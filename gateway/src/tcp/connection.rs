@@ -364,6 +364,19 @@ impl Connection {
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "unknown".into());
         let local = stream.local_addr().ok().map(|a| a.ip());
+        Self::with_addresses(stream, peer, local, target, budget)
+    }
+
+    /// A connection whose host is not the socket's peer: a TLS connection's queue, served
+    /// over the relay's loopback socket (`tcp::tls`), names the host's address in its logs
+    /// and the listener's address in its discovery log.
+    pub fn with_addresses(
+        stream: TcpStream,
+        peer: String,
+        local: Option<std::net::IpAddr>,
+        target: Arc<Target>,
+        budget: &'static DataBudget,
+    ) -> Self {
         let _ = stream.set_nodelay(true);
         let span = tracing::info_span!("nvme-tcp", peer = %peer, cntlid = tracing::field::Empty, qid = tracing::field::Empty);
         let mut cfg = DecoderConfig::new(Role::Target);
@@ -417,6 +430,12 @@ impl Connection {
             keep_alive: None,
             busy_poll: None,
         }
+    }
+
+    /// The connection came over a TLS handshake with this PSK identity.
+    pub fn with_secure_channel(self, channel: crate::core::tls::SecureChannel) -> Self {
+        self.shared.lock().queue.set_secure_channel(channel);
+        self
     }
 
     /// Polls the socket for `window` after each command before sleeping (`None`: never).

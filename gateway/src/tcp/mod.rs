@@ -10,6 +10,8 @@ pub mod connection;
 pub mod digest;
 pub mod pdu;
 pub mod server;
+pub mod tls;
+mod tls_ffi;
 
 /// Transport counters, process-wide (exported as metrics).
 #[derive(Debug, Default)]

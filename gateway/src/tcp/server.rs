@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::connection::Connection;
+use super::tls::TlsAcceptor;
 use crate::core::{DataBudget, Target};
 
 /// A bound NVMe/TCP listener.
@@ -17,6 +18,8 @@ pub struct TcpServer {
     target: Arc<Target>,
     busy_poll: Option<BusyPollConfig>,
     data_budget: &'static DataBudget,
+    /// A secure listener: every connection starts with a TLS handshake.
+    tls: Option<Arc<TlsAcceptor>>,
 }
 
 impl TcpServer {
@@ -27,6 +30,7 @@ impl TcpServer {
             target,
             busy_poll: None,
             data_budget: super::data_budget(),
+            tls: None,
         })
     }
 
@@ -38,7 +42,15 @@ impl TcpServer {
             target,
             busy_poll: None,
             data_budget: super::data_budget(),
+            tls: None,
         }
+    }
+
+    /// Makes this a secure listener: TLS 1.3 with the hosts' PSKs before anything else
+    /// (see [`super::tls`]); connections that do not complete the handshake are closed.
+    pub fn with_tls(mut self, acceptor: Arc<TlsAcceptor>) -> Self {
+        self.tls = Some(acceptor);
+        self
     }
 
     /// Connections poll their socket this long after a command before they sleep
@@ -68,11 +80,22 @@ impl TcpServer {
             tokio::select! {
                 _ = shutdown.changed() => break,
                 accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        let conn = Connection::new(stream, self.target.clone(), self.data_budget)
-                            .with_busy_poll(self.busy_poll);
-                        connections.spawn(conn.run(shutdown.clone()));
-                    }
+                    Ok((stream, _)) => match &self.tls {
+                        None => {
+                            let conn = Connection::new(stream, self.target.clone(), self.data_budget)
+                                .with_busy_poll(self.busy_poll);
+                            connections.spawn(conn.run(shutdown.clone()));
+                        }
+                        Some(tls) => {
+                            connections.spawn(super::tls::serve_secure(
+                                tls.clone(),
+                                stream,
+                                self.target.clone(),
+                                self.data_budget,
+                                shutdown.clone(),
+                            ));
+                        }
+                    },
                     Err(e) => {
                         // Out of file descriptors and the like: keep serving the others.
                         tracing::warn!(%addr, error = %e, "accept failed");

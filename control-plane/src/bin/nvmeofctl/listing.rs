@@ -11,6 +11,16 @@ pub enum Output {
     Json,
 }
 
+/// Called before anything is written to standard output: SIGPIPE back to its default action,
+/// so `nvmeofctl ... | head` ends as Unix tools do (killed by SIGPIPE, nothing on standard
+/// error) instead of panicking in `println!`. Not at start: until the reply is in, SIGPIPE
+/// stays ignored (Rust's default), because a control plane that refuses the TLS client
+/// (no or a wrong certificate) closes the connection while the client still writes to it,
+/// and that write must fail with EPIPE (exit 4, the refusal said), not kill nvmeofctl.
+pub fn to_stdout() {
+    sigpipe::reset();
+}
+
 /// A row of a `list` table: its columns' headers and its cells.
 pub trait Listing {
     const HEADERS: &'static [&'static str];
@@ -37,6 +47,7 @@ pub fn done(output: Output, r: proto::Reply) {
     match output {
         Output::Json => json(&r),
         Output::Table => {
+            to_stdout();
             let mut lines = r.message.lines();
             let first = lines.next().unwrap_or("");
             println!("{first} (state version {})", r.version);
@@ -51,6 +62,7 @@ pub fn done(output: Output, r: proto::Reply) {
 }
 
 pub fn json<T: serde::Serialize>(v: &T) {
+    to_stdout();
     match serde_json::to_string_pretty(v) {
         Ok(s) => println!("{s}"),
         Err(e) => eprintln!("nvmeofctl: cannot encode the reply: {e}"),
@@ -59,6 +71,7 @@ pub fn json<T: serde::Serialize>(v: &T) {
 
 /// Prints rows under headers, columns padded to their widest cell.
 pub fn table(headers: &[&str], rows: Vec<Vec<String>>) {
+    to_stdout();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
@@ -94,7 +107,8 @@ pub fn ana_name(code: u32) -> String {
 }
 
 impl Listing for proto::Subsystem {
-    const HEADERS: &'static [&'static str] = &["NQN", "SERIAL", "ANY HOST", "HOSTS", "MAX NS"];
+    const HEADERS: &'static [&'static str] =
+        &["NQN", "SERIAL", "ANY HOST", "HOSTS", "MAX NS", "TLS"];
     fn row(&self) -> Vec<String> {
         vec![
             self.nqn.clone(),
@@ -104,6 +118,7 @@ impl Listing for proto::Subsystem {
             // control plane sends `hosts` alone.
             self.host_entries.len().max(self.hosts.len()).to_string(),
             self.max_namespaces.to_string(),
+            if self.require_tls { "required" } else { "no" }.into(),
         ]
     }
 }
@@ -145,8 +160,14 @@ impl Listing for proto::Namespace {
 }
 
 impl Listing for proto::Listener {
-    const HEADERS: &'static [&'static str] =
-        &["SUBSYSTEM", "GATEWAY", "TRANSPORT", "ADDRESS", "PORT"];
+    const HEADERS: &'static [&'static str] = &[
+        "SUBSYSTEM",
+        "GATEWAY",
+        "TRANSPORT",
+        "ADDRESS",
+        "PORT",
+        "SECURE",
+    ];
     fn row(&self) -> Vec<String> {
         vec![
             self.subsystem_nqn.clone(),
@@ -154,14 +175,16 @@ impl Listing for proto::Listener {
             self.transport.clone(),
             self.address.clone(),
             self.port.to_string(),
+            if self.secure { "yes" } else { "no" }.into(),
         ]
     }
 }
 
 /// AUTH: "none", "host" (DH-HMAC-CHAP) or "bidirectional"; "-" from a control plane that
-/// predates keys. Never a key (the control plane sends none in lists).
+/// predates keys. TLS PSK: the derivation of the host's PSK, or "no". Never a key (the
+/// control plane sends none in lists).
 impl Listing for proto::Host {
-    const HEADERS: &'static [&'static str] = &["SUBSYSTEM", "HOST", "AUTH"];
+    const HEADERS: &'static [&'static str] = &["SUBSYSTEM", "HOST", "AUTH", "TLS PSK"];
     fn row(&self) -> Vec<String> {
         vec![
             self.subsystem_nqn.clone(),
@@ -170,6 +193,11 @@ impl Listing for proto::Host {
                 "-".into()
             } else {
                 self.auth.clone()
+            },
+            match &self.psk {
+                Some(p) if !p.derivation.is_empty() => p.derivation.clone(),
+                Some(_) => "yes".into(),
+                None => "no".into(),
             },
         ]
     }

@@ -1,0 +1,472 @@
+//! NVMe/TCP secure channels on a gateway process: a secure listener takes TLS 1.3 with the
+//! hosts' PSKs only, and its queues carry I/O; wrong keys, a plaintext ICReq, a TLS 1.2
+//! offer and a truncated ClientHello are refused, each closing only its own connection; a
+//! subsystem requiring TLS refuses plain Connects, and a Connect over TLS must be the PSK
+//! identity's; the discovery log says which listener requires TLS; a group gateway does the
+//! same with the settings the control plane pushes. The client side is OpenSSL (a TLS PSK
+//! client relaying the Rust host's bytes), as the Linux host's tlshd (GnuTLS) is a different
+//! implementation of the same handshake. The real Linux host (nvme-cli --tls with tlshd) is
+//! not tested yet: tests/vm/e2e-auth.sh covers DH-HMAC-CHAP only.
+
+mod common;
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use common::gateway_process::GatewayProcess;
+use common::host::{try_connect, try_connect_admin, Attach};
+use common::{free_port, http_exchange, loopback, metric_value, pattern, scratch_dir};
+use nvmeof_gateway::auth::tls_psk::{ConfiguredPsk, LabelEncoding, PskHash};
+use nvmeof_gateway::auth::{DhchapSecret, HashFunction};
+use nvmeof_gateway::host::HostError;
+use nvmeof_gateway::spec::DISCOVERY_NQN;
+use openssl::ssl::{Ssl, SslContext, SslMethod, SslVersion};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+const SUBNQN: &str = "nqn.2016-06.io.ceph-nvmeof-rs:tls";
+const OPEN_SUBNQN: &str = "nqn.2016-06.io.ceph-nvmeof-rs:tls-optional";
+const KEYED: &str = "nqn.2014-08.org.nvmexpress:uuid:c0000000-0000-0000-0000-00000000000c";
+const COMPAT: &str = "nqn.2014-08.org.nvmexpress:uuid:d0000000-0000-0000-0000-00000000000d";
+const PLAIN: &str = "nqn.2014-08.org.nvmexpress:uuid:e0000000-0000-0000-0000-00000000000e";
+/// A host with a PSK and a DH-HMAC-CHAP key: TLS, then in-band authentication on each queue.
+const BOTH: &str = "nqn.2014-08.org.nvmexpress:uuid:f0000000-0000-0000-0000-00000000000f";
+
+fn dhchap_key() -> DhchapSecret {
+    DhchapSecret::from_bytes(&[0x44; 32], Some(HashFunction::Sha256)).expect("32 bytes")
+}
+
+fn psk(byte: u8) -> ConfiguredPsk {
+    ConfiguredPsk::from_bytes(&[byte; 32], Some(PskHash::Sha256)).expect("32 bytes")
+}
+
+/// A gateway with a secure listener and a plain one; SUBNQN requires TLS (KEYED and COMPAT
+/// have PSKs), OPEN_SUBNQN does not.
+async fn spawn() -> (GatewayProcess, u16, u16, u16) {
+    let dir = scratch_dir(&format!("nvmeof-tls-{}", std::process::id()));
+    let (secure, plain, metrics) = (free_port(), free_port(), free_port());
+    let config = format!(
+        r#"
+        [gateway]
+        metrics_listen = "127.0.0.1:{metrics}"
+
+        [[listener]]
+        transport = "tcp"
+        address = "127.0.0.1"
+        port = {secure}
+        secure = true
+
+        [[listener]]
+        transport = "tcp"
+        address = "127.0.0.1"
+        port = {plain}
+
+        [[subsystem]]
+        nqn = "{SUBNQN}"
+        require_tls = true
+        hosts = [
+            {{ nqn = "{KEYED}", psk = "{}" }},
+            {{ nqn = "{COMPAT}", psk = "{}", psk_derivation = "libnvme-compat" }},
+            {{ nqn = "{BOTH}", psk = "{}", dhchap_key = "{}" }},
+            "{PLAIN}",
+        ]
+
+        [[subsystem.namespace]]
+        nsid = 1
+        backend = "memory"
+        size = "16MiB"
+
+        [[subsystem]]
+        nqn = "{OPEN_SUBNQN}"
+        hosts = [ {{ nqn = "{KEYED}", psk = "{}" }}, "{PLAIN}" ]
+
+        [[subsystem.namespace]]
+        nsid = 1
+        backend = "memory"
+        size = "16MiB"
+        "#,
+        psk(0x31).to_interchange().as_str(),
+        psk(0x32).to_interchange().as_str(),
+        psk(0x34).to_interchange().as_str(),
+        dhchap_key().to_representation().as_str(),
+        psk(0x31).to_interchange().as_str(),
+    );
+    let gateway = GatewayProcess::spawn(&dir, "tls", plain, &config);
+    gateway.wait_for_metrics(metrics).await;
+    (gateway, secure, plain, metrics)
+}
+
+/// What a TLS client offers.
+#[derive(Clone)]
+struct Offer {
+    identity: String,
+    key: Vec<u8>,
+    max_version: SslVersion,
+}
+
+/// The identity (version `version`) and TLS PSK a host derives from `key`.
+fn offer(key: &ConfiguredPsk, host: &str, sub: &str, version: u8, enc: LabelEncoding) -> Offer {
+    let retained = key.retained(host, enc);
+    let identity = retained.identity(version, host, sub);
+    let tls = retained.tls_psk(&identity, enc).expect("derivable");
+    Offer {
+        identity: identity.to_string(),
+        key: tls.key().to_vec(),
+        max_version: SslVersion::TLS1_3,
+    }
+}
+
+/// A local port whose connections are relayed to the gateway's `secure` port over TLS
+/// with `offer`: the Rust host connects there in clear.
+async fn tls_proxy(secure: u16, offer: Offer) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((mut plain, _)) = listener.accept().await {
+            let offer = offer.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = tls_connect(secure, &offer).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut plain, &mut tls).await;
+            });
+        }
+    });
+    port
+}
+
+async fn tls_connect(
+    secure: u16,
+    offer: &Offer,
+) -> Result<tokio_openssl::SslStream<TcpStream>, String> {
+    let mut ctx = SslContext::builder(SslMethod::tls_client()).map_err(|e| e.to_string())?;
+    ctx.set_max_proto_version(Some(offer.max_version))
+        .map_err(|e| e.to_string())?;
+    ctx.set_ciphersuites("TLS_AES_128_GCM_SHA256")
+        .map_err(|e| e.to_string())?;
+    let (identity, key) = (offer.identity.clone(), offer.key.clone());
+    ctx.set_psk_client_callback(move |_, _, id_out, key_out| {
+        let id = identity.as_bytes();
+        id_out[..id.len()].copy_from_slice(id);
+        id_out[id.len()] = 0;
+        key_out[..key.len()].copy_from_slice(&key);
+        Ok(key.len())
+    });
+    let ssl = Ssl::new(&ctx.build()).map_err(|e| e.to_string())?;
+    let tcp = TcpStream::connect(loopback(secure))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut tls = tokio_openssl::SslStream::new(ssl, tcp).map_err(|e| e.to_string())?;
+    Pin::new(&mut tls)
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(tls)
+}
+
+fn attach(host: &str, sub: &str) -> Attach {
+    let mut a = Attach::new(host, sub);
+    a.command_timeout = Duration::from_secs(10);
+    a
+}
+
+async fn round_trip(port: u16, a: &Attach, seed: u8) -> Result<(), HostError> {
+    let host = try_connect(loopback(port), a).await?;
+    let data = pattern(8192, seed);
+    host.io.write(1, 8, data.clone(), 512).await?;
+    assert_eq!(host.io.read(1, 8, 16, 512).await?, data);
+    Ok(())
+}
+
+fn refusals(metrics: u16, reason: &str) -> f64 {
+    let answer = http_exchange(
+        loopback(metrics),
+        b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n",
+    );
+    metric_value(
+        &answer,
+        &format!("nvmeof_connect_refusals_total{{reason=\"{reason}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn secure_listener_serves_hosts_with_their_psk_and_refuses_the_rest() {
+    let (mut gateway, secure, plain, metrics) = spawn().await;
+
+    // Identity versions 0 and 1, and a host whose nvme-cli derives the libnvme-compat way.
+    for (host, key, version, enc, seed) in [
+        (KEYED, psk(0x31), 0, LabelEncoding::Rfc8446, 1),
+        (KEYED, psk(0x31), 1, LabelEncoding::Rfc8446, 2),
+        (COMPAT, psk(0x32), 0, LabelEncoding::LibnvmeCompat, 3),
+    ] {
+        let proxy = tls_proxy(secure, offer(&key, host, SUBNQN, version, enc)).await;
+        round_trip(proxy, &attach(host, SUBNQN), seed)
+            .await
+            .unwrap_or_else(|e| panic!("{host} v{version} {enc:?}: {e}"));
+    }
+
+    // TLS and DH-HMAC-CHAP on one connection: the handshake, then each queue authenticates;
+    // without the DH-HMAC-CHAP secret the TLS connection alone does not get in.
+    let both_proxy = tls_proxy(
+        secure,
+        offer(&psk(0x34), BOTH, SUBNQN, 0, LabelEncoding::Rfc8446),
+    )
+    .await;
+    let mut both = attach(BOTH, SUBNQN);
+    round_trip(both_proxy, &both, 4)
+        .await
+        .expect_err("TLS without the DH-HMAC-CHAP secret");
+    both.dhchap_secret = Some(dhchap_key());
+    round_trip(both_proxy, &both, 5)
+        .await
+        .expect("TLS and DH-HMAC-CHAP");
+    assert_eq!(
+        gateway.log_text().matches("queue authenticated").count(),
+        2,
+        "admin and I/O queue authenticated over TLS"
+    );
+
+    // Handshakes that fail: a wrong key, the compat host's key derived the other way, an
+    // identity for another subsystem, a TLS 1.2 offer.
+    let mut twelve = offer(&psk(0x31), KEYED, SUBNQN, 0, LabelEncoding::Rfc8446);
+    twelve.max_version = SslVersion::TLS1_2;
+    for (what, bad) in [
+        (
+            "wrong key",
+            offer(&psk(0x33), KEYED, SUBNQN, 0, LabelEncoding::Rfc8446),
+        ),
+        (
+            "other derivation",
+            offer(&psk(0x32), COMPAT, SUBNQN, 0, LabelEncoding::Rfc8446),
+        ),
+        (
+            "no PSK in that subsystem",
+            offer(&psk(0x31), PLAIN, SUBNQN, 0, LabelEncoding::Rfc8446),
+        ),
+        ("TLS 1.2", twelve),
+    ] {
+        assert!(
+            tls_connect(secure, &bad).await.is_err(),
+            "{what}: the handshake must fail"
+        );
+    }
+
+    // Plaintext NVMe/TCP on the secure listener: the ICReq is no ClientHello.
+    let refused = try_connect_admin(loopback(secure), &attach(KEYED, SUBNQN)).await;
+    assert!(refused.is_err(), "plain ICReq on a secure listener");
+
+    // A truncated ClientHello (a record header promising more than comes), then EOF.
+    let mut raw = TcpStream::connect(loopback(secure)).await.expect("tcp");
+    raw.write_all(&[
+        0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+    ])
+    .await
+    .expect("write");
+    drop(raw);
+
+    // The subsystem requires TLS: a plain Connect is refused, even for a keyed host.
+    for host in [KEYED, PLAIN] {
+        let e = round_trip(plain, &attach(host, SUBNQN), 9)
+            .await
+            .expect_err("TLS required");
+        assert!(matches!(e, HostError::Nvme(_)), "{host}: {e}");
+    }
+    assert_eq!(refusals(metrics, "tls_required"), 2.0);
+
+    // Over TLS with KEYED's key, a Connect as PLAIN (or to another subsystem) is refused.
+    let keyed_proxy = tls_proxy(
+        secure,
+        offer(&psk(0x31), KEYED, SUBNQN, 0, LabelEncoding::Rfc8446),
+    )
+    .await;
+    for (host, sub) in [(PLAIN, SUBNQN), (KEYED, OPEN_SUBNQN)] {
+        round_trip(keyed_proxy, &attach(host, sub), 10)
+            .await
+            .expect_err("another identity than the handshake's");
+    }
+    assert_eq!(refusals(metrics, "tls_identity_mismatch"), 2.0);
+
+    // A subsystem that does not require TLS serves both ways.
+    round_trip(plain, &attach(PLAIN, OPEN_SUBNQN), 11)
+        .await
+        .expect("plain connect, TLS optional");
+    let open_proxy = tls_proxy(
+        secure,
+        offer(&psk(0x31), KEYED, OPEN_SUBNQN, 0, LabelEncoding::Rfc8446),
+    )
+    .await;
+    round_trip(open_proxy, &attach(KEYED, OPEN_SUBNQN), 12)
+        .await
+        .expect("TLS connect, TLS optional");
+
+    // After all that, the first host still gets in.
+    round_trip(keyed_proxy, &attach(KEYED, SUBNQN), 13)
+        .await
+        .expect("the gateway keeps serving");
+
+    // The discovery log: TLS 1.3 required on the secure listener, not specified elsewhere
+    // (TREQ bits 1:0, TSAS byte 0 = SECTYPE), as Linux's nvme discover reads them.
+    let (discovery, _) = try_connect_admin(loopback(plain), &attach(PLAIN, DISCOVERY_NQN))
+        .await
+        .expect("discovery");
+    let log = discovery.discovery_log().await.expect("log");
+    let mut seen = 0;
+    for e in log.entries.iter().filter(|e| e.subnqn == SUBNQN) {
+        let port: u16 = e.trsvcid.parse().expect("port");
+        let want = if port == secure { (1, 2) } else { (0, 0) };
+        assert_eq!((e.treq & 0x3, e.tsas[0]), want, "port {port}");
+        seen += 1;
+    }
+    assert_eq!(seen, 2);
+
+    let answer = http_exchange(
+        loopback(metrics),
+        b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n",
+    );
+    assert!(
+        metric_value(&answer, "nvmeof_tls_handshake_failures_total").unwrap_or(0.0) >= 6.0,
+        "4 bad offers, the plain ICReq, the truncated hello"
+    );
+    let log = gateway.log_text();
+    for secret in [
+        psk(0x31).to_interchange().to_string(),
+        psk(0x32).to_interchange().to_string(),
+    ] {
+        assert!(!log.contains(&secret), "a key in the log");
+    }
+    assert!(gateway.terminate().success());
+}
+
+/// The same settings from a control plane (in memory) instead of the file: a group gateway
+/// whose file has no subsystem binds the secure listener `nvmeofctl listener add --secure`
+/// gives it as a TLS one, lets in the host with the PSK the control plane pushed, and
+/// refuses a plain Connect to the subsystem that requires TLS. The listener deleted and added
+/// again without `secure` is bound again as a plain one (a plain ICReq now reaches Connect).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_gateway_serves_tls_as_the_control_plane_sets_it() {
+    use common::poll_until;
+    use control_plane::proto::{self, admin_client::AdminClient};
+    use control_plane::store::Store;
+    use control_plane::test_support;
+
+    let backend = test_support::memory_backend_with_images(Vec::<String>::new());
+    let cp = test_support::start_replica(Store::new(backend), "test", Default::default()).await;
+    test_support::wait_for_lease(&cp, Duration::from_secs(10)).await;
+    let cp_addr = test_support::serve_plain(cp).await;
+    let mut admin = AdminClient::new(test_support::plain_channel(&cp_addr).await);
+
+    let dir = scratch_dir(&format!("nvmeof-group-tls-{}", std::process::id()));
+    let (plain, secure, metrics) = (free_port(), free_port(), free_port());
+    let config = format!(
+        r#"
+[gateway]
+name = "gw1"
+metrics_listen = "127.0.0.1:{metrics}"
+[group]
+control_plane = ["{cp_addr}"]
+ana_group = 1
+beacon_interval_ms = 200
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = {plain}
+"#
+    );
+    let gateway = GatewayProcess::spawn(&dir, "gw1", plain, &config);
+    gateway.wait_for_metrics(metrics).await;
+
+    admin
+        .subsystem_add(proto::SubsystemAddRequest {
+            nqn: SUBNQN.into(),
+            require_tls: true,
+            ..Default::default()
+        })
+        .await
+        .expect("subsystem");
+    let listener = |secure_flag: bool| proto::Listener {
+        subsystem_nqn: SUBNQN.into(),
+        gateway: "gw1".into(),
+        transport: "tcp".into(),
+        address: "127.0.0.1".into(),
+        port: u32::from(secure),
+        secure: secure_flag,
+    };
+    admin
+        .listener_add(listener(true))
+        .await
+        .expect("secure listener");
+    let key = psk(0x51);
+    admin
+        .host_add(proto::Host {
+            subsystem_nqn: SUBNQN.into(),
+            host_nqn: KEYED.into(),
+            psk: Some(proto::TlsPsk {
+                key: key.to_interchange().to_string(),
+                derivation: String::new(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("host with a PSK");
+
+    // Once the assignment is applied and the listener bound: TLS with the pushed key.
+    let proxy = tls_proxy(
+        secure,
+        offer(&key, KEYED, SUBNQN, 0, LabelEncoding::Rfc8446),
+    )
+    .await;
+    poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || {
+            try_connect_admin(loopback(proxy), &attach(KEYED, SUBNQN))
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("Connect over TLS: {e}"))
+        },
+    )
+    .await;
+    assert!(
+        tls_connect(
+            secure,
+            &offer(&psk(0x52), KEYED, SUBNQN, 0, LabelEncoding::Rfc8446)
+        )
+        .await
+        .is_err(),
+        "a wrong key must fail the handshake"
+    );
+    // require_tls pushed: the plain listener reaches Connect, which is refused.
+    let e = try_connect_admin(loopback(plain), &attach(KEYED, SUBNQN))
+        .await
+        .expect_err("TLS required");
+    assert!(matches!(e, HostError::Nvme(_)), "{e}");
+    assert_eq!(refusals(metrics, "tls_required"), 1.0);
+
+    // The listener plain again: bound again as plain, a plain ICReq gets to Connect.
+    admin
+        .listener_del(listener(false))
+        .await
+        .expect("listener deleted");
+    admin
+        .listener_add(listener(false))
+        .await
+        .expect("plain listener");
+    poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || {
+            let _ = try_connect_admin(loopback(secure), &attach(KEYED, SUBNQN)).await;
+            if refusals(metrics, "tls_required") >= 2.0 {
+                Ok(())
+            } else {
+                Err("the listener still takes TLS only".to_string())
+            }
+        },
+    )
+    .await;
+    assert!(
+        !gateway.log_text().contains(key.to_interchange().as_str()),
+        "the PSK in the log"
+    );
+}
