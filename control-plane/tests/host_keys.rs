@@ -147,6 +147,7 @@ async fn control_plane_with_gw1() -> (
         .join(proto::JoinRequest {
             gateway: "gw1".into(),
             incarnation: 1,
+            presence_only: false,
         })
         .await
         .expect("join")

@@ -161,7 +161,10 @@ async fn a_killed_gateway_is_fenced_at_once_and_its_group_moves_within_the_grace
         // says so for that process.
         let blocklist = osd_blocklist();
         for a in &gw1_group1 {
-            assert!(blocklisted(a, &blocklist), "{a} not blocklisted:\n{blocklist}");
+            assert!(
+                blocklisted(a, &blocklist),
+                "{a} not blocklisted:\n{blocklist}"
+            );
         }
         let map = cp.state().map.expect("group map");
         assert_eq!(map.groups[&1].holder, "gw2");
