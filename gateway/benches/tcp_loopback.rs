@@ -559,8 +559,8 @@ fn qos_bench(binary: &str, duration: Duration, rounds: usize) {
 
     println!("accuracy: achieved / limit (one run each; unthrottled: the no-limit namespace)");
     println!(
-        "{:<18} {:>14} {:>12} {:>14} {:>9}",
-        "workload", "limit", "achieved", "unthrottled", "ratio"
+        "{:<18} {:>14} {:>12} {:>8} {:>14} {:>9}",
+        "workload", "limit", "achieved", "us/IO", "unthrottled", "ratio"
     );
     let limited = |nsid: u32, w: &Workload, limit: f64, unit: &str, scale: f64, free: f64| {
         let run = measure(
@@ -579,10 +579,11 @@ fn qos_bench(binary: &str, duration: Duration, rounds: usize) {
             format!("{:.4}", achieved / limit)
         };
         println!(
-            "{:<18} {:>9} {unit} {:>12.1} {:>14.1} {:>9}",
+            "{:<18} {:>9} {unit} {:>12.1} {:>8.2} {:>14.1} {:>9}",
             w.name,
             limit,
             achieved,
+            run.cpu_us_per_io,
             free * scale,
             ratio
         );
