@@ -622,11 +622,20 @@ const VIS_NSID: u32 = 500;
 const SUBNQN_ALL: &str = "nqn.2016-06.io.ceph-nvmeof-rs:bench-all";
 const SUBNQN_ONLY: &str = "nqn.2016-06.io.ceph-nvmeof-rs:bench-only";
 
+/// The `i`th other host (1..64): UUID NQNs spread so that, sorted, 47 come before the
+/// bench's host and 16 after it (as in `visibility_core`), not all on one side.
+fn other_host(i: usize) -> String {
+    format!(
+        "nqn.2014-08.org.nvmexpress:uuid:{:08x}-0000-4000-8000-000000000000",
+        i * 0x0400_0000
+    )
+}
+
 /// Two subsystems of `VIS_NAMESPACES` namespaces: every one of the first visible to all
-/// hosts, every one of the second to `VIS_HOSTS` hosts, the bench's host the last of them.
+/// hosts, every one of the second to `VIS_HOSTS` hosts, the bench's host among them.
 fn visibility_subsystems() -> String {
     let mut hosts: Vec<String> = (1..VIS_HOSTS)
-        .map(|i| format!("\"nqn.2014-08.org.nvmexpress:uuid:bench-other-{i:04}\""))
+        .map(|i| format!("\"{}\"", other_host(i)))
         .collect();
     hosts.push(format!("\"{HOSTNQN}\""));
     let hosts = hosts.join(", ");

@@ -131,7 +131,7 @@ fn enable(q: &mut Queue, sink: &Arc<Collect>) {
 }
 
 /// A target with one subsystem of `NAMESPACES` namespaces, each visible to all hosts or to
-/// `HOSTS` hosts (`HOSTNQN` the last of them); its admin queue (enabled) and I/O queue 1.
+/// `HOSTS` hosts (`HOSTNQN` among them); its admin queue (enabled) and I/O queue 1.
 struct Setup {
     _target: Arc<Target>,
     _notifier: Arc<dyn QueueNotifier>,
@@ -153,10 +153,19 @@ fn setup(restricted: bool) -> Setup {
             cntlid_max: 100,
         },
     ));
+    // UUID NQNs spread so that 47 sort before `HOSTNQN` and 16 after it: its lookup is not
+    // the set's cheapest.
     let mut hosts: BTreeSet<String> = (1..HOSTS)
-        .map(|i| format!("nqn.2014-08.org.nvmexpress:uuid:bench-other-{i:04}"))
+        .map(|i| {
+            format!(
+                "nqn.2014-08.org.nvmexpress:uuid:{:08x}-0000-4000-8000-000000000000",
+                i * 0x0400_0000
+            )
+        })
         .collect();
     hosts.insert(HOSTNQN.to_string());
+    assert_eq!(hosts.len(), HOSTS);
+    assert_eq!(hosts.iter().position(|h| h == HOSTNQN), Some(47));
     for nsid in 1..=NAMESPACES {
         if restricted {
             sub.set_visibility(nsid, Visibility::Only(hosts.clone()));
