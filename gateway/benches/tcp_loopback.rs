@@ -9,9 +9,23 @@
 //!
 //! `--gateway-bin PATH` runs another build of `nvmeof-gateway` (to compare two builds on the
 //! same machine state).
+//!
+//! `--qos` measures per-namespace QoS instead (docs/performance.md, "QoS limits"): 4K QD32
+//! on a namespace without limits against one whose every limit is far above what it can
+//! reach (the throttle's check runs, it never waits), alternating over `--rounds` (default
+//! 3); then the rate a namespace limited to 1K, 10K and 100K IOPS and to 200 MB/s achieves,
+//! against its limit.
+//!
+//! `--visibility` measures per-host namespace visibility (docs/performance.md, "Per-host
+//! visibility"): two subsystems of 1000 namespaces each, every namespace of one visible to
+//! all hosts, every namespace of the other to 64 hosts (the bench's among them): Identify
+//! (active namespace list, Identify Namespace) one at a time on the admin queue, and 4K QD1
+//! and QD32 reads of the same NSID, alternating over `--rounds`. The core alone (no socket)
+//! is the `visibility_core` bench.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 mod common;
@@ -30,7 +44,11 @@ const REGION: Region = Region {
 
 /// An I/O queue of the benchmark's controller (or of the null responder).
 fn queue(addr: SocketAddr, cntlid: u16, qid: u16) -> LeanQueue {
-    LeanQueue::connect(addr, SUBNQN, HOSTNQN, cntlid, qid).expect("connect an I/O queue")
+    queue_of(addr, SUBNQN, cntlid, qid)
+}
+
+fn queue_of(addr: SocketAddr, subnqn: &str, cntlid: u16, qid: u16) -> LeanQueue {
+    LeanQueue::connect(addr, subnqn, HOSTNQN, cntlid, qid).expect("connect an I/O queue")
 }
 
 const WORKLOADS: &[Workload] = &[
@@ -107,7 +125,25 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks as f64 / 100.0
 }
 
-fn start_gateway(port: u16, binary: &str) -> Child {
+/// The default run's subsystem: one 1 GiB in-memory namespace.
+fn default_subsystem() -> String {
+    format!(
+        r#"
+[[subsystem]]
+nqn = "{SUBNQN}"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "memory"
+size = "1GiB"
+"#
+    )
+}
+
+/// Starts the gateway (one worker thread, a TCP listener on `port`) with `subsystems`
+/// (`[[subsystem]]` tables of its configuration file).
+fn start_gateway(port: u16, binary: &str, subsystems: &str) -> Child {
     let dir = std::env::temp_dir().join(format!("nvmeof-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let config = dir.join("gateway.toml");
@@ -122,16 +158,7 @@ worker_threads = 1
 transport = "tcp"
 address = "127.0.0.1"
 port = {port}
-
-[[subsystem]]
-nqn = "{SUBNQN}"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "memory"
-size = "1GiB"
-"#
+{subsystems}"#
         ),
     )
     .expect("write config");
@@ -142,7 +169,7 @@ size = "1GiB"
         .stdin(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("start {binary}: {e}"));
-    for _ in 0..100 {
+    for _ in 0..400 {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return child;
         }
@@ -154,7 +181,7 @@ size = "1GiB"
 }
 
 /// Admin queue through the host library: Connect, enable, ask for I/O queues.
-fn admin_connect(addr: SocketAddr) -> (tokio::runtime::Runtime, HostConnection, u16) {
+fn admin_connect(addr: SocketAddr, subnqn: &str) -> (tokio::runtime::Runtime, HostConnection, u16) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -163,16 +190,16 @@ fn admin_connect(addr: SocketAddr) -> (tokio::runtime::Runtime, HostConnection, 
         let admin = HostConnection::connect(addr, HostOptions::new(HOSTNQN))
             .await
             .expect("admin connection");
-        let cntlid = admin.connect_admin(SUBNQN, 0).await.expect("admin connect");
+        let cntlid = admin.connect_admin(subnqn, 0).await.expect("admin connect");
         admin.enable_controller().await.expect("enable");
         (admin, cntlid)
     });
     (rt, admin, cntlid)
 }
 
-fn prefill(addr: SocketAddr, cntlid: u16) {
+fn prefill(addr: SocketAddr, subnqn: &str, cntlid: u16, region: &Region) {
     // Write the whole namespace once so reads touch allocated memory, as on a used image.
-    let mut q = queue(addr, cntlid, 2);
+    let mut q = queue_of(addr, subnqn, cntlid, 2);
     let fill = Workload {
         name: "prefill",
         write: true,
@@ -180,20 +207,22 @@ fn prefill(addr: SocketAddr, cntlid: u16) {
         io_bytes: 1 << 20,
         queue_depth: 4,
     };
-    let ios_needed = NS_BYTES / (1 << 20);
+    let ios_needed = region.bytes / (1 << 20);
     let seconds_guess = Duration::from_millis(50);
     let mut written = 0;
     while written < ios_needed {
-        written += q.run(&fill, &REGION, seconds_guess).expect("prefill").ios;
+        written += q.run(&fill, region, seconds_guess).expect("prefill").ios;
     }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let seconds = args
-        .iter()
-        .position(|a| a == "--seconds")
-        .and_then(|i| args.get(i + 1))
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+    };
+    let seconds = value("--seconds")
         .and_then(|s| s.parse::<f64>().ok())
         .unwrap_or(4.0);
     // `cargo test --benches` runs benches with --bench absent: keep that quick.
@@ -202,17 +231,27 @@ fn main() {
     } else {
         Duration::from_millis(200)
     };
+    let rounds = value("--rounds")
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(3)
+        .max(1);
+    let binary =
+        value("--gateway-bin").map_or(env!("CARGO_BIN_EXE_nvmeof-gateway"), String::as_str);
+    if args.iter().any(|a| a == "--qos") {
+        qos_bench(binary, duration, rounds);
+    } else if args.iter().any(|a| a == "--visibility") {
+        visibility_bench(binary, duration, rounds);
+    } else {
+        default_bench(binary, duration);
+    }
+}
 
+fn default_bench(binary: &str, duration: Duration) {
     let port = free_port();
-    let binary = args
-        .iter()
-        .position(|a| a == "--gateway-bin")
-        .and_then(|i| args.get(i + 1))
-        .map_or(env!("CARGO_BIN_EXE_nvmeof-gateway"), String::as_str);
-    let mut gateway = start_gateway(port, binary);
+    let mut gateway = start_gateway(port, binary, &default_subsystem());
     let gw_addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let (_rt, _admin, cntlid) = admin_connect(gw_addr);
-    prefill(gw_addr, cntlid);
+    let (_rt, _admin, cntlid) = admin_connect(gw_addr, SUBNQN);
+    prefill(gw_addr, SUBNQN, cntlid, &REGION);
 
     let null_addr = common::spawn_null_responder();
 
@@ -255,6 +294,414 @@ fn main() {
             cpu / figures.ios.max(1) as f64 * 1e6,
             null.iops(),
             iops / null.iops().max(1.0),
+        );
+    }
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+}
+
+/// One measured run: IOPS and the gateway's CPU microseconds per I/O.
+struct Run {
+    iops: f64,
+    cpu_us_per_io: f64,
+}
+
+fn measure(
+    gateway: &Child,
+    addr: SocketAddr,
+    subnqn: &str,
+    cntlid: u16,
+    w: &Workload,
+    region: &Region,
+    duration: Duration,
+) -> Run {
+    // A queue ID other than the last run's: that one's teardown may not be done yet.
+    static RUNS: AtomicU16 = AtomicU16::new(0);
+    let qid = 1 + RUNS.fetch_add(1, Ordering::Relaxed) % 4;
+    let mut q = queue_of(addr, subnqn, cntlid, qid);
+    let cpu_before = cpu_seconds(gateway.id());
+    let figures = q.run(w, region, duration).expect("gateway run");
+    let cpu = cpu_seconds(gateway.id()) - cpu_before;
+    Run {
+        iops: figures.iops(),
+        cpu_us_per_io: cpu / figures.ios.max(1) as f64 * 1e6,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn min_max(v: &[f64]) -> (f64, f64) {
+    v.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        })
+}
+
+/// Two variants (`a`, the baseline, and `b`) of `w`, alternating over `rounds` (`b` first in
+/// odd rounds, so neither always runs right after the other). Prints each one's median IOPS
+/// and CPU per I/O, and the median, min and max of the per-round ratios b/a (IOPS; CPU per
+/// I/O). Returns the median IOPS of `a`.
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    gateway: &Child,
+    addr: SocketAddr,
+    cntlid: (u16, u16),
+    subnqn: (&str, &str),
+    region: (&Region, &Region),
+    w: &Workload,
+    duration: Duration,
+    rounds: usize,
+) -> f64 {
+    compare_runs(
+        w.name,
+        rounds,
+        || measure(gateway, addr, subnqn.0, cntlid.0, w, region.0, duration),
+        || measure(gateway, addr, subnqn.1, cntlid.1, w, region.1, duration),
+    )
+}
+
+/// [`compare`] for any two runs.
+fn compare_runs(
+    name: &str,
+    rounds: usize,
+    mut run_a: impl FnMut() -> Run,
+    mut run_b: impl FnMut() -> Run,
+) -> f64 {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        if round % 2 == 0 {
+            a.push(run_a());
+            b.push(run_b());
+        } else {
+            b.push(run_b());
+            a.push(run_a());
+        }
+    }
+    let iops_ratios: Vec<f64> = a.iter().zip(&b).map(|(a, b)| b.iops / a.iops).collect();
+    let cpu_ratios: Vec<f64> = a
+        .iter()
+        .zip(&b)
+        .map(|(a, b)| b.cpu_us_per_io / a.cpu_us_per_io)
+        .collect();
+    let med = |runs: &[Run], f: fn(&Run) -> f64| median(runs.iter().map(f).collect());
+    let (a_iops, b_iops) = (med(&a, |r| r.iops), med(&b, |r| r.iops));
+    let (lo, hi) = min_max(&iops_ratios);
+    let (cpu_lo, cpu_hi) = min_max(&cpu_ratios);
+    println!(
+        "{:<18} {:>10.0} {:>8.2} {:>10.0} {:>8.2} {:>6.3} [{:.3}-{:.3}] {:>6.3} [{:.3}-{:.3}]",
+        name,
+        a_iops,
+        med(&a, |r| r.cpu_us_per_io),
+        b_iops,
+        med(&b, |r| r.cpu_us_per_io),
+        median(iops_ratios.clone()),
+        lo,
+        hi,
+        median(cpu_ratios.clone()),
+        cpu_lo,
+        cpu_hi,
+    );
+    a_iops
+}
+
+/// Identify (`cns`, NSIDs 1 to `VIS_NAMESPACES` in turn for CNS 00h) one at a time on an
+/// admin queue for `duration`: commands per second and the gateway's CPU per command.
+fn identify_run(
+    gateway: &Child,
+    rt: &tokio::runtime::Runtime,
+    admin: &HostConnection,
+    cns: u8,
+    duration: Duration,
+) -> Run {
+    let cpu_before = cpu_seconds(gateway.id());
+    let begin = std::time::Instant::now();
+    let n = rt.block_on(async {
+        let mut n: u64 = 0;
+        while begin.elapsed() < duration {
+            let nsid = if cns == 0 {
+                (n % u64::from(VIS_NAMESPACES)) as u32 + 1
+            } else {
+                0
+            };
+            let page = admin.identify(cns, nsid, 0).await.expect("identify");
+            // Every namespace is visible: a full active list, a non-zeroed NSZE.
+            assert_ne!(page[..4], [0, 0, 0, 0], "CNS {cns:#x}, NSID {nsid}");
+            n += 1;
+        }
+        n
+    });
+    let seconds = begin.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(gateway.id()) - cpu_before;
+    Run {
+        iops: n as f64 / seconds,
+        cpu_us_per_io: cpu / n.max(1) as f64 * 1e6,
+    }
+}
+
+fn compare_header(a: &str, b: &str) {
+    println!(
+        "{:<18} {:>10} {:>8} {:>10} {:>8} {:>21} {:>21}",
+        "workload",
+        format!("{a} IOPS"),
+        "us/IO",
+        format!("{b} IOPS"),
+        "us/IO",
+        "IOPS ratio [min-max]",
+        "CPU/IO ratio [min-max]"
+    );
+}
+
+const QD32_READ: Workload = Workload {
+    name: "4K randread QD32",
+    write: false,
+    random: true,
+    io_bytes: 4096,
+    queue_depth: 32,
+};
+
+/// Namespaces of the QoS run: their NSIDs and limits (config keys).
+const QOS_BYTES: u64 = 128 << 20;
+const QOS_UNLIMITED: u32 = 1;
+const QOS_FAR_ABOVE: u32 = 2;
+/// NSID, `rw_ios_per_second`.
+const QOS_IOPS_LIMITS: [(u32, u64); 3] = [(3, 1_000), (4, 10_000), (5, 100_000)];
+/// NSID, `rw_megabytes_per_second` (MB = 2^20 bytes).
+const QOS_MB_LIMIT: (u32, u64) = (6, 200);
+
+fn qos_subsystem() -> String {
+    let ns = |nsid: u32, limits: &str| {
+        format!(
+            "\n[[subsystem.namespace]]\nnsid = {nsid}\nbackend = \"memory\"\nsize = \"{}MiB\"\n{limits}",
+            QOS_BYTES >> 20
+        )
+    };
+    let mut text = format!("\n[[subsystem]]\nnqn = \"{SUBNQN}\"\nallow_any_host = true\n");
+    text += &ns(QOS_UNLIMITED, "");
+    // Every limit at its maximum (control_plane::qos): all four buckets are drawn from.
+    text += &ns(
+        QOS_FAR_ABOVE,
+        "rw_ios_per_second = 100000000\nrw_megabytes_per_second = 1048576\n\
+         r_megabytes_per_second = 1048576\nw_megabytes_per_second = 1048576\n",
+    );
+    for (nsid, iops) in QOS_IOPS_LIMITS {
+        text += &ns(nsid, &format!("rw_ios_per_second = {iops}\n"));
+    }
+    let (nsid, mb) = QOS_MB_LIMIT;
+    text += &ns(nsid, &format!("rw_megabytes_per_second = {mb}\n"));
+    text
+}
+
+fn qos_region(nsid: u32) -> Region {
+    Region {
+        nsid,
+        block_size: 512,
+        bytes: QOS_BYTES,
+    }
+}
+
+fn qos_bench(binary: &str, duration: Duration, rounds: usize) {
+    let port = free_port();
+    let mut gateway = start_gateway(port, binary, &qos_subsystem());
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let (_rt, _admin, cntlid) = admin_connect(addr, SUBNQN);
+    let nsids = [QOS_UNLIMITED, QOS_FAR_ABOVE]
+        .into_iter()
+        .chain(QOS_IOPS_LIMITS.iter().map(|l| l.0))
+        .chain([QOS_MB_LIMIT.0]);
+    for nsid in nsids {
+        prefill(addr, SUBNQN, cntlid, &qos_region(nsid));
+    }
+
+    println!(
+        "QoS, NVMe/TCP loopback, {} MiB in-memory namespaces, gateway on 1 worker thread, \
+         {:.1} s per run, {rounds} rounds",
+        QOS_BYTES >> 20,
+        duration.as_secs_f64()
+    );
+    println!(
+        "no limit (a) against every limit far above the rate (b: the check runs, never waits)"
+    );
+    compare_header("a", "b");
+    let (a, b) = (qos_region(QOS_UNLIMITED), qos_region(QOS_FAR_ABOVE));
+    let unthrottled_iops = compare(
+        &gateway,
+        addr,
+        (cntlid, cntlid),
+        (SUBNQN, SUBNQN),
+        (&a, &b),
+        &QD32_READ,
+        duration,
+        rounds,
+    );
+    let write = Workload {
+        name: "4K randwrite QD32",
+        write: true,
+        ..QD32_READ
+    };
+    compare(
+        &gateway,
+        addr,
+        (cntlid, cntlid),
+        (SUBNQN, SUBNQN),
+        (&a, &b),
+        &write,
+        duration,
+        rounds,
+    );
+
+    println!("accuracy: achieved / limit (one run each; unthrottled: the no-limit namespace)");
+    println!(
+        "{:<18} {:>14} {:>12} {:>8} {:>14} {:>9}",
+        "workload", "limit", "achieved", "us/IO", "unthrottled", "ratio"
+    );
+    let limited = |nsid: u32, w: &Workload, limit: f64, unit: &str, scale: f64, free: f64| {
+        let run = measure(
+            &gateway,
+            addr,
+            SUBNQN,
+            cntlid,
+            w,
+            &qos_region(nsid),
+            duration,
+        );
+        let achieved = run.iops * scale;
+        let ratio = if free * scale < limit {
+            "n/a: unthrottled is below the limit".to_string()
+        } else {
+            format!("{:.4}", achieved / limit)
+        };
+        println!(
+            "{:<18} {:>9} {unit} {:>12.1} {:>8.2} {:>14.1} {:>9}",
+            w.name,
+            limit,
+            achieved,
+            run.cpu_us_per_io,
+            free * scale,
+            ratio
+        );
+    };
+    for (nsid, iops) in QOS_IOPS_LIMITS {
+        limited(nsid, &QD32_READ, iops as f64, "IOPS", 1.0, unthrottled_iops);
+    }
+    let seq = Workload {
+        name: "128K seqread QD8",
+        write: false,
+        random: false,
+        io_bytes: 128 << 10,
+        queue_depth: 8,
+    };
+    let free = measure(
+        &gateway,
+        addr,
+        SUBNQN,
+        cntlid,
+        &seq,
+        &qos_region(QOS_UNLIMITED),
+        duration,
+    );
+    let (nsid, mb) = QOS_MB_LIMIT;
+    let mb_per_io = f64::from(seq.io_bytes) / f64::from(1 << 20);
+    limited(nsid, &seq, mb as f64, "MB/s", mb_per_io, free.iops);
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+}
+
+/// Namespaces per subsystem and hosts per restricted namespace in the visibility run.
+const VIS_NAMESPACES: u32 = 1000;
+const VIS_HOSTS: usize = 64;
+const VIS_BYTES: u64 = 16 << 20;
+const VIS_NSID: u32 = 500;
+const SUBNQN_ALL: &str = "nqn.2016-06.io.ceph-nvmeof-rs:bench-all";
+const SUBNQN_ONLY: &str = "nqn.2016-06.io.ceph-nvmeof-rs:bench-only";
+
+/// The `i`th other host (1..64): UUID NQNs spread so that, sorted, 47 come before the
+/// bench's host and 16 after it (as in `visibility_core`), not all on one side.
+fn other_host(i: usize) -> String {
+    format!(
+        "nqn.2014-08.org.nvmexpress:uuid:{:08x}-0000-4000-8000-000000000000",
+        i * 0x0400_0000
+    )
+}
+
+/// Two subsystems of `VIS_NAMESPACES` namespaces: every one of the first visible to all
+/// hosts, every one of the second to `VIS_HOSTS` hosts, the bench's host among them.
+fn visibility_subsystems() -> String {
+    let mut hosts: Vec<String> = (1..VIS_HOSTS)
+        .map(|i| format!("\"{}\"", other_host(i)))
+        .collect();
+    hosts.push(format!("\"{HOSTNQN}\""));
+    let hosts = hosts.join(", ");
+    let mut text = String::new();
+    for (nqn, restricted) in [(SUBNQN_ALL, false), (SUBNQN_ONLY, true)] {
+        text += &format!("\n[[subsystem]]\nnqn = \"{nqn}\"\nallow_any_host = true\n");
+        for nsid in 1..=VIS_NAMESPACES {
+            text += &format!(
+                "\n[[subsystem.namespace]]\nnsid = {nsid}\nbackend = \"memory\"\nsize = \"{}MiB\"\n",
+                VIS_BYTES >> 20
+            );
+            if restricted {
+                text += &format!("auto_visible = false\nhosts = [{hosts}]\n");
+            }
+        }
+    }
+    text
+}
+
+fn visibility_bench(binary: &str, duration: Duration, rounds: usize) {
+    let port = free_port();
+    let mut gateway = start_gateway(port, binary, &visibility_subsystems());
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let (rt_all, admin_all, cntlid_all) = admin_connect(addr, SUBNQN_ALL);
+    let (rt_only, admin_only, cntlid_only) = admin_connect(addr, SUBNQN_ONLY);
+    let region = Region {
+        nsid: VIS_NSID,
+        block_size: 512,
+        bytes: VIS_BYTES,
+    };
+    prefill(addr, SUBNQN_ALL, cntlid_all, &region);
+    prefill(addr, SUBNQN_ONLY, cntlid_only, &region);
+
+    println!(
+        "Per-host visibility, NVMe/TCP loopback, 2 subsystems x {VIS_NAMESPACES} in-memory \
+         namespaces, gateway on 1 worker thread, {:.1} s per run, {rounds} rounds",
+        duration.as_secs_f64()
+    );
+    println!(
+        "every namespace auto-visible (a) against every one visible to {VIS_HOSTS} hosts, this \
+         one among them (b); Identify at QD1 on the admin queue, reads of NSID {VIS_NSID}"
+    );
+    compare_header("a", "b");
+    for (name, cns) in [("Identify CNS 02h", 0x02), ("Identify CNS 00h", 0x00)] {
+        compare_runs(
+            name,
+            rounds,
+            || identify_run(&gateway, &rt_all, &admin_all, cns, duration),
+            || identify_run(&gateway, &rt_only, &admin_only, cns, duration),
+        );
+    }
+    let qd1 = Workload {
+        name: "4K randread QD1",
+        queue_depth: 1,
+        ..QD32_READ
+    };
+    for w in [&qd1, &QD32_READ] {
+        compare(
+            &gateway,
+            addr,
+            (cntlid_all, cntlid_only),
+            (SUBNQN_ALL, SUBNQN_ONLY),
+            (&region, &region),
+            w,
+            duration,
+            rounds,
         );
     }
     let _ = gateway.kill();
