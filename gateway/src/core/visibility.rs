@@ -14,7 +14,7 @@
 //!
 //! The lookups here run for every command: one map lookup by NSID when no namespace of the
 //! subsystem is restricted, one more in its host set when it is; the active list looks the
-//! host up once, not once per namespace.
+//! host up once and walks the sorted NSID sets side by side.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
@@ -90,11 +90,34 @@ impl NamespaceTable {
         if self.restricted.is_empty() {
             return above.take(limit).collect();
         }
-        let mine = self.by_host.get(hostnqn);
-        above
-            .filter(|id| !self.restricted.contains_key(id) || mine.is_some_and(|m| m.contains(id)))
-            .take(limit)
-            .collect()
+        // One pass over three sorted sequences (the NSIDs, the restricted NSIDs, the ones
+        // this host sees) rather than two map lookups per NSID: with 1000 namespaces each
+        // restricted to 64 hosts the lookups made the list ~13x slower than unrestricted.
+        let range = || (Bound::Excluded(after), Bound::Unbounded);
+        let mut restricted = self.restricted.range(range()).map(|(id, _)| *id).peekable();
+        let mut mine = self
+            .by_host
+            .get(hostnqn)
+            .map(|m| m.range(range()).copied().peekable());
+        let mut out = Vec::with_capacity(limit.min(self.by_nsid.len()));
+        for id in above {
+            if out.len() == limit {
+                break;
+            }
+            while restricted.next_if(|r| *r < id).is_some() {}
+            if restricted.next_if_eq(&id).is_none() {
+                out.push(id);
+                continue;
+            }
+            let seen = mine.as_mut().is_some_and(|m| {
+                while m.next_if(|x| *x < id).is_some() {}
+                m.next_if_eq(&id).is_some()
+            });
+            if seen {
+                out.push(id);
+            }
+        }
+        out
     }
 
     pub(super) fn visibility(&self, nsid: u32) -> Visibility {
@@ -121,5 +144,78 @@ impl NamespaceTable {
             }
             self.restricted.insert(nsid, hosts);
         }
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use rbd_backend::MemoryDevice;
+
+    use super::{NamespaceTable, Visibility};
+    use crate::core::subsystem::Namespace;
+
+    fn namespace(nsid: u32) -> Arc<Namespace> {
+        Arc::new(Namespace {
+            nsid,
+            device: Arc::new(MemoryDevice::new("mem", 4096)),
+            lba_shift: 9,
+            nguid: [0; 16],
+            uuid: [0; 16],
+            ana_group: 1,
+            read_only: false,
+            qos: Default::default(),
+        })
+    }
+
+    /// The one-pass active list equals the plain filter (each NSID asked of `visible_to`)
+    /// for every host, start NSID and limit, with restricted NSIDs interleaved with open
+    /// ones, restricted NSIDs without a namespace, and a host that sees none.
+    #[test]
+    fn the_active_list_is_the_visible_nsids_in_order() {
+        let mut table = NamespaceTable::default();
+        for nsid in (1..=40).filter(|n| n % 7 != 0) {
+            table.by_nsid.insert(nsid, namespace(nsid));
+        }
+        let hosts = ["host-a", "host-b", "host-c"];
+        // Every third NSID restricted (NSIDs 21 and 42 have no namespace), each to a
+        // pattern of hosts; host-c is on no list.
+        for nsid in (3..=42).step_by(3) {
+            let only: BTreeSet<String> = hosts[..2]
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| (nsid / 3 + *i as u32) % 3 != 0)
+                .map(|(_, h)| h.to_string())
+                .collect();
+            table.set_visibility(nsid, Visibility::Only(only));
+        }
+        for host in hosts {
+            let all: Vec<u32> = table
+                .by_nsid
+                .keys()
+                .copied()
+                .filter(|id| table.visible_to(*id, host))
+                .collect();
+            for after in [0, 1, 2, 3, 9, 20, 21, 39, 40, 41] {
+                for limit in [0, 1, 2, 5, 1024] {
+                    let want: Vec<u32> = all
+                        .iter()
+                        .copied()
+                        .filter(|id| *id > after)
+                        .take(limit)
+                        .collect();
+                    assert_eq!(
+                        table.active_nsids_for_host(host, after, limit),
+                        want,
+                        "{host} after {after} limit {limit}"
+                    );
+                }
+            }
+        }
+        // A restricted NSID hides from host-c; open ones do not.
+        assert!(!table.active_nsids_for_host("host-c", 0, 1024).contains(&3));
+        assert!(table.active_nsids_for_host("host-c", 0, 1024).contains(&1));
     }
 }
