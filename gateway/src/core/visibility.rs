@@ -176,7 +176,7 @@ mod table_tests {
     #[test]
     fn the_active_list_is_the_visible_nsids_in_order() {
         let mut table = NamespaceTable::default();
-        for nsid in (1..=40).filter(|n| n % 7 != 0) {
+        for nsid in (1..=40).filter(|n| !n.is_multiple_of(7)) {
             table.by_nsid.insert(nsid, namespace(nsid));
         }
         let hosts = ["host-a", "host-b", "host-c"];
@@ -186,7 +186,7 @@ mod table_tests {
             let only: BTreeSet<String> = hosts[..2]
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| (nsid / 3 + *i as u32) % 3 != 0)
+                .filter(|(i, _)| !(nsid / 3 + *i as u32).is_multiple_of(3))
                 .map(|(_, h)| h.to_string())
                 .collect();
             table.set_visibility(nsid, Visibility::Only(only));
