@@ -176,7 +176,7 @@ mod table_tests {
     #[test]
     fn the_active_list_is_the_visible_nsids_in_order() {
         let mut table = NamespaceTable::default();
-        for nsid in (1..=40).filter(|n| !n.is_multiple_of(7)) {
+        for nsid in (1..=40u32).filter(|n| !n.is_multiple_of(7)) {
             table.by_nsid.insert(nsid, namespace(nsid));
         }
         let hosts = ["host-a", "host-b", "host-c"];
