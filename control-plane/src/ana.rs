@@ -417,6 +417,22 @@ impl GroupMap {
     }
 
     /// Applies one event. Errors leave the map unchanged.
+    /// The fences the map waits for (a failover or failback past its drain). A replica that
+    /// takes the lead asks them again ([`Event::FenceFailed`]): the leader that asked them
+    /// may have died before the blocklist was committed or before it fed the result, and
+    /// nothing else would move those groups on.
+    pub fn pending_fences(&self) -> Vec<u64> {
+        self.groups
+            .values()
+            .filter_map(|g| match g.phase {
+                Phase::FailoverWaitFence { fence, .. } | Phase::FailbackWaitFence { fence, .. } => {
+                    Some(fence)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn handle(&mut self, event: Event) -> Result<Vec<Action>, MapError> {
         let mut actions = Vec::new();
         match event {

@@ -356,7 +356,17 @@ impl ControlPlane {
             // Differs from what is persisted, so the next tick writes the map with this
             // replica's name: the other replicas then report it as the leader.
             map.leader = self.id.clone();
+            let pending = map.pending_fences();
             *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(map);
+            // Fences the previous leader asked and may not have finished (it died while
+            // fencing, e.g. every process killed at once): asked again, or those groups
+            // would wait for a result that never comes.
+            for fence in pending {
+                tracing::warn!(replica = %self.id, fence, "a fence the previous leader asked is asked again");
+                if let Err(e) = self.feed(Event::FenceFailed { fence }).await {
+                    tracing::error!(fence, "cannot ask the fence again: {}", e.message());
+                }
+            }
         } else if !held && was {
             tracing::warn!(replica = %self.id, "lost the leader lease");
             *self.live.lock().unwrap_or_else(|e| e.into_inner()) = None;

@@ -293,6 +293,33 @@ fn a_failed_fence_is_asked_again_and_blocks_the_takeover() {
     assert_eq!(s.holder(2), "gw1");
 }
 
+/// The leader died while fencing (every process killed at once): the next leader loads the
+/// stored map, finds the fence pending and asks it again; completing it ends the failover.
+#[test]
+fn a_new_leader_asks_again_the_fences_the_stored_map_waits_for() {
+    let mut s = two_gateways();
+    assert!(s.map.pending_fences().is_empty());
+    s.now += GRACE + 1;
+    s.beacon("gw1", 1, 11);
+    let a = s.tick();
+    let Some(Action::Fence { fence, .. }) = a.first().cloned() else {
+        panic!("no fence: {a:?}");
+    };
+    s.fences.clear();
+    // What the next leader reads back.
+    let stored = serde_json::to_vec(&s.map).expect("encode");
+    s.map = serde_json::from_slice(&stored).expect("decode");
+    assert_eq!(s.map.pending_fences(), vec![fence]);
+    let again = s.event(Event::FenceFailed { fence }).expect("asked again");
+    assert!(matches!(
+        again.as_slice(),
+        [Action::Fence { fence: f, gateway, .. }] if *f == fence && gateway == "gw2"
+    ));
+    s.complete_fence();
+    assert_eq!(s.holder(2), "gw1");
+    assert!(s.map.pending_fences().is_empty());
+}
+
 fn failed_over() -> Sim {
     let mut s = two_gateways();
     s.now += GRACE + 1;
