@@ -152,7 +152,12 @@ impl Driven {
                         assert_eq!(r.completion.sq_id, qid, "SQ ID of {r:?}");
                     }
                 }
-                Action::Submit { device, tag, op } => {
+                // A throttled op is submitted at once here: its wait is the transport's
+                // (gateway/src/qos.rs), not the core's.
+                Action::Submit { device, tag, op }
+                | Action::SubmitThrottled {
+                    device, tag, op, ..
+                } => {
                     let sink = Arc::new(Collect::default());
                     let dyn_sink: Arc<dyn IoCompletion> = sink.clone();
                     device.submit(tag, op, &dyn_sink);
