@@ -18,15 +18,15 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::ops::RangeInclusive;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::ceph::{ceph_conf, ceph_settings, create_image_pair, pool, remove_image, run};
+use common::ceph::{
+    ceph_conf, ceph_settings, create_image_pair, osd_blocklist, pool, remove_image,
+};
 use common::control::start_rados_control_plane;
-use common::gateway_process::{group_member_toml, two_group_subsystem_toml, GatewayProcess};
+use common::gateway_process::{spawn_group_gateway, GW1_CNTLIDS, GW2_CNTLIDS};
 use common::host::{connect_within, wait_for_ana_states, Attach, HostQueues};
-use common::{free_port, scratch_dir, unique_tag};
+use common::{scratch_dir, unique_tag};
 use control_plane::ana::Availability;
 use nvmeof_gateway::spec::ana;
 use rbd_backend::rados::Client;
@@ -35,37 +35,12 @@ const SUBNQN: &str = "nqn.2016-06.io.test:failover";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000000f0";
 const BLOCK: u32 = 512;
 
-/// gw1's and gw2's controller IDs: disjoint, as in any group.
-const GW1_CNTLIDS: RangeInclusive<u16> = 1..=2040;
-const GW2_CNTLIDS: RangeInclusive<u16> = 2041..=4080;
-
-/// A gateway of the group (`name` owns ANA group `group`) serving both test images, one per
-/// ANA group.
-fn spawn_gateway(
-    dir: &Path,
-    name: &str,
-    group: u32,
-    cntlids: RangeInclusive<u16>,
-    cp: &str,
-    images: &[String; 2],
-) -> GatewayProcess {
-    let port = free_port();
-    let config = group_member_toml(name, Some(cntlids), cp, group, port)
-        + &two_group_subsystem_toml(SUBNQN, images);
-    GatewayProcess::spawn(dir, name, port, &config)
-}
-
 async fn connect(port: u16, within: Duration) -> HostQueues {
     connect_within(port, &Attach::new(HOSTNQN, SUBNQN), within).await
 }
 
 fn pattern(seed: u8) -> Vec<u8> {
     common::pattern(BLOCK as usize * 8, seed)
-}
-
-/// The OSD blocklist, as `ceph osd blocklist ls` prints it.
-fn osd_blocklist() -> String {
-    String::from_utf8_lossy(&run("ceph", &["osd", "blocklist", "ls"])).into_owned()
 }
 
 /// `group`'s client addresses (of one gateway's per-group report) are all in the blocklist,
@@ -119,8 +94,8 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     let control = start_rados_control_plane(&name, 500).await;
     let (cp, cp_addr, oid) = (control.cp, control.addr, control.state_oid);
 
-    let gw1 = spawn_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, &images);
-    let gw2 = spawn_gateway(&dir, "gw2", 2, GW2_CNTLIDS, &cp_addr, &images);
+    let gw1 = spawn_group_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, SUBNQN, &images);
+    let gw2 = spawn_group_gateway(&dir, "gw2", 2, GW2_CNTLIDS, &cp_addr, SUBNQN, &images);
     eprintln!("gateway logs: {} {}", gw1.log.display(), gw2.log.display());
     let h1 = connect(gw1.port, Duration::from_secs(30)).await;
     let h2 = connect(gw2.port, Duration::from_secs(30)).await;
@@ -267,7 +242,7 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
     drop(h1);
     drop(gw1);
     let restarted = Instant::now();
-    let gw1 = spawn_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, &images);
+    let gw1 = spawn_group_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, SUBNQN, &images);
     let h1 = connect(gw1.port, Duration::from_secs(30)).await;
     wait_for_ana_states(
         &h1.admin,
@@ -348,7 +323,7 @@ async fn a_frozen_gateway_is_fenced_before_its_group_moves() {
         pauses.push(frozen.elapsed());
         drop(h1);
         drop(gw1);
-        gw1 = spawn_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, &images);
+        gw1 = spawn_group_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, SUBNQN, &images);
         h1 = connect(gw1.port, Duration::from_secs(30)).await;
         wait_for_ana_states(&h1.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(30)).await;
         h1.io

@@ -14,15 +14,15 @@
 
 mod common;
 
-use std::ops::RangeInclusive;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::ceph::{ceph_conf, ceph_settings, create_image_pair, pool, remove_image, run};
+use common::ceph::{
+    ceph_conf, ceph_settings, create_image_pair, osd_blocklist, pool, remove_image,
+};
 use common::control::start_rados_control_plane_with_grace;
-use common::gateway_process::{group_member_toml, two_group_subsystem_toml, GatewayProcess};
+use common::gateway_process::{spawn_group_gateway, GW1_CNTLIDS, GW2_CNTLIDS};
 use common::host::{connect_within, wait_for_ana_states, Attach, HostQueues};
-use common::{free_port, scratch_dir, unique_tag};
+use common::{scratch_dir, unique_tag};
 use control_plane::ana::Availability;
 use nvmeof_gateway::spec::ana;
 use rbd_backend::rados::Client;
@@ -35,33 +35,12 @@ const GRACE_MS: u64 = 10_000;
 /// What a failover after kill -9 may take here (a loaded shared machine included).
 const WITHIN: Duration = Duration::from_secs(4);
 
-const GW1_CNTLIDS: RangeInclusive<u16> = 1..=2040;
-const GW2_CNTLIDS: RangeInclusive<u16> = 2041..=4080;
-
-fn spawn_gateway(
-    dir: &Path,
-    name: &str,
-    group: u32,
-    cntlids: RangeInclusive<u16>,
-    cp: &str,
-    images: &[String; 2],
-) -> GatewayProcess {
-    let port = free_port();
-    let config = group_member_toml(name, Some(cntlids), cp, group, port)
-        + &two_group_subsystem_toml(SUBNQN, images);
-    GatewayProcess::spawn(dir, name, port, &config)
-}
-
 async fn connect(port: u16, within: Duration) -> HostQueues {
     connect_within(port, &Attach::new(HOSTNQN, SUBNQN), within).await
 }
 
 fn pattern(seed: u8) -> Vec<u8> {
     common::pattern(BLOCK as usize * 8, seed)
-}
-
-fn osd_blocklist() -> String {
-    String::from_utf8_lossy(&run("ceph", &["osd", "blocklist", "ls"])).into_owned()
 }
 
 /// Whether every address of the client `addr` (`[v2:...,v1:...]`) is in the blocklist (which
@@ -88,7 +67,7 @@ async fn a_killed_gateway_is_fenced_at_once_and_its_group_moves_within_the_grace
     let dir = scratch_dir(&name);
     let control = start_rados_control_plane_with_grace(&name, 500, GRACE_MS).await;
     let (cp, cp_addr, oid) = (control.cp, control.addr, control.state_oid);
-    let gw2 = spawn_gateway(&dir, "gw2", 2, GW2_CNTLIDS, &cp_addr, &images);
+    let gw2 = spawn_group_gateway(&dir, "gw2", 2, GW2_CNTLIDS, &cp_addr, SUBNQN, &images);
     let h2 = connect(gw2.port, Duration::from_secs(30)).await;
     eprintln!("gateway logs in {}", dir.display());
     let runs: usize = std::env::var("FAILOVER_RUNS")
@@ -99,7 +78,7 @@ async fn a_killed_gateway_is_fenced_at_once_and_its_group_moves_within_the_grace
     let mut fenced_addrs = Vec::new();
     for round in 0..runs {
         let seed = round as u8 * 2;
-        let gw1 = spawn_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, &images);
+        let gw1 = spawn_group_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, SUBNQN, &images);
         let h1 = connect(gw1.port, Duration::from_secs(30)).await;
         wait_for_ana_states(
             &h1.admin,

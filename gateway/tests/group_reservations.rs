@@ -21,15 +21,14 @@
 
 mod common;
 
-use std::ops::RangeInclusive;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::ceph::{ceph_conf, ceph_settings, create_image_pair, pool, remove_image};
 use common::control::start_rados_control_plane;
 use common::gateway_process::{
-    group_member_toml, listener_toml, two_group_subsystem_toml, GatewayProcess,
+    listener_toml, spawn_group_gateway, two_group_subsystem_toml, GatewayProcess, GW1_CNTLIDS,
+    GW2_CNTLIDS,
 };
 use common::host::{connect_within, wait_for_ana_states, Attach, HostQueues};
 use common::{free_port, scratch_dir, unique_tag};
@@ -44,23 +43,6 @@ const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-00
 const BLOCK: u32 = 512;
 const KEY_A: u64 = 0xa1a1;
 const KEY_B: u64 = 0xb2b2;
-
-const GW1_CNTLIDS: RangeInclusive<u16> = 1..=2040;
-const GW2_CNTLIDS: RangeInclusive<u16> = 2041..=4080;
-
-fn spawn_gateway(
-    dir: &Path,
-    name: &str,
-    group: u32,
-    cntlids: RangeInclusive<u16>,
-    cp: &str,
-    images: &[String; 2],
-) -> GatewayProcess {
-    let port = free_port();
-    let config = group_member_toml(name, Some(cntlids), cp, group, port)
-        + &two_group_subsystem_toml(SUBNQN, images);
-    GatewayProcess::spawn(dir, name, port, &config)
-}
 
 async fn connect(port: u16, host: &str) -> HostQueues {
     connect_within(port, &Attach::new(host, SUBNQN), Duration::from_secs(30)).await
@@ -163,8 +145,8 @@ async fn reservations_survive_the_owner_s_kill_and_failback() {
     let control = start_rados_control_plane(&name, 500).await;
     let (cp, cp_addr, oid) = (control.cp, control.addr, control.state_oid);
 
-    let gw1 = spawn_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, &images);
-    let gw2 = spawn_gateway(&dir, "gw2", 2, GW2_CNTLIDS, &cp_addr, &images);
+    let gw1 = spawn_group_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, SUBNQN, &images);
+    let gw2 = spawn_group_gateway(&dir, "gw2", 2, GW2_CNTLIDS, &cp_addr, SUBNQN, &images);
     eprintln!("gateway logs: {} {}", gw1.log.display(), gw2.log.display());
     let a1 = connect(gw1.port, HOST_A).await;
     let b1 = connect(gw1.port, HOST_B).await;
@@ -278,7 +260,7 @@ async fn reservations_survive_the_owner_s_kill_and_failback() {
     // gw1 restarts; group 1 fails back to it, with the state gw2 stored.
     drop((a1, b1));
     drop(gw1);
-    let gw1 = spawn_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, &images);
+    let gw1 = spawn_group_gateway(&dir, "gw1", 1, GW1_CNTLIDS, &cp_addr, SUBNQN, &images);
     let a1 = connect(gw1.port, HOST_A).await;
     wait_for_ana_states(&a1.admin, &[(1, ana::OPTIMIZED)], Duration::from_secs(30)).await;
     wait_for_ana_states(

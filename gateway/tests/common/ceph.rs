@@ -105,3 +105,8 @@ impl Drop for ResumeOsd {
         signal_osd("CONT");
     }
 }
+
+/// The OSD blocklist, as `ceph osd blocklist ls` prints it.
+pub fn osd_blocklist() -> String {
+    String::from_utf8_lossy(&run("ceph", &["osd", "blocklist", "ls"])).into_owned()
+}

@@ -217,3 +217,25 @@ ana_group = 2
         img2 = images[1],
     )
 }
+
+/// gw1's and gw2's controller IDs in the two-gateway group tests: disjoint, as in any group.
+pub const GW1_CNTLIDS: std::ops::RangeInclusive<u16> = 1..=2040;
+pub const GW2_CNTLIDS: std::ops::RangeInclusive<u16> = 2041..=4080;
+
+/// A gateway process of a two-gateway group (`name` owns ANA group `group`, with controller
+/// IDs `cntlids`, the control plane at `cp`) serving `subnqn`'s two images, one per ANA group
+/// ([`two_group_subsystem_toml`]).
+pub fn spawn_group_gateway(
+    dir: &std::path::Path,
+    name: &str,
+    group: u32,
+    cntlids: std::ops::RangeInclusive<u16>,
+    cp: &str,
+    subnqn: &str,
+    images: &[String; 2],
+) -> GatewayProcess {
+    let port = super::free_port();
+    let config = group_member_toml(name, Some(cntlids), cp, group, port)
+        + &two_group_subsystem_toml(subnqn, images);
+    GatewayProcess::spawn(dir, name, port, &config)
+}
