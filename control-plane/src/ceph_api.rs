@@ -529,30 +529,9 @@ async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcom
             ));
         }
     }
-    let created = flag(r.create_image);
-    let entry = checked.clone();
-    let added = cp
-        .try_update(move |st| st.add_namespace(entry.clone()))
-        .await;
-    let (added, _) = match added {
-        Ok(a) => a,
-        Err(refused) => {
-            if created {
-                // The namespace was refused (the state changed since the check): the image
-                // made for it goes too, so nothing is left behind.
-                let backend = cp.backend().clone();
-                let e = checked.clone();
-                let removed = tokio::task::spawn_blocking(move || {
-                    backend.remove_image(&e.pool, &e.rados_namespace, &e.image)
-                })
-                .await;
-                if !matches!(removed, Ok(Ok(()))) {
-                    tracing::error!(image = %state::image_spec(&checked), "image created for a refused namespace not removed: {removed:?}");
-                }
-            }
-            return Err(refused.into());
-        }
-    };
+    let (added, _) = cp
+        .add_namespace_with_image(checked, flag(r.create_image))
+        .await?;
     tracing::info!(nqn = %added.subsystem_nqn, nsid = added.nsid, ana_group = added.ana_group, image = %state::image_spec(&added), "namespace added (ceph-nvmeof API)");
     Ok(added.nsid)
 }

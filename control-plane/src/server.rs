@@ -295,6 +295,30 @@ impl ControlPlane {
         self.store.backend()
     }
 
+    /// Adds `entry` to the group state; when its image was just made for it (`created`) and
+    /// the add is refused (the state changed since it was checked), the image is removed
+    /// again, so nothing is left behind. For the Admin API and the ceph-nvmeof API alike.
+    pub(crate) async fn add_namespace_with_image(
+        self: &Arc<Self>,
+        entry: NamespaceEntry,
+        created: bool,
+    ) -> Result<(NamespaceEntry, Arc<GroupState>), StoreError> {
+        let e = entry.clone();
+        let added = self.try_update(move |st| st.add_namespace(e.clone())).await;
+        if added.is_err() && created {
+            let backend = self.backend().clone();
+            let e = entry.clone();
+            let removed = tokio::task::spawn_blocking(move || {
+                backend.remove_image(&e.pool, &e.rados_namespace, &e.image)
+            })
+            .await;
+            if !matches!(removed, Ok(Ok(()))) {
+                tracing::error!(image = %state::image_spec(&entry), "image created for a refused namespace not removed: {removed:?}");
+            }
+        }
+        added
+    }
+
     /// The host connections to `nqn` the gateways reported in their last beacons.
     pub(crate) fn connections_of(&self, nqn: &str) -> Vec<proto::Connection> {
         self.connections
@@ -1093,31 +1117,11 @@ impl proto::admin_server::Admin for AdminService {
                 )));
             }
         }
-        let added = self
+        let (added, st) = self
             .0
-            .update({
-                let entry = entry.clone();
-                move |st| st.add_namespace(entry.clone())
-            })
-            .await;
-        let (added, st) = match added {
-            Ok(a) => a,
-            Err(refused) => {
-                if create_image {
-                    // The namespace was refused (the state changed since the check): the
-                    // image made for it goes too, so nothing is left behind.
-                    let e = entry.clone();
-                    let removed = blocking(move || {
-                        backend.remove_image(&e.pool, &e.rados_namespace, &e.image)
-                    })
-                    .await;
-                    if let Err(err) = removed {
-                        tracing::error!(image = %spec, "image created for a refused namespace not removed: {}", err.message());
-                    }
-                }
-                return Err(refused);
-            }
-        };
+            .add_namespace_with_image(entry, create_image)
+            .await
+            .map_err(status)?;
         tracing::info!(nqn = %added.subsystem_nqn, nsid = added.nsid, ana_group = added.ana_group, image = %state::image_spec(&added), qos = %added.qos, "namespace added");
         Ok(reply(
             &st,
