@@ -276,10 +276,9 @@ pub fn apply_visibility(sub: &Subsystem, nsid: u32, visibility: Visibility, orig
 /// Waits until the devices of `namespaces` have no command in flight, nor any waiting for
 /// its QoS turn (at most [`DRAIN_TIMEOUT`]); logs `what` when there were any.
 async fn drain(namespaces: &[Arc<Namespace>], what: &str) {
-    let devices = namespaces;
     let started = std::time::Instant::now();
     let in_flight = || {
-        devices
+        namespaces
             .iter()
             .map(|n| n.device.in_flight() + n.qos.waiting())
             .sum::<usize>()
@@ -287,9 +286,9 @@ async fn drain(namespaces: &[Arc<Namespace>], what: &str) {
     while in_flight() > 0 && started.elapsed() < DRAIN_TIMEOUT {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    if !devices.is_empty() {
+    if !namespaces.is_empty() {
         tracing::info!(
-            devices = devices.len(),
+            devices = namespaces.len(),
             in_flight = in_flight(),
             ms = started.elapsed().as_millis() as u64,
             "{what}"
