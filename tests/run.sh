@@ -29,6 +29,11 @@
 #             controller key refused (the gateway stays up), keys of each transform (--hmac=0..3),
 #             every hash and DH group negotiated ([gateway] dhchap_hashes / dhchap_dhgroups),
 #             re-authentication of a live controller, a host allowed without a key, digests
+#   e2e-tls   tests/vm/get-bpo-kernel.sh and tests/vm/get-trixie-tls.sh (Debian trixie's tlshd and
+#             nvme-cli 2.13, unpacked into ~/.cache/run-in-vm/trixie-tls, not installed), then
+#             tests/vm/e2e-tls.sh target/release/nvmeof-gateway in the 6.12 guest: NVMe/TCP TLS 1.3
+#             PSK with the real Linux host (nvme connect --tls, discover TREQ, fio verify, no
+#             plaintext in a capture, wrong key / no TLS / plain to a secure port refused)
 #   e2e-rdma  tests/vm/e2e-rdma.sh in the VM: Soft-RoCE (rdma_rxe), the gateway inside the guest,
 #             the Linux nvme-rdma initiator (fio verify, ext4, bad connect requests, counters)
 #   e2e-rbd   tests/vm/e2e-rbd.sh target/release/nvmeof-gateway: a micro Ceph and the gateway on
@@ -65,6 +70,7 @@
 # Env: FUZZ_SECONDS (default 30 per target), E2E_TIMEOUT (default 900 s, the VM run),
 #      E2E_AUTH_TIMEOUT (default 900 s, e2e-auth's VM run), E2E_AUTH_KERNEL_TARGET=1 (e2e-auth
 #      against the kernel's nvmet instead of our gateway: proves the harness, host and script),
+#      E2E_TLS_KERNEL_TARGET=1 (e2e-tls against nvmet),
 #      STAGE_TIMEOUT (default 1800 s per cargo stage), CARGO_TARGET_DIR, FUZZ_DIR (default gateway),
 #      VM_* (see tests/vm/run-in-vm.sh).
 set -uo pipefail
@@ -107,7 +113,7 @@ finish() {
   exit 1
 }
 # stage NAME cmd... : header, run, time; stops the whole run on failure
-ALL_STAGES=(deps fmt clippy doc test build helm docs ceph e2e-vm e2e-auth e2e-rbd e2e-group e2e-tenants e2e-demo e2e-k8s e2e-rdma fuzz)
+ALL_STAGES=(deps fmt clippy doc test build helm docs ceph e2e-vm e2e-auth e2e-tls e2e-rbd e2e-group e2e-tenants e2e-demo e2e-k8s e2e-rdma fuzz)
 stage() {
   local name=$1; shift
   local t0 rc
@@ -193,6 +199,25 @@ e2e_auth() {
       -e E2E_LOG_DIR tests/vm/e2e-auth.sh "${target[@]}" )
   local rc=$?
   echo "(logs: $TARGET_DIR/vm-logs/e2e-auth/)"
+  return $rc
+}
+
+# NVMe/TCP TLS: the 6.12 kernel (CONFIG_NVME_TCP_TLS) and trixie's tlshd + nvme-cli
+e2e_tls() {
+  local target=("$GATEWAY_BIN") env tools
+  if [ "${E2E_TLS_KERNEL_TARGET:-0}" = 1 ]; then target=(--kernel-target)
+  else [ -x "$GATEWAY_BIN" ] || { echo "no gateway binary at $GATEWAY_BIN"; return 1; }; fi
+  echo "+ tests/vm/get-bpo-kernel.sh; tests/vm/get-trixie-tls.sh"
+  env=$(tests/vm/get-bpo-kernel.sh) || { echo "could not fetch the bookworm-backports kernel (see above)"; return 1; }
+  tools=$(tests/vm/get-trixie-tls.sh) || { echo "could not fetch trixie's tlshd and nvme-cli (see above)"; return 1; }
+  echo "$env"; echo "$tools"
+  mkdir -p "$TARGET_DIR/vm-logs"
+  echo "+ tests/vm/run-in-vm.sh -t $E2E_AUTH_TIMEOUT -w $TARGET_DIR/vm-logs -e TLS_TOOLS tests/vm/e2e-tls.sh ${target[*]}"
+  ( eval "$env"; eval "$tools"  # VM_KERNEL, VM_MODDIR, TLS_TOOLS: in this subshell only
+    E2E_LOG_DIR=$TARGET_DIR/vm-logs tests/vm/run-in-vm.sh -t "$E2E_AUTH_TIMEOUT" -w "$TARGET_DIR/vm-logs" \
+      -e E2E_LOG_DIR -e TLS_TOOLS tests/vm/e2e-tls.sh "${target[@]}" )
+  local rc=$?
+  echo "(logs: $TARGET_DIR/vm-logs/e2e-tls/)"
   return $rc
 }
 
@@ -341,6 +366,9 @@ else stage e2e-vm e2e_vm; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-auth "--quick"
 else stage e2e-auth e2e_auth; fi
+
+if [ $QUICK = 1 ]; then skipped e2e-tls "--quick"
+else stage e2e-tls e2e_tls; fi
 
 if [ $QUICK = 1 ]; then skipped e2e-rbd "--quick"
 else stage e2e-rbd e2e_rbd; fi

@@ -218,32 +218,9 @@ write_config() { # file port mode(main|neg) [hash dhgroup]
   } > "$1"
   cp "$1" "$LOGDIR/" 2>/dev/null
 }
-port_listening() { # port: something listens on $ADDR:port (hex in /proc/net/tcp)
-  local hp; hp=$(printf ':%04X' "$1")
-  awk -v hp="$hp" 'NR > 1 && $2 ~ hp"$" && $4 == "0A" {f = 1} END {exit !f}' /proc/net/tcp
-}
-run_gateway() { # config log port: starts our binary, sets STARTED_PID; 0 once the port listens
-  echo "----- gateway start at guest uptime $(now) -----" >> "$2"
-  "$GW" --config "$1" >> "$2" 2>&1 < /dev/null &
-  STARTED_PID=$!
-  say "$GW --config $1 (pid $STARTED_PID, log $2)"
-  for _ in $(seq 150); do  # up to ~15 s
-    port_listening "$3" && { say "listening on $ADDR:$3"; return 0; }
-    kill -0 $STARTED_PID 2>/dev/null || { say "gateway exited during startup: $(wait $STARTED_PID; echo "exit status $?")"; STARTED_PID=""; return 1; }
-    sleep 0.1
-  done
-  say "nothing listening on $ADDR:$3 after 15 s"
-  return 1
-}
 gw_alive() { [ "$MODE" = kernel ] && return 0; [ -n "$GWPID" ] && kill -0 "$GWPID" 2>/dev/null; }
 
 CFG=/sys/kernel/config/nvmet
-nullb() { # name: a memory-backed 64 MiB null_blk device /dev/NAME
-  local nb=/sys/kernel/config/nullb/$1
-  [ -d $nb ] || { mkdir $nb && echo 64 > $nb/size && echo 512 > $nb/blocksize && echo 1 > $nb/memory_backed && echo 1 > $nb/power; } || return 1
-  for _ in $(seq 50); do [ -b /dev/$1 ] && return 0; sleep 0.1; done
-  say "null_blk device /dev/$1 did not appear"; return 1
-}
 nvmet_host() { # nqn key ctrl-key(or "") hash dhgroup: a host with its DH-HMAC-CHAP settings
   local h=$CFG/hosts/$1
   mkdir -p $h || return 1
@@ -302,14 +279,6 @@ stop_target() { # SIGTERM: exit 0 within 10 s
 
 # ------------------------------------------------------------- initiator --
 CTRL="" NIOQ=0 DEV=""
-host_ctrl() { # subnqn hostnqn port: the controller connected with these
-  local c
-  for c in /sys/class/nvme/nvme*; do
-    [ "$(cat $c/subsysnqn 2>/dev/null)" = "$1" ] && [ "$(cat $c/hostnqn 2>/dev/null)" = "$2" ] &&
-      grep -q "trsvcid=$3\b" $c/address 2>/dev/null && { echo "${c##*/}"; return 0; }
-  done
-  return 1
-}
 # connect SUBNQN PORT HOSTNQN HOSTID [nvme connect options]: sets CTRL, NIOQ (its I/O queues)
 # and DEV; the dmesg and gateway-log markers are set just before (mark)
 connect() {

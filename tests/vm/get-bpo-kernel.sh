@@ -48,41 +48,11 @@ for t in apt-get apt-cache dpkg-deb depmod; do
   command -v $t >/dev/null || die "$t not found (Debian: apt-get install apt dpkg kmod)"
 done
 
-# ---- the Debian mirror of the system's sources (not the security one) ------------------
-mirror() {
-  local f
-  # deb822 stanzas: URIs of a stanza whose Suites has bookworm, bookworm-updates or -backports
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -r "$f" ] || continue
-    awk 'function flush() { if (uri != "" && suites ~ /(^| )bookworm(-updates|-backports)?( |$)/ && types ~ /(^| )deb( |$)/) { print uri; found = 1; exit } uri = suites = types = "" }
-         /^[ \t]*$/ { flush(); next }
-         /^URIs:/   { uri = $2 }
-         /^Suites:/ { $1 = ""; suites = $0 " " }
-         /^Types:/  { $1 = ""; types = $0 " " }
-         END { if (!found) flush() }' "$f"
-  done
-  # one-line format: deb [options] URI SUITE COMPONENTS...
-  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [ -r "$f" ] || continue
-    sed -e 's/#.*//' -e 's/\[[^]]*\]//' "$f" |
-      awk '$1 == "deb" && $3 ~ /^bookworm(-updates|-backports)?$/ {print $2}'
-  done
-}
-URI=${BPO_MIRROR:-$(mirror | head -n 1)}
-[ -n "$URI" ] || die "no Debian bookworm mirror in /etc/apt/sources.list{,.d/*.sources,.d/*.list} (set BPO_MIRROR)"
-log "mirror $URI, suite bookworm-backports, into $DIR"
-
+# ---- a private apt state for bookworm-backports (tests/vm/debian-apt.sh) ---------------
+. "$(dirname "${BASH_SOURCE[0]}")/debian-apt.sh"
 A=$DIR/apt
-rm -rf "$A"
-mkdir -p "$A/lists/partial" "$A/cache/archives/partial" "$A/parts" "$A/pkgs"
-KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
-if [ -r $KEYRING ]; then echo "deb [signed-by=$KEYRING] $URI bookworm-backports main" > "$A/sources.list"
-else echo "deb $URI bookworm-backports main" > "$A/sources.list"; fi
-APTO=(-o "Dir::Etc::SourceList=$A/sources.list" -o "Dir::Etc::SourceParts=$A/parts"
-      -o "Dir::State::Lists=$A/lists" -o "Dir::Cache=$A/cache" -o APT::Sandbox::User=root
-      -o Acquire::Retries=3 -o Acquire::Languages=none)
 trap 'rm -rf "$A" "$DIR/root.new"' EXIT
-apt-get -q "${APTO[@]}" update >&2 || die "apt-get update of bookworm-backports failed"
+apt_private "$A" bookworm-backports || die "no bookworm-backports package lists (see above)"
 PKG=$(apt-cache "${APTO[@]}" depends linux-image-amd64/bookworm-backports 2>/dev/null |
       awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
 [ -n "$PKG" ] || die "linux-image-amd64/bookworm-backports names no kernel package"

@@ -11,6 +11,7 @@
 #   connected_ctrls NQN     the controllers (nvmeX) connected to subsystem NQN, one a line
 #   disconnect_nqn NQN      nvme disconnect, then wait up to 15 s until its controllers are gone
 #   delete_ctrls NQN        delete every controller of NQN through sysfs (cleanup; no wait)
+#   host_ctrl SUBNQN HOSTNQN PORT  the controller (nvmeX) connected with these
 #   multipath_setup [NOTE]  load nvme-tcp; 0 when native NVMe multipath is on
 #   discover_on_ports PORT P1,P2...  nvme discover (tcp, $ADDR:PORT, $HOSTNQN/$HOSTID, JSON
 #                           kept in $LOGDIR/discover.json): 0 when $NQN is listed over tcp on
@@ -20,7 +21,11 @@
 #                           sets FS_SHA
 #   fs_reread               (after fs_check and a disconnect) connect, mount read-only, sets
 #                           FS_GOT to the file's sha256; the caller compares with FS_SHA
-# A gateway inside the guest
+# A target inside the guest
+#   port_listening PORT     something listens on $ADDR:PORT (IPv4, from /proc/net/tcp)
+#   run_gateway CONF LOG PORT  starts $GW --config CONF (output to LOG), sets STARTED_PID;
+#                           0 once PORT listens (up to 15 s), 1 when it exited or did not
+#   nullb NAME              a memory-backed 64 MiB null_blk device /dev/NAME (for nvmet)
 #   guest_log_dir NAME      LOGDIR=$E2E_LOG_DIR/NAME (default ./target/vm-logs if writable,
 #                           else /tmp/e2e-logs), created and emptied
 #   gwlog_tail N            the last N lines of $GWLOG
@@ -43,6 +48,14 @@ ns_dev_once() {
       [ -z "${1:-}" ] || [ "$(cat "/sys/block/$b/nsid" 2>/dev/null)" = "$1" ] || continue
       [ -b "/dev/$b" ] && { echo "/dev/$b"; return 0; }
     done
+  done
+  return 1
+}
+host_ctrl() { # subnqn hostnqn port: the controller connected with these
+  local c
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat $c/subsysnqn 2>/dev/null)" = "$1" ] && [ "$(cat $c/hostnqn 2>/dev/null)" = "$2" ] &&
+      grep -q "trsvcid=$3\b" $c/address 2>/dev/null && { echo "${c##*/}"; return 0; }
   done
   return 1
 }
@@ -151,6 +164,29 @@ fs_reread() {
   say "sha256 before disconnect=$FS_SHA after reconnect=$FS_GOT"
 }
 
+port_listening() { # port: something listens on $ADDR:port (hex in /proc/net/tcp)
+  local hp; hp=$(printf ':%04X' "$1")
+  awk -v hp="$hp" 'NR > 1 && $2 ~ hp"$" && $4 == "0A" {f = 1} END {exit !f}' /proc/net/tcp
+}
+run_gateway() { # config log port: starts our binary, sets STARTED_PID; 0 once the port listens
+  echo "----- gateway start at guest uptime $(now) -----" >> "$2"
+  "$GW" --config "$1" >> "$2" 2>&1 < /dev/null &
+  STARTED_PID=$!
+  say "$GW --config $1 (pid $STARTED_PID, log $2)"
+  for _ in $(seq 150); do  # up to ~15 s
+    port_listening "$3" && { say "listening on $ADDR:$3"; return 0; }
+    kill -0 $STARTED_PID 2>/dev/null || { say "gateway exited during startup: $(wait $STARTED_PID; echo "exit status $?")"; STARTED_PID=""; return 1; }
+    sleep 0.1
+  done
+  say "nothing listening on $ADDR:$3 after 15 s"
+  return 1
+}
+nullb() { # name: a memory-backed 64 MiB null_blk device /dev/NAME
+  local nb=/sys/kernel/config/nullb/$1
+  [ -d $nb ] || { mkdir $nb && echo 64 > $nb/size && echo 512 > $nb/blocksize && echo 1 > $nb/memory_backed && echo 1 > $nb/power; } || return 1
+  for _ in $(seq 50); do [ -b /dev/$1 ] && return 0; sleep 0.1; done
+  say "null_blk device /dev/$1 did not appear"; return 1
+}
 guest_log_dir() {
   if [ -n "${E2E_LOG_DIR:-}" ]; then LOGDIR=$E2E_LOG_DIR
   elif [ -d target/vm-logs ] && [ -w target/vm-logs ] && touch target/vm-logs/.w 2>/dev/null; then LOGDIR=$PWD/target/vm-logs
