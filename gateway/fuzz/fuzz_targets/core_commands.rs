@@ -108,9 +108,8 @@ impl Driven {
         // AER up: the core drops it, never to be answered (any later response under the CID
         // must answer the new command, or is a double completion the checks catch).
         if self.queue.qid() == Some(0) && !self.queue.awaits_authentication() {
-            let held_aer = |o: &(u16, u8, u8, u32)| {
-                o.0 == cmd.cid() && o.1 == admin_opcode::ASYNC_EVENT
-            };
+            let held_aer =
+                |o: &(u16, u8, u8, u32)| o.0 == cmd.cid() && o.1 == admin_opcode::ASYNC_EVENT;
             if let Some(i) = self.outstanding.iter().position(held_aer) {
                 self.outstanding.remove(i);
             }
