@@ -28,6 +28,15 @@
 #                  fenced, drops its clients, and gets the group back on fresh ones (failback);
 #                  zero errors. The pause: the probe's longest gap from the freeze to the thaw.
 #   freeze-pauses  median and max of the freeze pauses (goal <= 3 s; printed)
+#   cut-K          (K = 1..CUT_ROUNDS, 3; only when the host put gwN, the last gateway, in a
+#                  network namespace: E2E_NETCUT=1, SHARED_DIR/netcut names it) the same load
+#                  on nsid N: gwN's link taken down (a partition from the control plane, Ceph
+#                  and this host at once, no connection reset: missed beacons and keep-alive
+#                  timeouts again); nsid N optimized on one survivor only; the link back: gwN
+#                  is fenced and gets the group back on fresh clients; zero errors
+#   cut-pauses     median and max of the network-cut pauses (goal <= 3 s; printed)
+#   fence-cut      as fence below, with gwN's link taken down instead of SIGSTOP: once the
+#                  link is back, the host's python client's write through gwN fails
 #   leader-kill    kill -9 of the leading nvmeof-control replica: the other takes over
 #   failover-after-leader-kill   one more failover round, led by the surviving replica
 #   fence          under fio: gw1 frozen (SIGSTOP) past the grace, fenced, thawed (SIGCONT):
@@ -57,7 +66,9 @@ IMAGES=(); for _i in $(seq "$NGW"); do IMAGES+=("e2e-g$_i"); done
 MIB=1048576
 DATA_OFF_MIB=100       # step data: 8 MiB here on every namespace
 PROBE_OFF_MIB=200      # the probe's 1 MiB ring
-FENCE_LBA=$((240 * MIB / 512))  # the fenced gateway's write goes here (nsid 1)
+FENCE_LBA=$((240 * MIB / 512))  # the fenced gateway's write goes here (nsid 1, or N for fence-cut)
+NETCUT_GW=$(cat "$SH/netcut" 2>/dev/null)  # the gateway the host can cut off (E2E_NETCUT=1)
+CUT_ROUNDS=3
 FIO_RATE=200
 FIO_MIB=12            # per round: 3072 4K writes at FIO_RATE, ~15 s, then their verify
 WORK=/tmp/e2e-group
@@ -248,31 +259,49 @@ pauses() {
   awk -v m="$med" 'BEGIN{exit !(m <= 3.0)}' || { say "median failover pause ${med}s > 3 s"; return 1; }
 }
 
-FREEZE_PAUSES=()
-freeze_round() { # NAME: SIGSTOP gw1 under load (its sockets stay open: the control plane sees
-  # missed beacons, the host a keep-alive timeout); writes resume through the survivor while
-  # gw1 is still frozen; thawed, gw1 is fenced, drops its blocklisted clients and gets the
-  # group back through fresh ones (failback)
-  local name=$1 tk tt pf ok=0
-  wait_optimized 1 gw1 30 || { say "nsid 1 is not optimized on gw1 only before the round"; show_paths; return 1; }
-  load_start "$name" 1 || return 1
+# outage_round NAME N STOP BACK WHAT: gwN made silent under load without a connection reset
+# (SIGSTOP, or its network cut): the control plane sees missed beacons, the host a
+# keep-alive timeout; writes resume through the survivor while gwN is still silent; back,
+# gwN is fenced, drops its blocklisted clients and gets the group back through fresh ones
+# (failback). Sets OUTAGE_PAUSE.
+OUTAGE_PAUSE=""
+outage_round() {
+  local name=$1 n=$2 stop=$3 back=$4 what=$5 tk tt ok=0
+  wait_optimized "$n" "gw$n" 30 || { say "nsid $n is not optimized on gw$n only before the round"; show_paths; return 1; }
+  load_start "$name" "$n" || return 1
   tk=$(now)
-  ask 30 freeze-gw 1 || ok=1
-  if wait_moved 1 gw1 30; then say "nsid 1 optimized on $SURVIVOR only $(since "$tk")s after the freeze request (host keep-alive timeout ${KATO} s)"
-  else say "nsid 1 not optimized on exactly one survivor within 30 s of the freeze"; show_paths; ok=1; fi
+  ask 30 "$stop" "$n" || ok=1
+  if wait_moved "$n" "gw$n" 30; then say "nsid $n optimized on $SURVIVOR only $(since "$tk")s after the $what request (host keep-alive timeout ${KATO} s)"
+  else say "nsid $n not optimized on exactly one survivor within 30 s of the $what"; show_paths; ok=1; fi
   sleep 1
   tt=$(now)
-  ask 30 thaw-gw 1 || ok=1
-  if wait_optimized 1 gw1 60; then say "failback: nsid 1 optimized on the thawed gw1 only $(since "$tt")s after the thaw"
-  else say "no failback to the thawed gw1 within 60 s"; show_paths; ok=1; fi
+  ask 30 "$back" "$n" || ok=1
+  if wait_optimized "$n" "gw$n" 60; then say "failback: nsid $n optimized on gw$n only $(since "$tt")s after it came back"
+  else say "no failback to gw$n within 60 s"; show_paths; ok=1; fi
   sleep 1
   load_finish || ok=1
-  pf=$(gap "$tk" "$tt")
-  FREEZE_PAUSES+=("$pf")
-  echo "PAUSE $name: SIGSTOP of gw1 -> writes resumed: ${pf}s; thaw -> failback pause $(gap "$tt" 1e9)s (fio max write latency ${FIO_CLAT_MAX_MS} ms over the round)"
+  OUTAGE_PAUSE=$(gap "$tk" "$tt")
+  echo "PAUSE $name: $what of gw$n -> writes resumed: ${OUTAGE_PAUSE}s; back -> failback pause $(gap "$tt" 1e9)s (fio max write latency ${FIO_CLAT_MAX_MS} ms over the round)"
   local r; r=$(dmesg | grep -ciE 'I/O error|blk_update_request|Buffer I/O')
   [ "$r" -eq 0 ] || { say "dmesg has $r I/O error line(s)"; ok=1; }
   return $ok
+}
+FREEZE_PAUSES=() CUT_PAUSES=()
+freeze_round() { # NAME
+  local rc; OUTAGE_PAUSE=""
+  outage_round "$1" 1 freeze-gw thaw-gw SIGSTOP; rc=$?
+  [ -n "$OUTAGE_PAUSE" ] && FREEZE_PAUSES+=("$OUTAGE_PAUSE")
+  return $rc
+}
+cut_round() { # NAME
+  local rc; OUTAGE_PAUSE=""
+  outage_round "$1" "$NETCUT_GW" cut-gw restore-gw "network cut"; rc=$?
+  [ -n "$OUTAGE_PAUSE" ] && CUT_PAUSES+=("$OUTAGE_PAUSE")
+  return $rc
+}
+cut_pauses() {
+  [ ${#CUT_PAUSES[@]} -gt 0 ] || { say "no network-cut round measured"; return 1; }
+  echo "PAUSE network-cut failover over ${#CUT_PAUSES[@]} run(s): $(stats "${CUT_PAUSES[@]}") (goal <= 3 s)"
 }
 freeze_pauses() {
   [ ${#FREEZE_PAUSES[@]} -gt 0 ] || { say "no freeze round measured"; return 1; }
@@ -281,34 +310,34 @@ freeze_pauses() {
 
 leader_kill() { ask 60 kill-leader; }
 
-fence() {
-  local ok=0 tf d
-  wait_optimized 1 gw1 30 || { say "nsid 1 is not optimized on gw1 only before the step"; show_paths; return 1; }
-  load_start fence 1 || return 1
+fence() { # [N HOW]: gwN (default 1) silenced past the grace by HOW (freeze, or cut: its link)
+  local n=${1:-1} how=${2:-freeze} ok=0 tf d
+  wait_optimized "$n" "gw$n" 30 || { say "nsid $n is not optimized on gw$n only before the step"; show_paths; return 1; }
+  load_start "fence-$how" "$n" || return 1
   tf=$(now)
-  ask 120 fence-cycle 1 1 $FENCE_LBA || ok=1
+  ask 120 fence-cycle "$n" "$n" $FENCE_LBA "$how" || ok=1
   # Then nsid 1 must settle on exactly one optimized path: the survivor's, or gw1's again if
   # the control plane failed back to it (a thawed gateway drops its blocklisted clients and
   # may be given the group back through fresh ones, after the survivor is drained and fenced)
   local one=""
   for _ in $(seq 400); do
-    path_scan 1
+    path_scan "$n"
     [[ -n $OPT && $OPT != *" "* ]] && { one=$OPT; break; }
     sleep 0.1
   done
   show_paths
-  if [ -z "$one" ]; then say "nsid 1 has no single optimized path 40 s after the thaw: '$OPT'"; ok=1
-  elif [ "$one" = gw1 ]; then say "nsid 1 optimized on gw1 only again: the control plane failed back to the thawed gateway (fresh clients)"
-  else say "nsid 1 optimized on $one only (the survivor)"; fi
+  if [ -z "$one" ]; then say "nsid $n has no single optimized path 40 s after gw$n came back: '$OPT'"; ok=1
+  elif [ "$one" = "gw$n" ]; then say "nsid $n optimized on gw$n only again: the control plane failed back to it (fresh clients)"
+  else say "nsid $n optimized on $one only (the survivor)"; fi
   load_finish || ok=1
-  echo "PAUSE fence (SIGSTOP of gw1; the host waits for the frozen path's answers, up to its keep-alive timeout): writes paused $(gap "$tf" 1e9)s (fio max write latency ${FIO_CLAT_MAX_MS} ms)"
-  d=$(head_dev 1)
+  echo "PAUSE fence-$how ($how of gw$n; the host waits for the silent path's answers, up to its keep-alive timeout): writes paused $(gap "$tf" 1e9)s (fio max write latency ${FIO_CLAT_MAX_MS} ms)"
+  d=$(head_dev "$n")
   timeout -k 5 60 dd if="$d" bs=512 skip=$FENCE_LBA count=1 iflag=direct status=none | cmp - "$SH/fence-a5.bin" ||
     { say "the block at LBA $FENCE_LBA does not read 0xA5 through the survivor"; ok=1; }
   [ $ok = 0 ] && say "LBA $FENCE_LBA reads 0xA5 here (through ${one:-?}): the fenced gateway's 0x5A did not land"
-  # a fresh start of gw1 for the next steps, and its failback
-  ask 30 kill-gw 1 && ask 60 start-gw 1 || ok=1
-  wait_optimized 1 gw1 60 || { say "no failback to the restarted gw1"; show_paths; ok=1; }
+  # a fresh start of gwN for the next steps, and its failback
+  ask 30 kill-gw "$n" && ask 60 start-gw "$n" || ok=1
+  wait_optimized "$n" "gw$n" 60 || { say "no failback to the restarted gw$n"; show_paths; ok=1; }
   return $ok
 }
 
@@ -361,6 +390,13 @@ if step setup "load nvme-tcp; native multipath on" multipath_setup "iopolicy def
     step "freeze-$k" "SIGSTOP gw1 under fio verify + probe; optimized on one survivor; thaw; failback; zero errors" freeze_round "freeze-$k"
   done
   step freeze-pauses "SIGSTOP failover pause over the rounds (printed)" freeze_pauses
+  if [ -n "$NETCUT_GW" ]; then
+    for k in $(seq "$CUT_ROUNDS"); do
+      step "cut-$k" "gw$NETCUT_GW's link down under fio verify + probe; optimized on one survivor; link up; failback; zero errors" cut_round "cut-$k"
+    done
+    step cut-pauses "network-cut failover pause over the rounds (printed)" cut_pauses
+    step fence-cut "gw$NETCUT_GW's link down past the grace, up again: its write fails, data intact, one optimized path" fence "$NETCUT_GW" cut
+  fi
   if step leader-kill "kill -9 of the leading nvmeof-control replica: the other leads" leader_kill; then
     step failover-after-leader-kill "a failover led by the surviving replica" failover_round failover-after-leader-kill
   else skip failover-after-leader-kill "leader-kill failed"; fi

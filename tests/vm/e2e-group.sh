@@ -40,7 +40,8 @@
 # Env: E2E_LOG_DIR (default target/vm-logs; logs and shared files in $E2E_LOG_DIR/e2e-group),
 #      E2E_TIMEOUT (VM hard timeout, default 900 s), E2E_ROUNDS (kill -9 failover rounds,
 #      default 5), E2E_GRACE_MS (control plane's beacon grace, default 1500),
-#      E2E_GATEWAYS (number of gateways, default 3, at least 2),
+#      E2E_GATEWAYS (number of gateways, default 3, at least 2), E2E_NETCUT=1 (the last
+#      gateway in its own network namespace, for the guest's network-cut rounds; needs root),
 #      RUST_LOG (gateways and replicas, default info), VM_* (see run-in-vm.sh).
 #      E2E_GUEST (the guest script, default tests/vm/e2e-group-guest.sh; it is given
 #      SHARED_DIR ROUNDS PORTS CTL_SERVERS, CTL_SERVERS being the replicas as the guest
@@ -64,6 +65,11 @@ NQN=nqn.2016-06.io.ceph-nvmeof-rs:e2e-group
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:e2e09000-0000-4000-8000-000000000001
 POOL=rbd
 NGW=${E2E_GATEWAYS:-3}
+# E2E_NETCUT=1: the last gateway runs in its own network namespace, reached through
+# forwarders (tests/vm/tcp-forward.py), so that the guest's "cut-gw" can take its link
+# down: a partition from the control plane, Ceph and the host at once, no connection reset
+NETCUT=${E2E_NETCUT:-0}
+CUT=""; [ "$NETCUT" = 1 ] && CUT=$NGW
 NAME=${E2E_NAME:-e2e-group}
 GUEST=${E2E_GUEST:-$ROOT/tests/vm/e2e-group-guest.sh}
 case $GUEST in /*) ;; *) GUEST=$ROOT/$GUEST ;; esac
@@ -98,6 +104,7 @@ cleanup() {
   for i in "${!GWPID[@]}"; do stop_pid "${GWPID[$i]}"; done
   for i in "${!CPPID[@]}"; do stop_pid "${CPPID[$i]}"; done
   GWPID=() CPPID=()
+  netcut_teardown
   wait 2>/dev/null
   if [ -n "$CEPHDIR" ]; then
     "$ROOT/scripts/micro-ceph.sh" stop "$CEPHDIR" >/dev/null 2>&1 ||
@@ -110,6 +117,62 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+
+# ---------------------------------------------------------- network cut --
+# gw$CUT lives in namespace $NS: a veth pair (root $VETH_H $NET_H, namespace $VETH_G $NET_G)
+# and $NET_C, a second address of the root namespace's lo, where the micro Ceph binds
+# (MICRO_CEPH_IP) and the forwarders to the replicas listen. Taking $VETH_H down cuts gw$CUT
+# from all of them; every other process keeps reaching $NET_C on lo.
+NS="" VETH_H="" VETH_G="" NET_H="" NET_G="" NET_C="" FWD_PIDS=()
+netcut_setup() {
+  local o=$(( $$ % 200 + 20 ))
+  NS=egcut$$ VETH_H=egh$$ VETH_G=egg$$
+  NET_C=10.251.$o.1 NET_H=10.251.$o.5 NET_G=10.251.$o.6
+  ip netns add "$NS" && ip -n "$NS" link set lo up &&
+    ip addr add "$NET_C/32" dev lo &&
+    ip link add "$VETH_H" type veth peer name "$VETH_G" && ip link set "$VETH_G" netns "$NS" &&
+    ip addr add "$NET_H/30" dev "$VETH_H" && ip link set "$VETH_H" up &&
+    ip -n "$NS" addr add "$NET_G/30" dev "$VETH_G" && ip -n "$NS" link set "$VETH_G" up &&
+    ip -n "$NS" route add "$NET_C/32" via "$NET_H" || { say "could not make namespace $NS (needs root and iproute2)"; return 1; }
+  # a TCP connect from the namespace to $NET_C (no ping on every machine)
+  python3 -c 'import socket, subprocess, sys
+l = socket.create_server((sys.argv[1], 0)); port = l.getsockname()[1]
+sys.exit(subprocess.call(["ip", "netns", "exec", sys.argv[2], "python3", "-c",
+    "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)", sys.argv[1], str(port)]))' \
+    "$NET_C" "$NS" || { say "$NS cannot reach $NET_C"; return 1; }
+  export MICRO_CEPH_IP=$NET_C
+  echo "$CUT" > "$SH/netcut"  # tells the guest which gateway it can cut off
+  say "namespace $NS for gw$CUT: $VETH_G $NET_G <-> $VETH_H $NET_H; Ceph and the replicas' forwarders on lo $NET_C"
+}
+netcut_teardown() {
+  local p
+  for p in "${FWD_PIDS[@]}"; do stop_pid "$p"; done
+  FWD_PIDS=()
+  [ -n "$NS" ] || return 0
+  ip link del "$VETH_H" 2>/dev/null; ip addr del "$NET_C/32" dev lo 2>/dev/null; ip netns del "$NS" 2>/dev/null
+  NS=""
+}
+forward() { # [netns] MAPPINGS...: tcp-forward.py in the background, once it listens
+  local out=$WORK/fwd.$RANDOM pre=()
+  if [ "$1" = netns ]; then pre=(ip netns exec "$NS"); shift; fi
+  "${pre[@]}" python3 "$ROOT/tests/vm/tcp-forward.py" "$@" > "$out" 2>&1 < /dev/null 3>&- &
+  FWD_PIDS+=($!)
+  for _ in $(seq 100); do grep -q ready "$out" 2>/dev/null && return 0; sleep 0.1; done
+  say "tcp-forward.py $* did not start: $(cat "$out")"; return 1
+}
+# the guest (and the fence check's host) reach gw$CUT at 127.0.0.1:port through the root
+# namespace's forwarder and the namespace's own (gw$CUT listens on its namespace's
+# 127.0.0.1); gw$CUT reaches the replicas at $NET_C through forwarders to 127.0.0.1
+netcut_forwarders() {
+  local p=${GWPORT[$CUT]}
+  forward netns "$NET_G:$p=127.0.0.1:$p" &&
+    forward "127.0.0.1:$p=$NET_G:$p" "$NET_C:${CPPORT[1]}=127.0.0.1:${CPPORT[1]}" "$NET_C:${CPPORT[2]}=127.0.0.1:${CPPORT[2]}" &&
+    say "forwarders: 127.0.0.1:$p -> $NET_G:$p -> ($NS) 127.0.0.1:$p; $NET_C:{${CPPORT[1]},${CPPORT[2]}} -> 127.0.0.1"
+}
+listening() { # N: gwN's port listens (in its namespace for gw$CUT)
+  if [ "$1" = "$CUT" ]; then ip netns exec "$NS" ss -Hltn "sport = :${GWPORT[$1]}" | grep -q .; return; fi
+  ! port_free "${GWPORT[$1]}"
+}
 
 # ---------------------------------------------------------------- setup --
 fresh_shared_dir "$NAME"
@@ -164,7 +227,8 @@ configure() {
   for i in $(seq $NGW); do ctl listener add -n "$NQN" -g "gw$i" -a 127.0.0.1 -p "${GWPORT[$i]}" || return 1; done
 }
 write_gw_config() { # N
-  local n=$1
+  local n=$1 cp=127.0.0.1
+  [ "$n" = "$CUT" ] && cp=$NET_C
   cat > "$SH/gw$n.toml" <<EOF
 [gateway]
 name = "gw$n"
@@ -172,7 +236,7 @@ cntlid_min = $(( (n - 1) * 2040 + 1 ))
 cntlid_max = $(( n * 2040 ))
 
 [group]
-control_plane = ["127.0.0.1:${CPPORT[1]}", "127.0.0.1:${CPPORT[2]}"]
+control_plane = ["$cp:${CPPORT[1]}", "$cp:${CPPORT[2]}"]
 ana_group = $n
 beacon_interval_ms = 250
 
@@ -190,10 +254,12 @@ start_gw() { # N: start, wait until it listens
   local n=$1 log=$SH/gw$1.log
   [ -f "$SH/gw$n.toml" ] || write_gw_config "$n"
   echo "---- start $(date -u +%T.%N | cut -c1-12)" >> "$log"
-  RUST_LOG=${RUST_LOG:-info} "$WORK/nvmeof-gateway" --config "$SH/gw$n.toml" >> "$log" 2>&1 < /dev/null 3>&- &
+  local pre=()
+  [ "$n" = "$CUT" ] && pre=(ip netns exec "$NS")  # (exec: the pid is the gateway's)
+  RUST_LOG=${RUST_LOG:-info} "${pre[@]}" "$WORK/nvmeof-gateway" --config "$SH/gw$n.toml" >> "$log" 2>&1 < /dev/null 3>&- &
   GWPID[$n]=$!
   for _ in $(seq 300); do
-    port_free "${GWPORT[$n]}" || return 0
+    listening "$n" && return 0
     kill -0 "${GWPID[$n]}" 2>/dev/null || { say "gw$n exited: $(tail -n 5 "$log")"; return 1; }
     sleep 0.1
   done
@@ -274,6 +340,14 @@ act_signal_gw() { # N STOP|CONT
   echo "---- SIG$2 $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
   echo ok; echo "gw$n (pid $p) SIG$2"
 }
+act_link_gw() { # N down|up: the network cut of gw$CUT (its namespace's link)
+  local n=$1
+  [ -n "$CUT" ] && [ "$n" = "$CUT" ] || { echo fail; echo "gw$n is not in a network namespace (E2E_NETCUT=1 puts gw$NGW there)"; return; }
+  ip link set "$VETH_H" "$2" || { echo fail; echo "ip link set $VETH_H $2 failed"; return; }
+  [ "$2" = down ] && FENCES_CAUSED=$((FENCES_CAUSED + 1))
+  echo "---- link $2 $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
+  echo ok; echo "gw$n's link $VETH_H $2"
+}
 gw_state() { # N: the control plane's availability of gwN
   ctl -o json gateway list 2>/dev/null | python3 -c '
 import json, sys
@@ -281,9 +355,10 @@ for g in json.load(sys.stdin)["gateways"]:
     if g["name"] == sys.argv[1]: print(g.get("state", g.get("availability", "")))' "gw$1"
 }
 FW_PY=$WORK/fenced-write.py
-act_fence_cycle() { # N NSID LBA
-  local n=$1 nsid=$2 lba=$3 p=${GWPID[$1]:-} res=$WORK/fw.json trig=$WORK/fw.trigger t0 st fpid
+act_fence_cycle() { # N NSID LBA [cut]: SIGSTOP (or with "cut", the network cut) until fenced
+  local n=$1 nsid=$2 lba=$3 how=${4:-freeze} p=${GWPID[$1]:-} res=$WORK/fw.json trig=$WORK/fw.trigger t0 st fpid
   num "$nsid" && num "$lba" || { echo fail; echo "bad arguments"; return; }
+  [ "$how" = freeze ] || { [ "$how" = cut ] && [ "$n" = "$CUT" ]; } || { echo fail; echo "fence-cycle: '$how' on gw$n"; return; }
   [ -n "$p" ] && kill -0 "$p" 2>/dev/null || { echo fail; echo "gw$n is not running"; return; }
   rm -f "$res" "$res.ready" "$trig"
   python3 "$FW_PY" 127.0.0.1 "${GWPORT[$n]}" "$NQN" "$HOSTNQN" "$nsid" "$lba" "$trig" "$res" > "$WORK/fw.out" 2>&1 &
@@ -291,23 +366,25 @@ act_fence_cycle() { # N NSID LBA
   for _ in $(seq 300); do [ -e "$res.ready" ] || [ -e "$res" ] && break; sleep 0.1; done
   [ -e "$res.ready" ] || { stop_pid "$fpid"; echo fail; echo "the python host did not connect: $(cat "$res" "$WORK/fw.out" 2>/dev/null)"; return; }
   t0=$(now)
-  kill -STOP "$p"
+  local stop=(kill -STOP "$p") cont=(kill -CONT "$p") what=SIGSTOP back=SIGCONT
+  [ "$how" = cut ] && stop=(ip link set "$VETH_H" down) cont=(ip link set "$VETH_H" up) what="link down" back="link up"
+  "${stop[@]}"
   FENCES_CAUSED=$((FENCES_CAUSED + 1))
-  echo "---- SIGSTOP $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
-  echo "    host: gw$n (pid $p) frozen (SIGSTOP) at $(date -u +%T.%N | cut -c1-12)" >&3
+  echo "---- $what $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
+  echo "    host: gw$n (pid $p) $what at $(date -u +%T.%N | cut -c1-12)" >&3
   for _ in $(seq 300); do st=$(gw_state "$n"); [ "$st" = fenced ] && break; sleep 0.1; done
   local tf; tf=$(since "$t0")
   sleep 2  # well past the grace: the group has moved
-  kill -CONT "$p"
+  "${cont[@]}"
   touch "$trig"
-  echo "---- SIGCONT $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
-  echo "    host: gw$n thawed (SIGCONT) after $(since "$t0")s; control plane said '$st' after ${tf}s" >&3
+  echo "---- $back $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
+  echo "    host: gw$n $back after $(since "$t0")s; control plane said '$st' after ${tf}s" >&3
   for _ in $(seq 600); do [ -e "$res" ] && break; sleep 0.1; done
   stop_pid "$fpid"
   local r; r=$(cat "$res" 2>/dev/null)
   local ok=1 out=()
   out+=("python host on gw$n: $r")
-  out+=("gw$n availability: '$st' ${tf}s after SIGSTOP (grace ${GRACE_MS} ms)")
+  out+=("gw$n availability: '$st' ${tf}s after the $what (grace ${GRACE_MS} ms)")
   [ "$st" = fenced ] || { out+=("gw$n never reported fenced"); ok=0; }
   echo "$r" | grep -q '"control_ok": true' || { out+=("the control write before the freeze did not succeed"); ok=0; }
   echo "$r" | grep -q '"fenced_write_failed": true' || { out+=("THE FENCED GATEWAY WROTE (or the write got no answer)"); ok=0; }
@@ -377,7 +454,9 @@ handle() { # reads one request line, prints the answer
   case $a in
     kill-gw) gw_ok "${1:-}" && act_kill_gw "$1" || { echo fail; echo "bad request '$line'"; } ;;
     start-gw) gw_ok "${1:-}" && act_start_gw "$1" || { echo fail; echo "bad request '$line'"; } ;;
-    fence-cycle) gw_ok "${1:-}" && [ $# -eq 3 ] && act_fence_cycle "$@" || { echo fail; echo "bad request '$line'"; } ;;
+    fence-cycle) gw_ok "${1:-}" && { [ $# -eq 3 ] || [ $# -eq 4 ]; } && act_fence_cycle "$@" || { echo fail; echo "bad request '$line'"; } ;;
+    cut-gw) gw_ok "${1:-}" && act_link_gw "$1" down || { echo fail; echo "bad request '$line'"; } ;;
+    restore-gw) gw_ok "${1:-}" && act_link_gw "$1" up || { echo fail; echo "bad request '$line'"; } ;;
     freeze-gw) gw_ok "${1:-}" && act_signal_gw "$1" STOP || { echo fail; echo "bad request '$line'"; } ;;
     thaw-gw) gw_ok "${1:-}" && act_signal_gw "$1" CONT || { echo fail; echo "bad request '$line'"; } ;;
     kill-leader) act_kill_leader ;;
@@ -557,10 +636,12 @@ PY
 echo "$NAME: binaries from $BIN_SRC, gateways gw1..gw$NGW on ports $(for i in $(seq $NGW); do printf '%s ' "${GWPORT[$i]}"; done), replicas cp1, cp2 on ${CPPORT[1]} ${CPPORT[2]}, shared dir $SH, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 write_fenced_write_py
 if step binaries "private copies of nvmeof-gateway, nvmeof-control, nvmeofctl" copy_binaries "$WORK" &&
-   step cluster.start "micro Ceph (1 mon, 1 OSD, memstore) on 127.0.0.1" start_cluster &&
+   { [ "$NETCUT" != 1 ] || step netns "gw$CUT's network namespace, its veth, and the address on lo Ceph binds" netcut_setup; } &&
+   step cluster.start "micro Ceph (1 mon, 1 OSD, memstore) on ${MICRO_CEPH_IP:-127.0.0.1}" start_cluster &&
    step images "rbd create ${IMAGES[*]} (256 MiB each)" create_images &&
    step control.start "two nvmeof-control replicas (state in RADOS, lease 3 s, grace ${GRACE_MS} ms); one leads" start_control &&
    step configure "nvmeofctl: subsystem, allowed host, a listener per gateway" configure &&
+   { [ "$NETCUT" != 1 ] || step forwarders "the forwarders to and from gw$CUT's namespace" netcut_forwarders; } &&
    step gateways.start "$NGW gateways (files without subsystems); nvmeofctl namespace add nsid N -> ANA group N" start_gateways &&
    step group.steady "nvmeofctl ana show: group N optimized on gwN only" group_steady; then
   step vm "the guest's steps (${GUEST#"$ROOT"/})" run_vm
