@@ -248,7 +248,11 @@ fn no_auto_visible(entry: &mut NamespaceEntry) -> Outcome<()> {
 /// `create_subsystem`. Every subsystem here is served by every gateway of the group with ANA
 /// (`enable_ha` is what it always is), and NQNs are never suffixed with a group name
 /// (`no_group_append` is what it always is). A new subsystem admits no host until
-/// `add_host`.
+/// `add_host`. `secure_listeners` is accepted and changes nothing, as in ceph-nvmeof without
+/// a `network_mask`: there it makes the listeners that `network_mask` creates on each
+/// gateway secure (ceph-nvmeof PR #1681), and `network_mask` is refused here; it does not
+/// make the subsystem require TLS (ceph-nvmeof's API has no such setting; `nvmeofctl
+/// subsystem add --require-tls` / `subsystem set` has).
 async fn create_subsystem(cp: &Arc<ControlPlane>, r: pb::CreateSubsystemReq) -> Outcome<String> {
     if !r.network_mask.is_empty() {
         return Err(Refusal::unsupported(
@@ -263,14 +267,11 @@ async fn create_subsystem(cp: &Arc<ControlPlane>, r: pb::CreateSubsystemReq) -> 
     if flag(r.key_encrypted) {
         return Err(Refusal::unsupported("key_encrypted"));
     }
-    if flag(r.secure_listeners) {
-        return Err(Refusal::unsupported("secure_listeners (NVMe/TCP TLS)"));
-    }
     let nqn = r.subsystem_nqn.clone();
     let max = r.max_namespaces.unwrap_or(0);
-    cp.try_update(move |st| st.add_subsystem(&r.subsystem_nqn, &r.serial_number, false, max))
+    cp.add_subsystem(&r.subsystem_nqn, &r.serial_number, false, max, false)
         .await?;
-    tracing::info!(nqn = %nqn, "subsystem added (ceph-nvmeof API)");
+    tracing::info!(nqn = %nqn, secure_listeners = flag(r.secure_listeners), "subsystem added (ceph-nvmeof API)");
     Ok(nqn)
 }
 
@@ -334,12 +335,14 @@ fn list_subsystems(cp: &Arc<ControlPlane>, r: &pb::ListSubsystemsReq) -> pb::Sub
 
 /// The listener a create/delete request names: TCP (the API has no transport), `host_name`
 /// the gateway, the port 4420 when not given; the address must be of the family named.
+/// `secure`: TLS (create_listener's `secure`; a delete finds the listener whatever its flag).
 fn listener_entry(
     nqn: &str,
     host_name: &str,
     traddr: &str,
     adrfam: Option<i32>,
     trsvcid: Option<u32>,
+    secure: bool,
 ) -> Outcome<ListenerEntry> {
     let family = match adrfam.map(pb::AddressFamily::try_from) {
         None => pb::AddressFamily::Ipv4,
@@ -369,23 +372,21 @@ fn listener_entry(
         transport: "tcp".into(),
         address: traddr.to_string(),
         port,
-        // Secure listeners are refused above (EOPNOTSUPP) on this API.
-        secure: false,
+        secure,
     })
 }
 
 /// `create_listener`: a listener belongs to the gateway named `host_name`. One that is not
 /// (yet) in the group is stored all the same and served once it joins: answered EREMOTE,
-/// as ceph-nvmeof answers a listener it keeps for another gateway.
+/// as ceph-nvmeof answers a listener it keeps for another gateway. `secure`: hosts must
+/// complete a TLS handshake with their PSK first (`nvmeofctl listener add --secure`).
 async fn create_listener(cp: &Arc<ControlPlane>, r: pb::CreateListenerReq) -> Outcome<String> {
-    if flag(r.secure) {
-        return Err(Refusal::unsupported("secure (NVMe/TCP TLS) listeners"));
-    }
-    let l = listener_entry(&r.nqn, &r.host_name, &r.traddr, r.adrfam, r.trsvcid)?;
+    let secure = flag(r.secure);
+    let l = listener_entry(&r.nqn, &r.host_name, &r.traddr, r.adrfam, r.trsvcid, secure)?;
     let gateway = l.gateway.clone();
     let text = format!("{}:{} on {}", l.address, l.port, l.gateway);
-    cp.try_update(move |st| st.add_listener(l.clone())).await?;
-    tracing::info!(nqn = %r.nqn, listener = %text, "listener added (ceph-nvmeof API)");
+    cp.add_listener(l).await?;
+    tracing::info!(nqn = %r.nqn, listener = %text, secure, "listener added (ceph-nvmeof API)");
     let known = cp.gateway_infos().iter().any(|g| g.name == gateway);
     if !known {
         return Err(Refusal::new(
@@ -400,7 +401,7 @@ async fn create_listener(cp: &Arc<ControlPlane>, r: pb::CreateListenerReq) -> Ou
 }
 
 async fn delete_listener(cp: &Arc<ControlPlane>, r: pb::DeleteListenerReq) -> Outcome<String> {
-    let l = listener_entry(&r.nqn, &r.host_name, &r.traddr, r.adrfam, r.trsvcid)?;
+    let l = listener_entry(&r.nqn, &r.host_name, &r.traddr, r.adrfam, r.trsvcid, false)?;
     let text = format!("{}:{} on {}", l.address, l.port, l.gateway);
     cp.try_update(move |st| st.del_listener(&l)).await?;
     tracing::info!(nqn = %r.nqn, listener = %text, "listener deleted (ceph-nvmeof API)");
@@ -430,7 +431,7 @@ fn list_listeners(cp: &Arc<ControlPlane>, r: &pb::ListListenersReq) -> Outcome<p
             },
             traddr: l.address.clone(),
             trsvcid: u32::from(l.port),
-            secure: Some(false),
+            secure: Some(l.secure),
             active: Some(available.contains(&l.gateway)),
             manual: Some(true),
         })
@@ -652,21 +653,21 @@ fn host_key_refusal(e: StoreError) -> Refusal {
 /// How the API names "any host".
 const ANY_HOST: &str = "*";
 
-/// `add_host`: the host with its DH-HMAC-CHAP keys (checked and stored as the Admin
-/// service's HostAdd does), or `*` to open the subsystem to any host.
+/// `add_host`: the host with its DH-HMAC-CHAP keys and TLS PSK (checked and stored as the
+/// Admin service's HostAdd does, through the same [`ControlPlane::add_host`]), or `*` to open
+/// the subsystem to any host. The PSK's derivation is the default (RFC 8446's layout, what
+/// SPDK and current libnvme use); `nvmeofctl host change-key --psk-derivation` sets another.
 async fn add_host(cp: &Arc<ControlPlane>, r: pb::AddHostReq) -> Outcome<String> {
     let set = |k: &Option<String>| k.as_deref().is_some_and(|k| !k.is_empty());
-    if set(&r.psk) {
-        return Err(Refusal::unsupported("a TLS PSK (psk)"));
-    }
     if flag(r.psk_encrypted) || flag(r.key_encrypted) || flag(r.ctrlr_key_encrypted) {
         return Err(Refusal::unsupported(
-            "encrypted keys (psk_encrypted, key_encrypted, ctrlr_key_encrypted)",
+            "encrypted keys (psk_encrypted, key_encrypted, ctrlr_key_encrypted; give the keys \
+             in clear text as nvme gen-dhchap-key and nvme gen-tls-key print them)",
         ));
     }
     let (nqn, host) = (r.subsystem_nqn.clone(), r.host_nqn.clone());
     if host == ANY_HOST {
-        if set(&r.dhchap_key) || set(&r.dhchap_ctrlr_key) {
+        if set(&r.dhchap_key) || set(&r.dhchap_ctrlr_key) || set(&r.psk) {
             return Err(Refusal::new(
                 libc::EINVAL,
                 "keys cannot be given for any host (*)",
@@ -677,18 +678,17 @@ async fn add_host(cp: &Arc<ControlPlane>, r: pb::AddHostReq) -> Outcome<String> 
         tracing::info!(nqn = %nqn, "subsystem open to any host (ceph-nvmeof API)");
         return Ok(format!("{nqn} open to any host"));
     }
+    let keys = state::HostKeyText {
+        dhchap_key: r.dhchap_key.unwrap_or_default(),
+        dhchap_ctrl_key: r.dhchap_ctrlr_key.unwrap_or_default(),
+        psk: r.psk.unwrap_or_default(),
+        psk_derivation: String::new(),
+    };
     let (auth, _) = cp
-        .try_update(move |st| {
-            st.add_host_with_keys(
-                &r.subsystem_nqn,
-                &r.host_nqn,
-                r.dhchap_key.as_deref().unwrap_or(""),
-                r.dhchap_ctrlr_key.as_deref().unwrap_or(""),
-            )
-        })
+        .add_host(&nqn, &host, keys)
         .await
         .map_err(host_key_refusal)?;
-    tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), "host allowed (ceph-nvmeof API)");
+    tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), tls_psk = auth.psk.is_some(), "host allowed (ceph-nvmeof API)");
     Ok(format!("host {host} allowed on {nqn}"))
 }
 
@@ -753,7 +753,7 @@ async fn change_host_key(cp: &Arc<ControlPlane>, r: pb::ChangeHostKeyReq) -> Out
 fn host_info(auth: &state::HostAuth, nqn: &str) -> pb::Host {
     pb::Host {
         nqn: nqn.to_string(),
-        use_psk: Some(false),
+        use_psk: Some(auth.psk.is_some()),
         use_dhchap: Some(auth.dhchap_key.is_some()),
         disconnected_due_to_keepalive_timeout: None,
         dhchap_controller_origin: Some(if auth.dhchap_ctrl_key.is_some() {
@@ -817,8 +817,10 @@ fn list_connections(
                     .unwrap_or(i32::MAX)
                     .saturating_add(1),
                 controller_id: i32::try_from(c.cntlid).unwrap_or(0),
-                secure: Some(false),
-                use_psk: Some(false),
+                // Over TLS, as the gateway reported it; a secure channel here is always
+                // made with the host's PSK.
+                secure: Some(c.secure),
+                use_psk: Some(c.secure),
                 use_dhchap: Some(auth.dhchap_key.is_some()),
                 subsystem: Some(nqn.to_string()),
                 disconnected_due_to_keepalive_timeout: None,
@@ -837,6 +839,7 @@ fn list_connections(
             connections.push(pb::Connection {
                 nqn: host.to_string(),
                 connected: false,
+                use_psk: Some(auth.psk.is_some()),
                 use_dhchap: Some(auth.dhchap_key.is_some()),
                 subsystem: Some(nqn.to_string()),
                 ..Default::default()

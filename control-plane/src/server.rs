@@ -319,6 +319,69 @@ impl ControlPlane {
         added
     }
 
+    /// Adds subsystem `nqn`, requiring TLS or not, in one state change: the Admin API's
+    /// SubsystemAdd and the ceph-nvmeof API's create_subsystem.
+    pub(crate) async fn add_subsystem(
+        self: &Arc<Self>,
+        nqn: &str,
+        serial: &str,
+        allow_any_host: bool,
+        max_namespaces: u32,
+        require_tls: bool,
+    ) -> Result<Arc<GroupState>, StoreError> {
+        let (nqn, serial) = (nqn.to_string(), serial.to_string());
+        let (_, st) = self
+            .try_update(move |st| {
+                st.add_subsystem(&nqn, &serial, allow_any_host, max_namespaces)?;
+                st.set_require_tls(&nqn, require_tls)
+            })
+            .await?;
+        Ok(st)
+    }
+
+    /// Sets whether subsystem `nqn` requires TLS: the Admin API's SubsystemSet. Returns
+    /// whether it changed. The gateways follow with their next assignment (connected
+    /// controllers without TLS are closed when it turns on: `Subsystem::set_tls_required`).
+    pub(crate) async fn set_require_tls(
+        self: &Arc<Self>,
+        nqn: &str,
+        required: bool,
+    ) -> Result<(bool, Arc<GroupState>), StoreError> {
+        let nqn = nqn.to_string();
+        self.try_update(move |st| {
+            let was = st.subsystems.get(&nqn).map(|s| s.require_tls);
+            st.set_require_tls(&nqn, required)?;
+            Ok(was != Some(required))
+        })
+        .await
+    }
+
+    /// Adds a listener (secure or not): the Admin API's ListenerAdd and the ceph-nvmeof
+    /// API's create_listener.
+    pub(crate) async fn add_listener(
+        self: &Arc<Self>,
+        l: ListenerEntry,
+    ) -> Result<Arc<GroupState>, StoreError> {
+        let (_, st) = self
+            .try_update(move |st| st.add_listener(l.clone()))
+            .await?;
+        Ok(st)
+    }
+
+    /// Allows a host with its keys as an admin gives them (empty: none), each checked with
+    /// the gateway's parser: the Admin API's HostAdd and the ceph-nvmeof API's add_host.
+    /// Returns the keys as stored.
+    pub(crate) async fn add_host(
+        self: &Arc<Self>,
+        nqn: &str,
+        host: &str,
+        keys: state::HostKeyText,
+    ) -> Result<(state::HostAuth, Arc<GroupState>), StoreError> {
+        let (nqn, host) = (nqn.to_string(), host.to_string());
+        self.try_update(move |st| st.add_host_with_key_text(&nqn, &host, &keys))
+            .await
+    }
+
     /// The host connections to `nqn` the gateways reported in their last beacons.
     pub(crate) fn connections_of(&self, nqn: &str) -> Vec<proto::Connection> {
         self.connections
@@ -708,6 +771,17 @@ fn host_proto(nqn: &str, host: &str, auth: &state::HostAuth, with_keys: bool) ->
     }
 }
 
+/// The keys of a HostAdd / HostChangeKey request, as given.
+fn key_text(h: &proto::Host) -> state::HostKeyText {
+    let psk = h.psk.clone().unwrap_or_default();
+    state::HostKeyText {
+        dhchap_key: h.dhchap_key.clone(),
+        dhchap_ctrl_key: h.dhchap_ctrl_key.clone(),
+        psk: psk.key,
+        psk_derivation: psk.derivation,
+    }
+}
+
 fn namespace_proto(n: &NamespaceEntry) -> proto::Namespace {
     let (nguid, uuid) = state::derived_ids(&n.subsystem_nqn, n.nsid);
     proto::Namespace {
@@ -1026,13 +1100,17 @@ impl proto::admin_server::Admin for AdminService {
     ) -> Result<Response<proto::Reply>, Status> {
         let r = r.into_inner();
         let (nqn, require_tls) = (r.nqn.clone(), r.require_tls);
-        let (_, st) = self
+        let st = self
             .0
-            .update(move |st| {
-                st.add_subsystem(&r.nqn, &r.serial, r.allow_any_host, r.max_namespaces)?;
-                st.set_require_tls(&r.nqn, r.require_tls)
-            })
-            .await?;
+            .add_subsystem(
+                &r.nqn,
+                &r.serial,
+                r.allow_any_host,
+                r.max_namespaces,
+                r.require_tls,
+            )
+            .await
+            .map_err(status)?;
         tracing::info!(nqn = %nqn, require_tls, "subsystem added");
         let mut text = format!("subsystem {nqn} added");
         if require_tls {
@@ -1042,6 +1120,54 @@ impl proto::admin_server::Admin for AdminService {
             tracing::warn!("{warning}");
             text = format!("{text}\nwarning: {warning}");
         }
+        Ok(reply(&st, text))
+    }
+
+    async fn subsystem_set(
+        &self,
+        r: Request<proto::SubsystemSetRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let Some(required) = r.require_tls else {
+            return Err(Status::invalid_argument(
+                "subsystem set: give a setting to change (require_tls)",
+            ));
+        };
+        let (changed, st) = self
+            .0
+            .set_require_tls(&r.nqn, required)
+            .await
+            .map_err(status)?;
+        tracing::info!(nqn = %r.nqn, require_tls = required, changed, "subsystem TLS requirement set");
+        // Which connections the gateways will close, from their last beacons: the admin
+        // learns here who is about to be disconnected.
+        let plain: std::collections::BTreeSet<String> = self
+            .0
+            .connections_of(&r.nqn)
+            .into_iter()
+            .filter(|c| !c.secure)
+            .map(|c| c.host_nqn)
+            .collect();
+        let text = match (changed, required) {
+            (false, true) => format!("subsystem {}: TLS already required (unchanged)", r.nqn),
+            (false, false) => format!("subsystem {}: TLS already not required (unchanged)", r.nqn),
+            (true, false) => format!(
+                "subsystem {}: TLS no longer required (hosts may connect through plain \
+                 listeners too)",
+                r.nqn
+            ),
+            (true, true) if plain.is_empty() => format!(
+                "subsystem {}: TLS required (no host was connected without TLS)",
+                r.nqn
+            ),
+            (true, true) => format!(
+                "subsystem {}: TLS required; the gateways close the connections of {} host(s) \
+                 connected without TLS ({}); they must reconnect through a secure listener",
+                r.nqn,
+                plain.len(),
+                plain.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        };
         Ok(reply(&st, text))
     }
 
@@ -1416,7 +1542,7 @@ impl proto::admin_server::Admin for AdminService {
         if l.secure {
             text.push_str(" (secure: TLS)");
         }
-        let (_, st) = self.0.update(move |st| st.add_listener(l.clone())).await?;
+        let st = self.0.add_listener(l).await.map_err(status)?;
         Ok(reply(&st, format!("listener {text} added")))
     }
 
@@ -1453,15 +1579,12 @@ impl proto::admin_server::Admin for AdminService {
     async fn host_add(&self, r: Request<proto::Host>) -> Result<Response<proto::Reply>, Status> {
         let h = r.into_inner();
         let (nqn, host) = (h.subsystem_nqn.clone(), h.host_nqn.clone());
+        let keys = key_text(&h);
         let (auth, st) = self
             .0
-            .update(move |st| {
-                let psk = h.psk.clone().unwrap_or_default();
-                let auth = state::HostAuth::parse(&h.dhchap_key, &h.dhchap_ctrl_key)?
-                    .with_psk(&psk.key, &psk.derivation)?;
-                st.add_host_with_auth(&h.subsystem_nqn, &h.host_nqn, auth)
-            })
-            .await?;
+            .add_host(&h.subsystem_nqn, &h.host_nqn, keys)
+            .await
+            .map_err(status)?;
         tracing::info!(nqn = %nqn, host = %host, auth = auth.mode(), tls_psk = auth.psk.is_some(), "host allowed");
         let mut text = match auth.mode() {
             "none" => format!("host {host} allowed on {nqn}"),
@@ -1486,9 +1609,7 @@ impl proto::admin_server::Admin for AdminService {
         let ((auth, changed), st) = self
             .0
             .update(move |st| {
-                let psk = h.psk.clone().unwrap_or_default();
-                let auth = state::HostAuth::parse(&h.dhchap_key, &h.dhchap_ctrl_key)?
-                    .with_psk(&psk.key, &psk.derivation)?;
+                let auth = key_text(&h).parse()?;
                 st.change_host_auth(&h.subsystem_nqn, &h.host_nqn, auth)
             })
             .await?;

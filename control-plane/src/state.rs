@@ -193,6 +193,38 @@ impl HostAuth {
     }
 }
 
+/// A host's keys as an admin gives them (empty: none), not yet checked: what `nvmeofctl
+/// host add` and the ceph-nvmeof API's add_host send. `Debug` says which are given, never
+/// what they are.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct HostKeyText {
+    pub dhchap_key: String,
+    pub dhchap_ctrl_key: String,
+    pub psk: String,
+    /// "rfc8446", "libnvme-compat" or empty (the default); only with a `psk`.
+    pub psk_derivation: String,
+}
+
+impl std::fmt::Debug for HostKeyText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |k: &str| if k.is_empty() { "<none>" } else { "<set>" };
+        f.debug_struct("HostKeyText")
+            .field("dhchap_key", &set(&self.dhchap_key))
+            .field("dhchap_ctrl_key", &set(&self.dhchap_ctrl_key))
+            .field("psk", &set(&self.psk))
+            .field("psk_derivation", &self.psk_derivation)
+            .finish()
+    }
+}
+
+impl HostKeyText {
+    /// The keys checked and in canonical text ([`HostAuth::parse`], [`HostAuth::with_psk`]).
+    pub fn parse(&self) -> Result<HostAuth, ConfigError> {
+        HostAuth::parse(&self.dhchap_key, &self.dhchap_ctrl_key)?
+            .with_psk(&self.psk, &self.psk_derivation)
+    }
+}
+
 /// A `host/...` value: `[nqn, host]`, or `[nqn, host, keys]` for a host with keys. A decoding
 /// error says only that it matched neither (serde's messages may quote a value).
 #[derive(Deserialize)]
@@ -829,9 +861,26 @@ impl GroupState {
         dhchap_key: &str,
         dhchap_ctrl_key: &str,
     ) -> Result<HostAuth, ConfigError> {
+        let keys = HostKeyText {
+            dhchap_key: dhchap_key.into(),
+            dhchap_ctrl_key: dhchap_ctrl_key.into(),
+            ..HostKeyText::default()
+        };
+        self.add_host_with_key_text(nqn, host, &keys)
+    }
+
+    /// Allows `host` on subsystem `nqn` with its keys as an admin gives them (DH-HMAC-CHAP
+    /// keys and TLS PSK, [`HostKeyText::parse`]); the subsystem and the host NQN are checked
+    /// first. Returns the keys as stored.
+    pub fn add_host_with_key_text(
+        &mut self,
+        nqn: &str,
+        host: &str,
+        keys: &HostKeyText,
+    ) -> Result<HostAuth, ConfigError> {
         self.subsystem(nqn)?;
         check_nqn("host NQN", host)?;
-        let auth = HostAuth::parse(dhchap_key, dhchap_ctrl_key)?;
+        let auth = keys.parse()?;
         self.add_host_with_auth(nqn, host, auth)
     }
 

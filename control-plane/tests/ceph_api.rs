@@ -64,8 +64,14 @@ async fn start() -> Fixture {
     }
 }
 
-/// A beacon of gateway gw1 (ANA group 1) with these hosts connected to NQN.
+/// A beacon of gateway gw1 (ANA group 1) with these hosts connected to NQN (without TLS).
 async fn beacon(c: &mut GatewayControlClient<Channel>, hosts: &[&str]) {
+    let plain: Vec<(&str, bool)> = hosts.iter().map(|h| (*h, false)).collect();
+    beacon_tls(c, &plain).await;
+}
+
+/// A beacon of gateway gw1 with these hosts connected to NQN, each over TLS or not.
+async fn beacon_tls(c: &mut GatewayControlClient<Channel>, hosts: &[(&str, bool)]) {
     c.send_beacon(proto::Beacon {
         gateway: "gw1".into(),
         ana_group: 1,
@@ -75,12 +81,13 @@ async fn beacon(c: &mut GatewayControlClient<Channel>, hosts: &[&str]) {
         connections: hosts
             .iter()
             .enumerate()
-            .map(|(i, h)| proto::Connection {
+            .map(|(i, (h, secure))| proto::Connection {
                 gateway: String::new(),
                 subsystem_nqn: NQN.into(),
                 host_nqn: h.to_string(),
                 cntlid: 1 + i as u32,
                 io_queues: 2,
+                secure: *secure,
             })
             .collect(),
     })
@@ -118,6 +125,14 @@ fn namespace_req(image: &str, block_size: u32) -> pb::NamespaceAddReq {
         block_size,
         ..Default::default()
     }
+}
+
+/// A TLS PSK as `nvme gen-tls-key` prints it.
+fn psk(byte: u8) -> String {
+    nvme_auth::tls_psk::ConfiguredPsk::from_bytes(&[byte; 32], None)
+        .expect("32 bytes")
+        .to_interchange()
+        .to_string()
 }
 
 fn key(byte: u8) -> String {
@@ -650,10 +665,49 @@ async fn bad_input_is_refused_with_its_errno_and_changes_nothing() {
         EINVAL,
         "invalid dhchap_ctrlr_key",
     );
-    let mut psk = host(NODE, "", "");
-    psk.psk = Some("NVMeTLSkey-1:01:AAAA:".into());
-    let r = gw.add_host(psk).await.expect("rpc").into_inner();
-    check("TLS PSK", r.status, r.error_message, EOPNOTSUPP, "TLS PSK");
+    let mut bad_psk = host(NODE, "", "");
+    bad_psk.psk = Some("NVMeTLSkey-1:01:AAAA:".into());
+    let r = gw.add_host(bad_psk).await.expect("rpc").into_inner();
+    check(
+        "malformed PSK",
+        r.status,
+        r.error_message,
+        EINVAL,
+        "invalid psk",
+    );
+    let mut bad_crc = host(NODE, "", "");
+    let mut text = psk(6);
+    text.replace_range(20..21, if &text[20..21] == "A" { "B" } else { "A" });
+    bad_crc.psk = Some(text);
+    let r = gw.add_host(bad_crc).await.expect("rpc").into_inner();
+    check(
+        "PSK with a bad CRC",
+        r.status,
+        r.error_message,
+        EINVAL,
+        "invalid psk",
+    );
+    let mut encrypted = host(NODE, "", "");
+    encrypted.psk = Some(psk(7));
+    encrypted.psk_encrypted = Some(true);
+    let r = gw.add_host(encrypted).await.expect("rpc").into_inner();
+    check(
+        "encrypted PSK",
+        r.status,
+        r.error_message,
+        EOPNOTSUPP,
+        "encrypted keys",
+    );
+    let mut any_psk = host("*", "", "");
+    any_psk.psk = Some(psk(8));
+    let r = gw.add_host(any_psk).await.expect("rpc").into_inner();
+    check(
+        "PSK for any host",
+        r.status,
+        r.error_message,
+        EINVAL,
+        "any host",
+    );
     let r = gw
         .add_host(host("*", &key(5), ""))
         .await
@@ -693,15 +747,20 @@ async fn bad_input_is_refused_with_its_errno_and_changes_nothing() {
         EINVAL,
         "not of family ipv6",
     );
-    let mut secure = listener_req("gw1");
-    secure.secure = Some(true);
-    let r = gw.create_listener(secure).await.expect("rpc").into_inner();
+    let mut unknown_secure = listener_req("gw1");
+    unknown_secure.nqn = "nqn.2016-06.io.test:unknown".into();
+    unknown_secure.secure = Some(true);
+    let r = gw
+        .create_listener(unknown_secure)
+        .await
+        .expect("rpc")
+        .into_inner();
     check(
-        "secure listener",
+        "secure listener of an unknown subsystem",
         r.status,
         r.error_message,
-        EOPNOTSUPP,
-        "TLS",
+        ENOENT,
+        "not found",
     );
     let mut masked = subsystem_req("nqn.2016-06.io.test:masked");
     masked.network_mask = vec!["10.0.0.0/24".into()];
@@ -731,7 +790,14 @@ async fn bad_input_is_refused_with_its_errno_and_changes_nothing() {
 
     // Keys never show in a refusal.
     let secret_part = &bad_key[10..50];
+    let psk_parts = [psk(6)[16..40].to_string(), psk(7)[16..40].to_string()];
     for (what, status, message, want, says) in &refusals {
+        for part in &psk_parts {
+            assert!(
+                !message.contains(part.as_str()),
+                "{what}: the message shows a PSK"
+            );
+        }
         assert_eq!(status, want, "{what}: {message}");
         assert!(
             message.contains(says),
@@ -1031,6 +1097,217 @@ async fn qos_visibility_images_busy_hosts_and_any_host() {
 
 /// The method paths are `/Gateway/<name>` (no proto package), checked with a raw call that
 /// does not go through the generated client.
+/// NVMe/TCP TLS through the API, into the same group state `nvmeofctl` makes: a secure
+/// listener, a host with a PSK (stored in canonical text with the default derivation, listed
+/// as `use_psk` and never shown), `secure_listeners` on create_subsystem accepted without
+/// requiring TLS (ceph-nvmeof applies it to network_mask's listeners only), connections over
+/// TLS listed as such; refusals (a listener disagreeing with the port's TLS setting, a
+/// duplicate host, an unknown subsystem) answer their errno and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_options_map_to_the_group_state() {
+    let mut f = start().await;
+    let gw = &mut f.gw;
+    const OTHER: &str = "nqn.2016-06.io.test:other";
+    const PLAIN_HOST: &str = "nqn.2014-08.org.nvmexpress:node-2";
+
+    let mut create = subsystem_req(NQN);
+    create.secure_listeners = Some(true);
+    let r = gw.create_subsystem(create).await.expect("rpc").into_inner();
+    assert_eq!((r.status, r.error_message.as_str()), (0, ""));
+    assert!(
+        !f.cp.state().subsystems[NQN].require_tls,
+        "secure_listeners made the subsystem require TLS"
+    );
+    assert_eq!(
+        gw.create_subsystem(subsystem_req(OTHER))
+            .await
+            .expect("rpc")
+            .get_ref()
+            .status,
+        0
+    );
+
+    let mut secure = listener_req("gw1");
+    secure.secure = Some(true);
+    let r = gw.create_listener(secure).await.expect("rpc").into_inner();
+    assert_eq!((r.status, r.error_message.as_str()), (0, ""));
+    let mut plain = listener_req("gw1");
+    plain.trsvcid = Some(4421);
+    assert_eq!(
+        gw.create_listener(plain)
+            .await
+            .expect("rpc")
+            .get_ref()
+            .status,
+        0
+    );
+    let stored: Vec<(u16, bool)> =
+        f.cp.state()
+            .listeners
+            .iter()
+            .map(|l| (l.port, l.secure))
+            .collect();
+    assert_eq!(stored, [(4420, true), (4421, false)]);
+    let listed = gw
+        .list_listeners(pb::ListListenersReq {
+            subsystem: NQN.into(),
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    let listed: Vec<(u32, Option<bool>)> = listed
+        .listeners
+        .iter()
+        .map(|l| (l.trsvcid, l.secure))
+        .collect();
+    assert_eq!(listed, [(4420, Some(true)), (4421, Some(false))]);
+
+    let key = psk(9);
+    let add = |host_nqn: &str, nqn: &str, k: Option<String>| pb::AddHostReq {
+        subsystem_nqn: nqn.into(),
+        host_nqn: host_nqn.into(),
+        // Surrounding blanks, as read from a file, are not part of the key.
+        psk: k.map(|k| format!(" {k}\n")),
+        ..Default::default()
+    };
+    let r = gw
+        .add_host(add(NODE, NQN, Some(key.clone())))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!((r.status, r.error_message.as_str()), (0, ""));
+    assert_eq!(
+        gw.add_host(add(PLAIN_HOST, NQN, None))
+            .await
+            .expect("rpc")
+            .get_ref()
+            .status,
+        0
+    );
+    let st = f.cp.state();
+    let auth = &st.hosts[&(NQN.to_string(), NODE.to_string())];
+    assert_eq!(auth.psk.as_deref(), Some(key.as_str()));
+    assert_eq!(
+        auth.psk_derivation, None,
+        "the default derivation (rfc8446)"
+    );
+    assert_eq!(auth.mode(), "none", "no DH-HMAC-CHAP key came with the PSK");
+    let hosts = gw
+        .list_hosts(pb::ListHostsReq {
+            subsystem: NQN.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("hosts")
+        .into_inner();
+    let use_psk: Vec<(&str, Option<bool>)> = hosts
+        .hosts
+        .iter()
+        .map(|h| (h.nqn.as_str(), h.use_psk))
+        .collect();
+    assert_eq!(use_psk, [(NODE, Some(true)), (PLAIN_HOST, Some(false))]);
+    assert!(
+        !format!("{hosts:?}").contains(&key[16..40]),
+        "a listing shows the PSK"
+    );
+
+    // Refusals: errno, and the state as it was.
+    let before = config(&f.cp);
+    let mut disagreeing = listener_req("gw1");
+    disagreeing.nqn = OTHER.into();
+    let r = gw
+        .create_listener(disagreeing)
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, EINVAL, "{}", r.error_message);
+    assert!(
+        r.error_message.contains("already secure"),
+        "{}",
+        r.error_message
+    );
+    let mut existing = listener_req("gw1");
+    existing.secure = Some(true);
+    let r = gw
+        .create_listener(existing)
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, EEXIST, "{}", r.error_message);
+    let r = gw
+        .add_host(add(NODE, NQN, Some(psk(10))))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, EEXIST, "{}", r.error_message);
+    let r = gw
+        .add_host(add(NODE, "nqn.2016-06.io.test:unknown", Some(psk(10))))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, ENOENT, "{}", r.error_message);
+    assert_eq!(config(&f.cp), before, "a refused request changed the state");
+
+    // Connections: as the gateways report them, over TLS or not.
+    beacon_tls(&mut f.control, &[(NODE, true), (PLAIN_HOST, false)]).await;
+    let conns =
+        f.gw.list_connections(pb::ListConnectionsReq {
+            subsystem: NQN.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("connections")
+        .into_inner();
+    let seen: Vec<(&str, bool, Option<bool>, Option<bool>)> = conns
+        .connections
+        .iter()
+        .map(|c| (c.nqn.as_str(), c.connected, c.secure, c.use_psk))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (NODE, true, Some(true), Some(true)),
+            (PLAIN_HOST, true, Some(false), Some(false)),
+        ]
+    );
+    beacon(&mut f.control, &[]).await;
+    let conns =
+        f.gw.list_connections(pb::ListConnectionsReq {
+            subsystem: NQN.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("connections")
+        .into_inner();
+    let seen: Vec<(&str, bool, Option<bool>)> = conns
+        .connections
+        .iter()
+        .map(|c| (c.nqn.as_str(), c.connected, c.use_psk))
+        .collect();
+    assert_eq!(
+        seen,
+        [(NODE, false, Some(true)), (PLAIN_HOST, false, Some(false))],
+        "a host not connected: use_psk says whether it has a PSK"
+    );
+
+    // A secure listener is deleted without naming its flag (as ceph-csi's delete carries none).
+    assert_eq!(
+        f.gw.delete_listener(pb::DeleteListenerReq {
+            nqn: NQN.into(),
+            host_name: "gw1".into(),
+            traddr: "127.0.0.1".into(),
+            trsvcid: Some(4420),
+            ..Default::default()
+        })
+        .await
+        .expect("rpc")
+        .get_ref()
+        .status,
+        0
+    );
+    assert_eq!(f.cp.state().listeners.len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn methods_are_served_at_package_less_paths() {
     let f = start().await;

@@ -52,6 +52,8 @@ async fn beacon(addr: &str, gw: &str, group: u32) {
                 host_nqn: host(group),
                 cntlid: group * 2040 - 2039,
                 io_queues: 2,
+                // One host over TLS, one in clear: the TLS column shows both.
+                secure: group == 1,
             }],
         })
         .await
@@ -209,6 +211,13 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
     ctl(&["listener", "add", "-n", NQN, "-g", "gw1", "-a", "10.0.0.3", "--secure"]);
     #[rustfmt::skip]
     ctl(&["host", "add", "-n", NQN, "--host", &host(4), "--psk", &keys[2], "--psk-derivation", "libnvme-compat"]);
+    // Requiring TLS later: the reply names the host connected without it (host 2, on gw2);
+    // then off again on the other subsystem; no setting is bad usage.
+    #[rustfmt::skip]
+    ctl(&["subsystem", "set", "--nqn", NQN, "--require-tls", "true"]);
+    #[rustfmt::skip]
+    ctl(&["-o", "json", "subsystem", "set", "--nqn", &format!("{NQN}-3"), "--require-tls", "false"]);
+    ctl(&["subsystem", "set", "--nqn", NQN]);
     // Per-host visibility: a namespace for host 1 and a host not allowed yet; the refusals.
     ctl(&[
         "namespace",

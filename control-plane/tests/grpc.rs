@@ -60,6 +60,7 @@ async fn beacon(c: &mut GatewayControlClient<Channel>, gw: &str, group: u32, epo
             ),
             cntlid: group * 2040 - 2039,
             io_queues: 4,
+            secure: false,
         }],
     })
     .await

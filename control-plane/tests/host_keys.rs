@@ -120,6 +120,7 @@ fn psk_host(nqn: &str, host: &str, key: &str, derivation: &str) -> proto::Host {
 async fn control_plane_with_gw1() -> (
     AdminClient<tonic::transport::Channel>,
     tonic::Streaming<Assignment>,
+    GatewayControlClient<tonic::transport::Channel>,
 ) {
     let backend = test_support::memory_backend_with_images(Vec::new());
     let options = Options {
@@ -152,7 +153,7 @@ async fn control_plane_with_gw1() -> (
         .await
         .expect("join")
         .into_inner();
-    (a, stream)
+    (a, stream, g)
 }
 
 fn entry<'a>(s: &'a proto::Subsystem, host_nqn: &str) -> &'a proto::Host {
@@ -360,7 +361,7 @@ async fn keys_reach_the_gateways_and_no_list() {
 /// reason and the state unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_settings_reach_the_gateways_and_psks_no_list() {
-    let (mut a, mut stream) = control_plane_with_gw1().await;
+    let (mut a, mut stream, _) = control_plane_with_gw1().await;
     let added = a
         .subsystem_add(proto::SubsystemAddRequest {
             nqn: NQN.into(),
@@ -576,6 +577,104 @@ async fn tls_settings_reach_the_gateways_and_psks_no_list() {
         .expect("clear");
     let s = next_assignment(&mut stream, |s| s.hosts.len() == 2).await;
     assert_eq!(entry(&s, KEYED).psk, None);
+}
+
+/// `SubsystemSet` changes `require_tls` of an existing subsystem: pushed to the gateways, the
+/// reply names the hosts the gateways' last beacons had connected without TLS (those the
+/// gateways close), unchanged when set again; refused without a setting, for an unknown
+/// subsystem, state unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_tls_is_changed_live_and_names_the_plain_hosts() {
+    let (mut a, mut stream, mut g) = control_plane_with_gw1().await;
+    a.subsystem_add(proto::SubsystemAddRequest {
+        nqn: NQN.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("subsystem");
+    let s = next_assignment(&mut stream, |_| true).await;
+    assert!(!s.require_tls);
+    // gw1 reports KEYED connected over TLS and PLAIN without.
+    let conn = |host: &str, cntlid: u32, secure: bool| proto::Connection {
+        gateway: String::new(),
+        subsystem_nqn: NQN.into(),
+        host_nqn: host.into(),
+        cntlid,
+        io_queues: 1,
+        secure,
+    };
+    g.send_beacon(proto::Beacon {
+        gateway: "gw1".into(),
+        ana_group: 1,
+        incarnation: 1,
+        connections: vec![conn(KEYED, 1, true), conn(PLAIN, 2, false)],
+        ..Default::default()
+    })
+    .await
+    .expect("beacon");
+    let set = |nqn: &str, require_tls: Option<bool>| proto::SubsystemSetRequest {
+        nqn: nqn.into(),
+        require_tls,
+    };
+
+    let on = a
+        .subsystem_set(set(NQN, Some(true)))
+        .await
+        .expect("set")
+        .into_inner();
+    assert_eq!(
+        on.message,
+        format!(
+            "subsystem {NQN}: TLS required; the gateways close the connections of 1 host(s) \
+             connected without TLS ({PLAIN}); they must reconnect through a secure listener"
+        )
+    );
+    let s = next_assignment(&mut stream, |s| s.require_tls).await;
+    assert!(s.require_tls);
+    let again = a
+        .subsystem_set(set(NQN, Some(true)))
+        .await
+        .expect("set again")
+        .into_inner();
+    assert!(again.message.contains("unchanged"), "{}", again.message);
+    assert_eq!(
+        again.version, on.version,
+        "setting it again wrote the state"
+    );
+
+    // Refused, nothing changed.
+    for (request, code, says) in [
+        (set(NQN, None), Code::InvalidArgument, "give a setting"),
+        (
+            set("nqn.2016-06.io.test:unknown", Some(false)),
+            Code::NotFound,
+            "not found",
+        ),
+    ] {
+        let s = a.subsystem_set(request).await.expect_err(says);
+        assert_eq!(s.code(), code, "{}", s.message());
+        assert!(s.message().contains(says), "{}", s.message());
+    }
+    let list = a
+        .subsystem_list(proto::Empty {})
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(list.version, on.version, "a refusal changed the state");
+    assert!(list.subsystems[0].require_tls);
+
+    let off = a
+        .subsystem_set(set(NQN, Some(false)))
+        .await
+        .expect("off")
+        .into_inner();
+    assert!(
+        off.message.contains("no longer required"),
+        "{}",
+        off.message
+    );
+    let s = next_assignment(&mut stream, |s| !s.require_tls).await;
+    assert!(!s.require_tls);
 }
 
 fn free_port() -> u16 {

@@ -66,6 +66,7 @@ async fn beacon(g: &mut GatewayControlClient<Channel>, connected: bool) {
                 host_nqn: HOST.into(),
                 cntlid: 1,
                 io_queues: 1,
+                secure: false,
             }]
         } else {
             Vec::new()

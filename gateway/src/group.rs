@@ -457,6 +457,7 @@ fn connections(target: &Target) -> Vec<Connection> {
                 host_nqn: c.hostnqn.clone(),
                 cntlid: u32::from(c.cntlid),
                 io_queues: u32::from(c.io_queues_granted()),
+                secure: c.is_secure(),
             });
         }
     }
@@ -720,7 +721,11 @@ pub fn apply_tls(target: &Target, a: &Assignment) {
     }
     for s in &a.subsystems {
         if let Some(sub) = target.subsystem(&s.nqn) {
-            sub.tls.set_required(s.require_tls);
+            let was = sub.tls.required();
+            let closed = sub.set_tls_required(s.require_tls);
+            if was != s.require_tls {
+                tracing::info!(nqn = %s.nqn, require_tls = s.require_tls, controllers_closed = closed.len(), "TLS requirement changed in the control plane (controllers without TLS closed)");
+            }
         }
     }
 }

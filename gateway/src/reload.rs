@@ -272,7 +272,11 @@ impl Reloader {
         add_to_discovery_log(target, &new);
         for s in &new.subsystems {
             if let Some(sub) = target.subsystem(&s.nqn) {
-                sub.tls.set_required(s.require_tls);
+                let was = sub.tls.required();
+                let closed = sub.set_tls_required(s.require_tls);
+                if was != s.require_tls {
+                    tracing::info!(nqn = %s.nqn, require_tls = s.require_tls, controllers_closed = closed.len(), "TLS requirement changed in the configuration file (controllers without TLS closed)");
+                }
             }
         }
         self.current = new;

@@ -470,3 +470,166 @@ port = {plain}
         "the PSK in the log"
     );
 }
+
+/// `nvmeofctl subsystem set --require-tls true` on a subsystem with hosts connected: the
+/// gateway reports which controllers came over TLS (the control plane's connection list
+/// says so), and once it applies the change it closes the controller that connected in clear
+/// while the one over TLS stays; the plain host's reconnect is refused (`tls_required`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requiring_tls_later_closes_the_plain_controllers_only() {
+    use common::poll_until;
+    use control_plane::proto::{self, admin_client::AdminClient};
+    use control_plane::store::Store;
+    use control_plane::test_support;
+
+    let backend = test_support::memory_backend_with_images(Vec::<String>::new());
+    let cp = test_support::start_replica(Store::new(backend), "test", Default::default()).await;
+    test_support::wait_for_lease(&cp, Duration::from_secs(10)).await;
+    let cp_addr = test_support::serve_plain(cp).await;
+    let mut admin = AdminClient::new(test_support::plain_channel(&cp_addr).await);
+
+    let dir = scratch_dir(&format!("nvmeof-group-tls-set-{}", std::process::id()));
+    let (plain, secure, metrics) = (free_port(), free_port(), free_port());
+    let config = format!(
+        r#"
+[gateway]
+name = "gw1"
+metrics_listen = "127.0.0.1:{metrics}"
+[group]
+control_plane = ["{cp_addr}"]
+ana_group = 1
+beacon_interval_ms = 200
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = {plain}
+"#
+    );
+    let gateway = GatewayProcess::spawn(&dir, "gw1", plain, &config);
+    gateway.wait_for_metrics(metrics).await;
+
+    admin
+        .subsystem_add(proto::SubsystemAddRequest {
+            nqn: SUBNQN.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("subsystem");
+    admin
+        .listener_add(proto::Listener {
+            subsystem_nqn: SUBNQN.into(),
+            gateway: "gw1".into(),
+            transport: "tcp".into(),
+            address: "127.0.0.1".into(),
+            port: u32::from(secure),
+            secure: true,
+        })
+        .await
+        .expect("secure listener");
+    let key = psk(0x61);
+    admin
+        .host_add(proto::Host {
+            subsystem_nqn: SUBNQN.into(),
+            host_nqn: KEYED.into(),
+            psk: Some(proto::TlsPsk {
+                key: key.to_interchange().to_string(),
+                derivation: String::new(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("host with a PSK");
+    admin
+        .host_add(proto::Host {
+            subsystem_nqn: SUBNQN.into(),
+            host_nqn: PLAIN.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("plain host");
+
+    // KEYED over TLS, PLAIN in clear.
+    let proxy = tls_proxy(
+        secure,
+        offer(&key, KEYED, SUBNQN, 0, LabelEncoding::Rfc8446),
+    )
+    .await;
+    let (over_tls, _) = poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || {
+            try_connect_admin(loopback(proxy), &attach(KEYED, SUBNQN))
+                .await
+                .map_err(|e| format!("Connect over TLS: {e}"))
+        },
+    )
+    .await;
+    let (in_clear, _) = try_connect_admin(loopback(plain), &attach(PLAIN, SUBNQN))
+        .await
+        .expect("plain Connect while TLS is not required");
+
+    // The beacons say which came over TLS.
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        async || {
+            let list = AdminClient::new(test_support::plain_channel(&cp_addr).await)
+                .connection_list(proto::ConnectionListRequest {
+                    subsystem_nqn: SUBNQN.into(),
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .into_inner();
+            let mut seen: Vec<(String, bool)> = list
+                .connections
+                .iter()
+                .map(|c| (c.host_nqn.clone(), c.secure))
+                .collect();
+            seen.sort();
+            let want = vec![(KEYED.to_string(), true), (PLAIN.to_string(), false)];
+            if seen == want {
+                Ok(())
+            } else {
+                Err(format!("connections {seen:?}"))
+            }
+        },
+    )
+    .await;
+
+    let reply = admin
+        .subsystem_set(proto::SubsystemSetRequest {
+            nqn: SUBNQN.into(),
+            require_tls: Some(true),
+        })
+        .await
+        .expect("require TLS")
+        .into_inner();
+    assert!(reply.message.contains(PLAIN), "{}", reply.message);
+    assert!(!reply.message.contains(KEYED), "{}", reply.message);
+
+    // The plain controller is closed: its commands fail from then on.
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        async || match in_clear.keep_alive().await {
+            Err(_) => Ok(()),
+            Ok(()) => Err("the plain controller still answers".to_string()),
+        },
+    )
+    .await;
+    over_tls
+        .keep_alive()
+        .await
+        .expect("the controller over TLS stays");
+    let e = try_connect_admin(loopback(plain), &attach(PLAIN, SUBNQN))
+        .await
+        .expect_err("a plain reconnect");
+    assert!(matches!(e, HostError::Nvme(_)), "{e}");
+    assert_eq!(refusals(metrics, "tls_required"), 1.0);
+    assert!(
+        gateway
+            .log_text()
+            .contains("TLS requirement changed in the control plane"),
+        "the change is logged"
+    );
+}

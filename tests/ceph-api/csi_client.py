@@ -8,12 +8,17 @@ statuses it takes as success pass, any other fails the command (exit 1).
 usage: csi_client.py --server HOST:PORT[,HOST:PORT...] COMMAND ...
   create-volume --nqn NQN --pool POOL --image IMAGE --listener GW,ADDR,PORT ...
                 prints "nsid=N uuid=UUID"
-  publish       --nqn NQN --host HOSTNQN [--dhchap-key K [--dhchap-ctrlr-key K]]
+  publish       --nqn NQN --host HOSTNQN [--dhchap-key K [--dhchap-ctrlr-key K]] [--psk K]
   expand        --nqn NQN --nsid N --mib MIB
   unpublish     --nqn NQN --host HOSTNQN
   delete-volume --nqn NQN --nsid N --listener GW,ADDR,PORT ...
   bad-input     --nqn NQN --pool POOL --image IMAGE   (refusals with their errno and
                 message; the listings before and after are equal)
+  tls           --nqn NQN --listener GW,ADDR,PORT ... --host HOSTNQN --psk K
+                NVMe/TCP TLS as ceph-csi's TLS-PSK mode sets it up (create_subsystem with
+                secure_listeners, secure listeners, add_host with a PSK): the listings say
+                secure / use_psk and never show the key; a malformed, an encrypted and an
+                any-host PSK are refused with their errno, the listings unchanged
 """
 import argparse
 import errno
@@ -97,6 +102,8 @@ def publish(stub, a):
         req.dhchap_key = a.dhchap_key
     if a.dhchap_ctrlr_key:
         req.dhchap_ctrlr_key = a.dhchap_ctrlr_key
+    if a.psk:
+        req.psk = a.psk
     call(stub, "add_host", req, ok=(0, errno.EEXIST))
 
 
@@ -183,24 +190,91 @@ def bad_input(stub, a):
         sys.exit(f"{failed} bad-input check(s) failed")
 
 
+def tls(stub, a):
+    call(stub, "create_subsystem",
+         pb2.create_subsystem_req(subsystem_nqn=a.nqn, serial_number="Ceph4242424243",
+                                  enable_ha=True, no_group_append=True, secure_listeners=True),
+         ok=(0, errno.EEXIST))
+    wanted = listeners(a.listener)
+    for name, addr, port in wanted:
+        call(stub, "create_listener",
+             pb2.create_listener_req(nqn=a.nqn, host_name=name, traddr=addr, trsvcid=port,
+                                     adrfam=pb2.ipv4, secure=True),
+             ok=(0, errno.EEXIST, errno.EREMOTE))
+    call(stub, "add_host", pb2.add_host_req(subsystem_nqn=a.nqn, host_nqn=a.host, psk=a.psk),
+         ok=(0, errno.EEXIST))
+    failed = 0
+    listed = call(stub, "list_listeners", pb2.list_listeners_req(subsystem=a.nqn))
+    secure = {(l.host_name, l.traddr, l.trsvcid): l.secure for l in listed.listeners}
+    for key in wanted:
+        if secure.get(key) is not True:
+            print(f"  listener {key}: secure {secure.get(key)!r}, expected True")
+            failed += 1
+    hosts = call(stub, "list_hosts", pb2.list_hosts_req(subsystem=a.nqn))
+    use_psk = {h.nqn: h.use_psk for h in hosts.hosts}
+    if use_psk.get(a.host) is not True:
+        print(f"  host {a.host}: use_psk {use_psk.get(a.host)!r}, expected True")
+        failed += 1
+    subs = call(stub, "list_subsystems", pb2.list_subsystems_req(subsystem_nqn=a.nqn))
+    shown = str(snapshot(stub, a.nqn)) + str(json_format.MessageToDict(subs))
+    # The base64 part of the key (between "NVMeTLSkey-1:HH:" and the last ':').
+    if a.psk[16:-1] in shown:
+        print("  a listing shows the PSK")
+        failed += 1
+    print(f"  listeners secure: {sorted(secure.items())}; hosts use_psk: {sorted(use_psk.items())}")
+
+    before = snapshot(stub, a.nqn)
+    other = "nqn.2014-08.org.nvmexpress:tls-refused"
+    cases = [
+        ("malformed PSK", pb2.add_host_req(subsystem_nqn=a.nqn, host_nqn=other,
+                                           psk="NVMeTLSkey-1:01:AAAA:"),
+         errno.EINVAL, "invalid psk"),
+        ("encrypted PSK", pb2.add_host_req(subsystem_nqn=a.nqn, host_nqn=other, psk=a.psk,
+                                           psk_encrypted=True),
+         errno.EOPNOTSUPP, "encrypted keys"),
+        ("PSK for any host", pb2.add_host_req(subsystem_nqn=a.nqn, host_nqn="*", psk=a.psk),
+         errno.EINVAL, "any host"),
+        ("PSK on an unknown subsystem", pb2.add_host_req(subsystem_nqn=a.nqn + "-unknown",
+                                                         host_nqn=other, psk=a.psk),
+         errno.ENOENT, "not found"),
+    ]
+    for what, req, want, says in cases:
+        reply = stub.add_host(req, timeout=30)
+        good = (reply.status == want and says in reply.error_message
+                and a.psk[16:-1] not in reply.error_message)
+        failed += not good
+        print(f"  {what}: add_host -> {errno.errorcode.get(reply.status, reply.status)}: "
+              f"{reply.error_message} [{'ok' if good else 'expected ' + errno.errorcode[want] + ', ' + repr(says)}]")
+    if snapshot(stub, a.nqn) != before:
+        print("  a refusal changed the listings")
+        failed += 1
+    else:
+        print("  listings unchanged by the refusals")
+    if failed:
+        sys.exit(f"{failed} TLS check(s) failed")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--server", required=True)
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in ("create-volume", "publish", "expand", "unpublish", "delete-volume",
-                 "bad-input"):
+                 "bad-input", "tls"):
         c = sub.add_parser(name)
         c.add_argument("--nqn", required=True)
         if name in ("create-volume", "bad-input"):
             c.add_argument("--pool", required=True)
             c.add_argument("--image", required=True)
-        if name in ("create-volume", "delete-volume"):
+        if name in ("create-volume", "delete-volume", "tls"):
             c.add_argument("--listener", action="append")
-        if name in ("publish", "unpublish"):
+        if name in ("publish", "unpublish", "tls"):
             c.add_argument("--host", required=True)
         if name == "publish":
             c.add_argument("--dhchap-key")
             c.add_argument("--dhchap-ctrlr-key")
+            c.add_argument("--psk")
+        if name == "tls":
+            c.add_argument("--psk", required=True)
         if name in ("expand", "delete-volume"):
             c.add_argument("--nsid", type=int, required=True)
         if name == "expand":
@@ -209,7 +283,7 @@ def main():
     stub = connect(a.server)
     {"create-volume": create_volume, "publish": publish, "expand": expand,
      "unpublish": unpublish, "delete-volume": delete_volume,
-     "bad-input": bad_input}[a.cmd](stub, a)
+     "bad-input": bad_input, "tls": tls}[a.cmd](stub, a)
 
 
 if __name__ == "__main__":

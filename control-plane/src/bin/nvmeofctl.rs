@@ -92,6 +92,17 @@ enum SubsystemCmd {
         #[arg(long)]
         require_tls: bool,
     },
+    /// Changes settings of an existing subsystem, live on every gateway; settings not given
+    /// stay.
+    Set {
+        #[arg(long, short)]
+        nqn: String,
+        /// Hosts must connect through a secure listener (TLS 1.3 with their PSK): true or
+        /// false. Turned on, the gateways close the connections of hosts connected without
+        /// TLS (the reply names them); their reconnects are refused until they use TLS.
+        #[arg(long, value_name = "true|false")]
+        require_tls: Option<bool>,
+    },
     Del {
         #[arg(long, short)]
         nqn: String,
@@ -644,6 +655,15 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 require_tls,
             };
             done(out, answer(c.subsystem_add(request), tls_on).await?)
+        }
+        Cmd::Subsystem(SubsystemCmd::Set { nqn, require_tls }) => {
+            if require_tls.is_none() {
+                return Err(Failure::Usage(
+                    "subsystem set: give a setting to change (--require-tls true|false)".into(),
+                ));
+            }
+            let request = proto::SubsystemSetRequest { nqn, require_tls };
+            done(out, answer(c.subsystem_set(request), tls_on).await?)
         }
         Cmd::Subsystem(SubsystemCmd::Del { nqn, force }) => {
             let request = proto::SubsystemDelRequest { nqn, force };

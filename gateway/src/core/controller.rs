@@ -82,6 +82,8 @@ pub enum TeardownReason {
     SubsystemRemoved,
     /// A queue failed in-band authentication (or re-authentication).
     AuthenticationFailed,
+    /// The subsystem was made to require TLS and a queue of this controller came without it.
+    TlsRequired,
 }
 
 pub struct Controller {
@@ -101,6 +103,8 @@ pub struct Controller {
     /// The host's DH-HMAC-CHAP keys when it must authenticate: taken at the admin queue's
     /// Connect and at each admin queue Negotiate, used by every queue of the controller.
     auth_keys: Mutex<Option<Arc<HostKeys>>>,
+    /// A queue of this controller connected without a TLS secure channel.
+    plain_queue: AtomicBool,
 }
 
 impl std::fmt::Debug for Controller {
@@ -142,7 +146,19 @@ impl Controller {
             notifiers: Mutex::new(Vec::new()),
             local_address: None,
             auth_keys: Mutex::new(None),
+            plain_queue: AtomicBool::new(false),
         }
+    }
+
+    /// Records that a queue connected to this controller without a TLS secure channel.
+    pub(crate) fn note_plain_queue(&self) {
+        self.plain_queue.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether every queue connected so far came through a TLS secure channel (what the
+    /// beacons report, and what a subsystem made to require TLS keeps).
+    pub fn is_secure(&self) -> bool {
+        !self.plain_queue.load(Ordering::SeqCst)
     }
 
     /// The keys the host authenticates its queues with (`None`: it need not).

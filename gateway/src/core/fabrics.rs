@@ -283,6 +283,9 @@ impl Queue {
             self.connect_io(&subsystem, &req)?
         };
         let cntlid = controller.cntlid;
+        if self.secure_channel.is_none() {
+            controller.note_plain_queue();
+        }
         if req.qid == 0 {
             controller.set_auth_keys(controller.subsystem.host_keys(&req.hostnqn));
         }

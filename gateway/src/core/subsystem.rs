@@ -243,6 +243,29 @@ impl Subsystem {
         revoked
     }
 
+    /// Sets whether hosts must connect over TLS (`require_tls`): new Connects are checked
+    /// against it at once. When it turns on, the controllers with a queue that came without
+    /// TLS are torn down (their connections close), as for a removed host: the admin asked
+    /// that no data cross the network in clear, and a host left connected would go on doing
+    /// so for as long as its keep-alive runs. Its reconnects are refused (`tls_required`)
+    /// until it connects through a secure listener. Returns the controllers torn down.
+    pub fn set_tls_required(&self, required: bool) -> Vec<Arc<Controller>> {
+        let was = self.tls.required();
+        self.tls.set_required(required);
+        if !required || was {
+            return Vec::new();
+        }
+        let plain: Vec<_> = self
+            .controllers()
+            .into_iter()
+            .filter(|c| !c.is_secure())
+            .collect();
+        for c in &plain {
+            c.teardown(TeardownReason::TlsRequired);
+        }
+        plain
+    }
+
     /// Namespace `nsid`, whichever hosts it is visible to (the gateway's own bookkeeping;
     /// commands of a host use [`Self::namespace_for_host`]).
     pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {

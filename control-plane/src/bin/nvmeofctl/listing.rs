@@ -237,7 +237,7 @@ impl Listing for GatewayRow<'_> {
 
 impl Listing for proto::Connection {
     const HEADERS: &'static [&'static str] =
-        &["GATEWAY", "SUBSYSTEM", "HOST", "CNTLID", "IO QUEUES"];
+        &["GATEWAY", "SUBSYSTEM", "HOST", "CNTLID", "IO QUEUES", "TLS"];
     fn row(&self) -> Vec<String> {
         vec![
             self.gateway.clone(),
@@ -245,6 +245,7 @@ impl Listing for proto::Connection {
             self.host_nqn.clone(),
             self.cntlid.to_string(),
             self.io_queues.to_string(),
+            if self.secure { "yes" } else { "no" }.into(),
         ]
     }
 }
