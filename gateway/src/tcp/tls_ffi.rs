@@ -33,6 +33,15 @@ extern "C" {
     fn SSL_SESSION_set_cipher(session: *mut SSL_SESSION, cipher: *const SSL_CIPHER) -> c_int;
     fn SSL_SESSION_set_protocol_version(session: *mut SSL_SESSION, version: c_int) -> c_int;
     fn SSL_CIPHER_find(ssl: *mut SSL, id: *const c_uchar) -> *const SSL_CIPHER;
+    fn SSL_has_pending(ssl: *const SSL) -> c_int;
+}
+
+/// Whether OpenSSL holds bytes it has read and not yet returned, decrypted or not
+/// (`SSL_has_pending`, OpenSSL 1.1.0+; the crate binds only `SSL_pending`, which counts
+/// decrypted application data alone). Kernel TLS must not take over a socket then.
+pub fn has_pending(ssl: &SslRef) -> bool {
+    // SAFETY: `ssl` is a live SSL; the call only reads its record layer's state.
+    unsafe { SSL_has_pending(ssl.as_ptr()) == 1 }
 }
 
 /// The TLS 1.3 cipher suite a PSK's hash goes with (RFC 8446 B.4:
