@@ -31,6 +31,8 @@ const COMPAT: &str = "nqn.2014-08.org.nvmexpress:uuid:d0000000-0000-0000-0000-00
 const PLAIN: &str = "nqn.2014-08.org.nvmexpress:uuid:e0000000-0000-0000-0000-00000000000e";
 /// A host with a PSK and a DH-HMAC-CHAP key: TLS, then in-band authentication on each queue.
 const BOTH: &str = "nqn.2014-08.org.nvmexpress:uuid:f0000000-0000-0000-0000-00000000000f";
+/// A host with a SHA-384 PSK: TLS_AES_256_GCM_SHA384.
+const WIDE: &str = "nqn.2014-08.org.nvmexpress:uuid:a0000000-0000-0000-0000-00000000000a";
 /// Set to `required` where the kernel has TLS (tests/vm/ktls-check.sh): every secure
 /// connection must then be served by kernel TLS, none by the relay.
 const KTLS_ENV: &str = "NVMEOF_TEST_KTLS";
@@ -41,6 +43,10 @@ fn dhchap_key() -> DhchapSecret {
 
 fn psk(byte: u8) -> ConfiguredPsk {
     ConfiguredPsk::from_bytes(&[byte; 32], Some(PskHash::Sha256)).expect("32 bytes")
+}
+
+fn psk384(byte: u8) -> ConfiguredPsk {
+    ConfiguredPsk::from_bytes(&[byte; 48], Some(PskHash::Sha384)).expect("48 bytes")
 }
 
 /// A gateway with a secure listener and a plain one; SUBNQN requires TLS (KEYED and COMPAT
@@ -72,6 +78,7 @@ async fn spawn(name: &str) -> (GatewayProcess, u16, u16, u16) {
             {{ nqn = "{KEYED}", psk = "{}" }},
             {{ nqn = "{COMPAT}", psk = "{}", psk_derivation = "libnvme-compat" }},
             {{ nqn = "{BOTH}", psk = "{}", dhchap_key = "{}" }},
+            {{ nqn = "{WIDE}", psk = "{}" }},
             "{PLAIN}",
         ]
 
@@ -93,6 +100,7 @@ async fn spawn(name: &str) -> (GatewayProcess, u16, u16, u16) {
         psk(0x32).to_interchange().as_str(),
         psk(0x34).to_interchange().as_str(),
         dhchap_key().to_representation().as_str(),
+        psk384(0x35).to_interchange().as_str(),
         psk(0x31).to_interchange().as_str(),
     );
     let gateway = GatewayProcess::spawn(&dir, "tls", plain, &config);
@@ -106,9 +114,9 @@ struct Offer {
     identity: String,
     key: Vec<u8>,
     max_version: SslVersion,
-    /// The one TLS 1.3 suite offered: the PSK's hash decides it. (The `openssl` crate's
-    /// client PSK callback is TLS 1.2's, which under TLS 1.3 makes every PSK a SHA-256 one,
-    /// so these tests cannot offer TLS_AES_256_GCM_SHA384.)
+    /// The one TLS 1.3 suite offered. (The `openssl` crate's client PSK callback, which
+    /// this client uses so it can also offer TLS 1.2, is TLS 1.2's: under TLS 1.3 it makes
+    /// every PSK a SHA-256 one; a SHA-384 PSK goes through [`tls_proxy_psk`].)
     suite: &'static str,
 }
 
@@ -135,6 +143,35 @@ async fn tls_proxy(secure: u16, offer: Offer) -> u16 {
             let offer = offer.clone();
             tokio::spawn(async move {
                 let Ok(mut tls) = tls_connect(secure, &offer).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut plain, &mut tls).await;
+            });
+        }
+    });
+    port
+}
+
+/// [`tls_proxy`] with the gateway's own TLS 1.3 PSK client, which offers a PSK of either
+/// hash with its suite (TLS_AES_256_GCM_SHA384 for SHA-384).
+async fn tls_proxy_psk(secure: u16, key: &ConfiguredPsk, host: &str, sub: &str) -> u16 {
+    let retained = key.retained(host, LabelEncoding::Rfc8446);
+    let identity = retained.identity(1, host, sub);
+    let tls_psk = retained
+        .tls_psk(&identity, LabelEncoding::Rfc8446)
+        .expect("derivable");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((mut plain, _)) = listener.accept().await {
+            let (identity, tls_psk) = (identity.clone(), tls_psk.clone());
+            tokio::spawn(async move {
+                let Ok(tcp) = TcpStream::connect(loopback(secure)).await else {
+                    return;
+                };
+                let Ok(mut tls) =
+                    nvmeof_gateway::tcp::tls::connect_with_psk(tcp, &identity, tls_psk).await
+                else {
                     return;
                 };
                 let _ = tokio::io::copy_bidirectional(&mut plain, &mut tls).await;
@@ -540,8 +577,8 @@ async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> V
 }
 
 /// The data path after the handshake: kernel TLS where the kernel has it, else the relay;
-/// with either, TLS_AES_128_GCM_SHA256 carries writes and reads of every size byte for
-/// byte (identity versions 0 and 1), the host's
+/// with either, TLS_AES_128_GCM_SHA256 (identity versions 0 and 1) and TLS_AES_256_GCM_SHA384
+/// carry writes and reads of every size byte for byte, the host's
 /// close_notify (which kernel TLS reads as a non-data record: EIO) ends its connection
 /// cleanly, and every secure connection is counted on exactly one of the two paths. With
 /// NVMEOF_TEST_KTLS=required (tests/vm/ktls-check.sh, a kernel with the tls module) every
@@ -558,6 +595,10 @@ async fn secure_queues_carry_data_by_kernel_tls_or_the_relay() {
             .await
             .unwrap_or_else(|e| panic!("identity v{version} over {suite}: {e}"));
     }
+    let wide = tls_proxy_psk(secure, &psk384(0x35), WIDE, SUBNQN).await;
+    bulk_round_trip(wide, &attach(WIDE, SUBNQN), 24)
+        .await
+        .unwrap_or_else(|e| panic!("TLS_AES_256_GCM_SHA384: {e}"));
     // Both controllers' hosts have left (the proxy sent close_notify for each queue): every queue
     // closes, and the gateway still serves.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -580,7 +621,7 @@ async fn secure_queues_carry_data_by_kernel_tls_or_the_relay() {
     let handshakes = metric(metrics, "nvmeof_tls_handshakes_total");
     let ktls = metric(metrics, "nvmeof_tls_ktls_connections_total");
     let relay = metric(metrics, "nvmeof_tls_relay_connections_total");
-    assert_eq!(handshakes, 6.0, "admin and I/O queue of three controllers");
+    assert_eq!(handshakes, 8.0, "admin and I/O queue of four controllers");
     assert_eq!(ktls + relay, handshakes, "each connection on one path");
     assert_eq!(metric(metrics, "nvmeof_tls_ktls_aborted_total"), 0.0);
     let log = gateway.log_text();

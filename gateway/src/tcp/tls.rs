@@ -172,6 +172,28 @@ impl TlsAcceptor {
     }
 }
 
+/// A TLS 1.3 client offering `identity` with `psk` (either hash: TLS_AES_128_GCM_SHA256
+/// or TLS_AES_256_GCM_SHA384), as a Linux host's tlshd does; for tests and benches, which
+/// relay the Rust host's bytes through it.
+pub async fn connect_with_psk(
+    stream: TcpStream,
+    identity: &PskIdentity,
+    psk: TlsPsk,
+) -> Result<SslStream<TcpStream>, TlsError> {
+    let mut builder = SslContextBuilder::new(SslMethod::tls_client())?;
+    builder.set_min_proto_version(Some(SslVersion::TLS1_3))?;
+    builder.set_max_proto_version(Some(SslVersion::TLS1_3))?;
+    builder.set_ciphersuites(psk.hash().cipher_suite())?;
+    let mut ssl = Ssl::new(&builder.build())?;
+    tls_ffi::offer_psk(&mut ssl, identity.to_string().as_bytes(), psk)?;
+    let mut tls = SslStream::new(ssl, stream)?;
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, Pin::new(&mut tls).connect()).await {
+        Err(_) => Err(TlsError::Timeout),
+        Ok(Err(e)) => Err(TlsError::Handshake(e.to_string())),
+        Ok(Ok(())) => Ok(tls),
+    }
+}
+
 /// OpenSSL's key-log callback: the application traffic secrets go to the connection's own
 /// slot (nothing else is kept, nothing is written anywhere).
 fn keylog(ssl: &SslRef, line: &str) {
