@@ -19,6 +19,17 @@
 # DH-HMAC-CHAP over TLS, a group gateway) run over kernel TLS too. Prints PASS/FAIL; exit
 # status 0 only if all passed.
 #
+#   tests/vm/ktls-check.sh --bench [--relay] [BENCH ARGS]   # e.g. --seconds 3 --rounds 3
+#
+# runs the tcp_loopback bench's --tls mode in the guest instead (built with cargo bench
+# --no-run; `--guest-bench BIN ARGS` in the guest), where the gateway serves TLS by kernel TLS:
+# its plain, host-relay and TLS rows are the kTLS counterpart of the same run on a host
+# without the tls module (the fallback relay). Under TCG (no KVM) every figure is an
+# emulated CPU's: compare the ratios within one run, not the IOPS with the host's.
+# --relay: the same guest with module loading turned off (/proc/sys/kernel/modprobe =
+# /bin/false, tls not loaded), so the gateway falls back to its relay: the like-for-like
+# comparison of kernel TLS and the relay on the same emulated CPU.
+#
 # Env: KTLS_VM_TIMEOUT (default 600 s); run-in-vm.sh's VM_* settings (VM_ACCEL=kvm where nested KVM works).
 set -euo pipefail
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
@@ -39,12 +50,34 @@ if [ "${1:-}" = --guest ]; then
     exit 0
 fi
 
+if [ "${1:-}" = --guest-bench ]; then
+    bin=${2:?usage: ktls-check.sh --guest-bench BENCH_BINARY [ARGS]}
+    shift 2
+    if [ "${1:-}" = --relay ]; then
+        shift
+        echo /bin/false > /proc/sys/kernel/modprobe
+    else
+        modprobe tls
+    fi
+    cd /tmp
+    exec "$bin" --bench --tls "$@"
+fi
+
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 cd "$ROOT"
+if [ "${1:-}" = --bench ]; then
+    shift
+    bench=$(cargo bench -p nvmeof-gateway --bench tcp_loopback --no-run --message-format=json 2>/dev/null \
+        | grep '"kind":\["bench"\]' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+    [ -x "$bench" ] || { echo "ktls-check: no bench binary built" >&2; exit 1; }
+    eval "$("$HERE/get-bpo-kernel.sh")"
+    exec "$HERE/run-in-vm.sh" -t "${KTLS_VM_TIMEOUT:-600}" -w "$ROOT/target" \
+        "$HERE/ktls-check.sh" --guest-bench "$bench" "$@"
+fi
 # The test binary's path, from cargo's own report (the hash in its name changes).
 bin=$(cargo test -p nvmeof-gateway --test tls --no-run --message-format=json 2>/dev/null \
-    | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+    | grep '"kind":\["test"\]' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
 [ -x "$bin" ] || { echo "ktls-check: no test binary built" >&2; exit 1; }
 cargo build -p nvmeof-gateway --bin nvmeof-gateway
 eval "$("$HERE/get-bpo-kernel.sh")"
