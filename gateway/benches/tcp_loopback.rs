@@ -913,7 +913,7 @@ fn tls_bench(binary: &str, duration: Duration, rounds: usize) {
         "workload",
         "plain IOPS",
         "us/IO",
-        "relay IOPS",
+        "copy IOPS",
         "us/IO",
         "IOPS ratio",
         "CPU/IO ratio",

@@ -51,14 +51,16 @@ fn psk384(byte: u8) -> ConfiguredPsk {
 
 /// A gateway with a secure listener and a plain one; SUBNQN requires TLS (KEYED and COMPAT
 /// have PSKs), OPEN_SUBNQN does not.
-/// `name`: the scratch directory's, one per test (tests of one binary run at once).
-async fn spawn(name: &str) -> (GatewayProcess, u16, u16, u16) {
+/// `name`: the scratch directory's, one per test (tests of one binary run at once);
+/// `gateway`: more `[gateway]` settings.
+async fn spawn(name: &str, gateway: &str) -> (GatewayProcess, u16, u16, u16) {
     let dir = scratch_dir(&format!("nvmeof-{name}-{}", std::process::id()));
     let (secure, plain, metrics) = (free_port(), free_port(), free_port());
     let config = format!(
         r#"
         [gateway]
         metrics_listen = "127.0.0.1:{metrics}"
+        {gateway}
 
         [[listener]]
         transport = "tcp"
@@ -238,7 +240,7 @@ fn refusals(metrics: u16, reason: &str) -> f64 {
 
 #[tokio::test]
 async fn secure_listener_serves_hosts_with_their_psk_and_refuses_the_rest() {
-    let (mut gateway, secure, plain, metrics) = spawn("tls").await;
+    let (mut gateway, secure, plain, metrics) = spawn("tls", "").await;
 
     // Identity versions 0 and 1, and a host whose nvme-cli derives the libnvme-compat way.
     for (host, key, version, enc, seed) in [
@@ -578,14 +580,20 @@ async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> V
 
 /// The data path after the handshake: kernel TLS where the kernel has it, else the relay;
 /// with either, TLS_AES_128_GCM_SHA256 (identity versions 0 and 1) and TLS_AES_256_GCM_SHA384
-/// carry writes and reads of every size byte for byte, the host's
+/// carry writes and reads of every size byte for byte (busy polling on), the host's
 /// close_notify (which kernel TLS reads as a non-data record: EIO) ends its connection
 /// cleanly, and every secure connection is counted on exactly one of the two paths. With
 /// NVMEOF_TEST_KTLS=required (tests/vm/ktls-check.sh, a kernel with the tls module) every
 /// one must be kernel TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secure_queues_carry_data_by_kernel_tls_or_the_relay() {
-    let (mut gateway, secure, _plain, metrics) = spawn("tls-data").await;
+    let (mut gateway, secure, _plain, metrics) = spawn(
+        "tls-data",
+        // Busy polling always on: under kernel TLS its peeks and non-blocking reads go
+        // through the kernel's TLS receive path too.
+        "tcp_busy_poll_us = 200\ntcp_busy_poll_adaptive = false",
+    )
+    .await;
     let required = std::env::var(KTLS_ENV).is_ok_and(|v| v == "required");
     for (version, seed) in [(0, 21), (1, 22)] {
         let offered = offer(&psk(0x31), KEYED, SUBNQN, version, LabelEncoding::Rfc8446);
@@ -628,6 +636,10 @@ async fn secure_queues_carry_data_by_kernel_tls_or_the_relay() {
     if required {
         assert_eq!((ktls, relay), (handshakes, 0.0), "{KTLS_ENV}=required");
         assert_eq!(log.matches("use kernel TLS").count(), 1, "said once");
+        assert!(
+            metric(metrics, "nvmeof_tcp_busy_poll_reads_total") > 0.0,
+            "busy polling read from kernel TLS sockets"
+        );
     } else {
         eprintln!("kernel TLS: {ktls} connections, relay: {relay}");
     }

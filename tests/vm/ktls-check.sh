@@ -14,7 +14,8 @@
 # BIN (the tls test binary) with NVMEOF_TEST_KTLS=required: every secure connection of the
 # test `secure_queues_carry_data_by_kernel_tls_or_the_relay` must be counted by
 # nvmeof_tls_ktls_connections_total and none by nvmeof_tls_relay_connections_total, while
-# writes and reads of 512 B to 1 MiB (and 4 KiB reads at QD8) come back byte for byte and the
+# writes and reads of 512 B to 1 MiB (and 4 KiB reads at QD8), both cipher suites, come back
+# byte for byte, busy polling (always on there) reads from the kernel TLS sockets, and the
 # host's close_notify closes each queue; the other tests of the binary (handshake refusals,
 # DH-HMAC-CHAP over TLS, a group gateway) run over kernel TLS too. Prints PASS/FAIL; exit
 # status 0 only if all passed.
