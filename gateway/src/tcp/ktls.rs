@@ -373,6 +373,56 @@ mod tests {
         );
     }
 
+    /// Only the two application traffic secrets of the line's own connection (its client
+    /// random) are kept; other labels, other connections and malformed lines are not.
+    #[test]
+    fn key_log_keeps_this_connections_application_secrets_only() {
+        let ctx = openssl::ssl::SslContext::builder(openssl::ssl::SslMethod::tls_server())
+            .expect("context")
+            .build();
+        let ssl = openssl::ssl::Ssl::new(&ctx).expect("ssl");
+        let mut random = [0u8; 32];
+        let n = ssl.client_random(&mut random);
+        let own: String = random[..n].iter().map(|b| format!("{b:02x}")).collect();
+        let other = "ff".repeat(32);
+        let slot = SecretSlot::default();
+        for line in [
+            format!("CLIENT_HANDSHAKE_TRAFFIC_SECRET {own} {}", "11".repeat(32)),
+            format!("CLIENT_TRAFFIC_SECRET_0 {other} {}", "22".repeat(32)),
+            format!("SERVER_TRAFFIC_SECRET_0 {own} 3x"),
+            format!("SERVER_TRAFFIC_SECRET_0 {own} 33 extra"),
+            "CLIENT_TRAFFIC_SECRET_0".to_string(),
+        ] {
+            on_keylog_line(&ssl, &slot, &line);
+        }
+        let none = take(&slot);
+        assert!(none.client.is_none() && none.server.is_none(), "{none:?}");
+        on_keylog_line(
+            &ssl,
+            &slot,
+            &format!("CLIENT_TRAFFIC_SECRET_0 {own} {}", "44".repeat(32)),
+        );
+        on_keylog_line(
+            &ssl,
+            &slot,
+            &format!("SERVER_TRAFFIC_SECRET_0 {own} {}", "55".repeat(48)),
+        );
+        let got = take(&slot);
+        assert_eq!(
+            got.client.as_deref().map(Vec::as_slice),
+            Some(&[0x44u8; 32][..])
+        );
+        assert_eq!(
+            got.server.as_deref().map(Vec::as_slice),
+            Some(&[0x55u8; 48][..])
+        );
+        let again = take(&slot);
+        assert!(
+            again.client.is_none() && again.server.is_none(),
+            "taken, not copied"
+        );
+    }
+
     #[test]
     fn hex_decoding_refuses_what_is_not_hex() {
         assert_eq!(decode_hex("00fF").expect("hex").to_vec(), vec![0, 255]);
