@@ -22,6 +22,14 @@
 //! (active namespace list, Identify Namespace) one at a time on the admin queue, and 4K QD1
 //! and QD32 reads of the same NSID, alternating over `--rounds`. The core alone (no socket)
 //! is the `visibility_core` bench.
+//!
+//! `--tls` measures secure channels (docs/performance.md, "TLS"): 4K randread QD1 and QD32
+//! on a plain listener, through a host-side plain relay (the copy the TLS client adds, without
+//! TLS), and over TLS 1.3 with a PSK to a secure listener (an OpenSSL client relaying the
+//! host's bytes, as tests/tls.rs does), alternating over `--rounds`; IOPS and gateway CPU per
+//! I/O as ratios to the plain run. The gateway serves TLS with kernel TLS where the kernel
+//! has the `tls` module, else through its user-space relay: the line before the table says
+//! which (from its metrics).
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -241,6 +249,8 @@ fn main() {
         qos_bench(binary, duration, rounds);
     } else if args.iter().any(|a| a == "--visibility") {
         visibility_bench(binary, duration, rounds);
+    } else if args.iter().any(|a| a == "--tls") {
+        tls_bench(binary, duration, rounds);
     } else {
         default_bench(binary, duration);
     }
@@ -704,6 +714,253 @@ fn visibility_bench(binary: &str, duration: Duration, rounds: usize) {
             rounds,
         );
     }
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+}
+
+// ---- --tls: secure channels -------------------------------------------------------------
+
+/// The bench host's PSK (SHA-256: TLS_AES_128_GCM_SHA256, the suite NVMe/TCP makes
+/// mandatory). The `openssl` crate's client PSK callback is TLS 1.2's, which under TLS 1.3
+/// makes every PSK a SHA-256 one, so this client cannot measure TLS_AES_256_GCM_SHA384.
+fn tls_bench_psk() -> nvmeof_gateway::auth::tls_psk::ConfiguredPsk {
+    use nvmeof_gateway::auth::tls_psk::{ConfiguredPsk, PskHash};
+    ConfiguredPsk::from_bytes(&[0x5b; 32], Some(PskHash::Sha256)).expect("32 bytes")
+}
+
+/// The gateway of a `--tls` run: [`start_gateway`]'s, plus a metrics endpoint (which says
+/// whether connections got kernel TLS), a secure listener on `secure`, and for SUBNQN the
+/// bench host with its PSK (TLS optional, so the plain listener serves the same namespace).
+fn start_tls_gateway(port: u16, secure: u16, metrics: u16, binary: &str) -> Child {
+    let dir = std::env::temp_dir().join(format!("nvmeof-bench-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[gateway]
+worker_threads = 1
+metrics_listen = "127.0.0.1:{metrics}"
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = {port}
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1"
+port = {secure}
+secure = true
+
+[[subsystem]]
+nqn = "{SUBNQN}"
+hosts = [ {{ nqn = "{HOSTNQN}", psk = "{psk}" }} ]
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "memory"
+size = "1GiB"
+"#,
+            psk = tls_bench_psk().to_interchange().as_str(),
+        ),
+    )
+    .expect("write config");
+    let mut child = Command::new(binary)
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {binary}: {e}"));
+    for _ in 0..400 {
+        if TcpStream::connect(("127.0.0.1", secure)).is_ok()
+            && TcpStream::connect(("127.0.0.1", metrics)).is_ok()
+        {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("gateway did not start listening on port {secure}");
+}
+
+/// How the host side reaches the gateway in a `--tls` run.
+#[derive(Clone, Copy)]
+enum Relay {
+    /// Bytes copied as they are (what the TLS client costs the host, without TLS).
+    Plain,
+    /// TLS 1.3 with the PSK.
+    Tls,
+}
+
+/// A local port whose connections are relayed to `upstream` (TLS or not) on a runtime of
+/// its own (one thread, so the host side's cost stays on one core like the gateway's).
+fn host_relay(upstream: SocketAddr, mode: Relay) -> SocketAddr {
+    use nvmeof_gateway::auth::tls_psk::LabelEncoding;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind relay");
+    let addr = listener.local_addr().expect("relay address");
+    let retained = tls_bench_psk().retained(HOSTNQN, LabelEncoding::Rfc8446);
+    let identity = retained.identity(0, HOSTNQN, SUBNQN);
+    let key = retained
+        .tls_psk(&identity, LabelEncoding::Rfc8446)
+        .expect("TLS PSK")
+        .key()
+        .to_vec();
+    let identity = identity.to_string();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("relay runtime");
+        rt.block_on(async move {
+            listener.set_nonblocking(true).expect("nonblocking");
+            let listener = tokio::net::TcpListener::from_std(listener).expect("relay listener");
+            while let Ok((mut host, _)) = listener.accept().await {
+                let _ = host.set_nodelay(true);
+                let (identity, key) = (identity.clone(), key.clone());
+                tokio::spawn(async move {
+                    let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let _ = up.set_nodelay(true);
+                    match mode {
+                        Relay::Plain => {
+                            let mut up = up;
+                            let _ = tokio::io::copy_bidirectional(&mut host, &mut up).await;
+                        }
+                        Relay::Tls => {
+                            let Ok(mut tls) = tls_client(up, identity, key).await else {
+                                eprintln!("TLS handshake with the gateway failed");
+                                return;
+                            };
+                            let _ = tokio::io::copy_bidirectional(&mut host, &mut tls).await;
+                        }
+                    }
+                });
+            }
+        });
+    });
+    addr
+}
+
+async fn tls_client(
+    tcp: tokio::net::TcpStream,
+    identity: String,
+    key: Vec<u8>,
+) -> Result<tokio_openssl::SslStream<tokio::net::TcpStream>, String> {
+    use openssl::ssl::{Ssl, SslContext, SslMethod, SslVersion};
+    let e = |e: openssl::error::ErrorStack| e.to_string();
+    let mut ctx = SslContext::builder(SslMethod::tls_client()).map_err(e)?;
+    ctx.set_min_proto_version(Some(SslVersion::TLS1_3))
+        .map_err(e)?;
+    ctx.set_ciphersuites("TLS_AES_128_GCM_SHA256").map_err(e)?;
+    ctx.set_psk_client_callback(move |_, _, id_out, key_out| {
+        let id = identity.as_bytes();
+        id_out[..id.len()].copy_from_slice(id);
+        id_out[id.len()] = 0;
+        key_out[..key.len()].copy_from_slice(&key);
+        Ok(key.len())
+    });
+    let ssl = Ssl::new(&ctx.build()).map_err(e)?;
+    let mut tls = tokio_openssl::SslStream::new(ssl, tcp).map_err(e)?;
+    std::pin::Pin::new(&mut tls)
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(tls)
+}
+
+/// A counter of the gateway's metrics endpoint (0 when absent).
+fn gateway_metric(metrics: u16, series: &str) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", metrics)) else {
+        return 0.0;
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn tls_bench(binary: &str, duration: Duration, rounds: usize) {
+    let (port, secure, metrics) = (free_port(), free_port(), free_port());
+    let mut gateway = start_tls_gateway(port, secure, metrics, binary);
+    let gw_addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let (_rt, _admin, cntlid) = admin_connect(gw_addr, SUBNQN);
+    prefill(gw_addr, SUBNQN, cntlid, &REGION);
+    let plain_relay = host_relay(gw_addr, Relay::Plain);
+    let tls_relay = host_relay(([127, 0, 0, 1], secure).into(), Relay::Tls);
+
+    // One TLS queue first, to learn which path the gateway takes.
+    drop(queue(tls_relay, cntlid, 1));
+    let path = if gateway_metric(metrics, "nvmeof_tls_ktls_connections_total") > 0.0 {
+        "kernel TLS"
+    } else {
+        "the gateway's user-space TLS relay (no kernel TLS here)"
+    };
+    println!(
+        "NVMe/TCP loopback, in-memory namespace, gateway on 1 worker thread, {:.1} s per run, {rounds} rounds",
+        duration.as_secs_f64()
+    );
+    println!("TLS_AES_128_GCM_SHA256 served by {path}; medians, ratios to plain [min-max]");
+    println!(
+        "{:<18} {:>10} {:>8} {:>10} {:>8} {:>21} {:>21} {:>10} {:>8} {:>21} {:>21}",
+        "workload",
+        "plain IOPS",
+        "us/IO",
+        "copy IOPS",
+        "us/IO",
+        "IOPS ratio",
+        "CPU/IO ratio",
+        "TLS IOPS",
+        "us/IO",
+        "IOPS ratio",
+        "CPU/IO ratio"
+    );
+    for w in WORKLOADS.iter().take(2) {
+        let run = |addr| measure(&gateway, addr, SUBNQN, cntlid, w, &REGION, duration);
+        let (mut plain, mut relayed, mut tls) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            // Rotate the order so that no variant always runs right after another.
+            for k in 0..3 {
+                match (round + k) % 3 {
+                    0 => plain.push(run(gw_addr)),
+                    1 => relayed.push(run(plain_relay)),
+                    _ => tls.push(run(tls_relay)),
+                }
+            }
+        }
+        let ratio = |b: &[Run], f: fn(&Run) -> f64| -> String {
+            let r: Vec<f64> = plain.iter().zip(b).map(|(a, b)| f(b) / f(a)).collect();
+            let (lo, hi) = min_max(&r);
+            format!("{:.3} [{lo:.3}-{hi:.3}]", median(r.clone()))
+        };
+        let med = |runs: &[Run], f: fn(&Run) -> f64| median(runs.iter().map(f).collect());
+        println!(
+            "{:<18} {:>10.0} {:>8.2} {:>10.0} {:>8.2} {:>21} {:>21} {:>10.0} {:>8.2} {:>21} {:>21}",
+            w.name,
+            med(&plain, |r| r.iops),
+            med(&plain, |r| r.cpu_us_per_io),
+            med(&relayed, |r| r.iops),
+            med(&relayed, |r| r.cpu_us_per_io),
+            ratio(&relayed, |r| r.iops),
+            ratio(&relayed, |r| r.cpu_us_per_io),
+            med(&tls, |r| r.iops),
+            med(&tls, |r| r.cpu_us_per_io),
+            ratio(&tls, |r| r.iops),
+            ratio(&tls, |r| r.cpu_us_per_io),
+        );
+    }
+    println!(
+        "gateway: {} kernel-TLS connections, {} relayed",
+        gateway_metric(metrics, "nvmeof_tls_ktls_connections_total"),
+        gateway_metric(metrics, "nvmeof_tls_relay_connections_total"),
+    );
     let _ = gateway.kill();
     let _ = gateway.wait();
 }

@@ -6,7 +6,7 @@
 //! same with the settings the control plane pushes. The client side is OpenSSL (a TLS PSK
 //! client relaying the Rust host's bytes), as the Linux host's tlshd (GnuTLS) is a different
 //! implementation of the same handshake. The real Linux host (nvme-cli --tls with tlshd) is
-//! not tested yet: tests/vm/e2e-auth.sh covers DH-HMAC-CHAP only.
+//! tests/vm/e2e-tls.sh's.
 
 mod common;
 
@@ -31,6 +31,11 @@ const COMPAT: &str = "nqn.2014-08.org.nvmexpress:uuid:d0000000-0000-0000-0000-00
 const PLAIN: &str = "nqn.2014-08.org.nvmexpress:uuid:e0000000-0000-0000-0000-00000000000e";
 /// A host with a PSK and a DH-HMAC-CHAP key: TLS, then in-band authentication on each queue.
 const BOTH: &str = "nqn.2014-08.org.nvmexpress:uuid:f0000000-0000-0000-0000-00000000000f";
+/// A host with a SHA-384 PSK: TLS_AES_256_GCM_SHA384.
+const WIDE: &str = "nqn.2014-08.org.nvmexpress:uuid:a0000000-0000-0000-0000-00000000000a";
+/// Set to `required` where the kernel has TLS (tests/vm/ktls-check.sh): every secure
+/// connection must then be served by kernel TLS, none by the relay.
+const KTLS_ENV: &str = "NVMEOF_TEST_KTLS";
 
 fn dhchap_key() -> DhchapSecret {
     DhchapSecret::from_bytes(&[0x44; 32], Some(HashFunction::Sha256)).expect("32 bytes")
@@ -40,15 +45,22 @@ fn psk(byte: u8) -> ConfiguredPsk {
     ConfiguredPsk::from_bytes(&[byte; 32], Some(PskHash::Sha256)).expect("32 bytes")
 }
 
+fn psk384(byte: u8) -> ConfiguredPsk {
+    ConfiguredPsk::from_bytes(&[byte; 48], Some(PskHash::Sha384)).expect("48 bytes")
+}
+
 /// A gateway with a secure listener and a plain one; SUBNQN requires TLS (KEYED and COMPAT
 /// have PSKs), OPEN_SUBNQN does not.
-async fn spawn() -> (GatewayProcess, u16, u16, u16) {
-    let dir = scratch_dir(&format!("nvmeof-tls-{}", std::process::id()));
+/// `name`: the scratch directory's, one per test (tests of one binary run at once);
+/// `gateway`: more `[gateway]` settings.
+async fn spawn(name: &str, gateway: &str) -> (GatewayProcess, u16, u16, u16) {
+    let dir = scratch_dir(&format!("nvmeof-{name}-{}", std::process::id()));
     let (secure, plain, metrics) = (free_port(), free_port(), free_port());
     let config = format!(
         r#"
         [gateway]
         metrics_listen = "127.0.0.1:{metrics}"
+        {gateway}
 
         [[listener]]
         transport = "tcp"
@@ -68,6 +80,7 @@ async fn spawn() -> (GatewayProcess, u16, u16, u16) {
             {{ nqn = "{KEYED}", psk = "{}" }},
             {{ nqn = "{COMPAT}", psk = "{}", psk_derivation = "libnvme-compat" }},
             {{ nqn = "{BOTH}", psk = "{}", dhchap_key = "{}" }},
+            {{ nqn = "{WIDE}", psk = "{}" }},
             "{PLAIN}",
         ]
 
@@ -89,6 +102,7 @@ async fn spawn() -> (GatewayProcess, u16, u16, u16) {
         psk(0x32).to_interchange().as_str(),
         psk(0x34).to_interchange().as_str(),
         dhchap_key().to_representation().as_str(),
+        psk384(0x35).to_interchange().as_str(),
         psk(0x31).to_interchange().as_str(),
     );
     let gateway = GatewayProcess::spawn(&dir, "tls", plain, &config);
@@ -102,6 +116,10 @@ struct Offer {
     identity: String,
     key: Vec<u8>,
     max_version: SslVersion,
+    /// The one TLS 1.3 suite offered. (The `openssl` crate's client PSK callback, which
+    /// this client uses so it can also offer TLS 1.2, is TLS 1.2's: under TLS 1.3 it makes
+    /// every PSK a SHA-256 one; a SHA-384 PSK goes through [`tls_proxy_psk`].)
+    suite: &'static str,
 }
 
 /// The identity (version `version`) and TLS PSK a host derives from `key`.
@@ -113,6 +131,7 @@ fn offer(key: &ConfiguredPsk, host: &str, sub: &str, version: u8, enc: LabelEnco
         identity: identity.to_string(),
         key: tls.key().to_vec(),
         max_version: SslVersion::TLS1_3,
+        suite: tls.hash().cipher_suite(),
     }
 }
 
@@ -135,6 +154,35 @@ async fn tls_proxy(secure: u16, offer: Offer) -> u16 {
     port
 }
 
+/// [`tls_proxy`] with the gateway's own TLS 1.3 PSK client, which offers a PSK of either
+/// hash with its suite (TLS_AES_256_GCM_SHA384 for SHA-384).
+async fn tls_proxy_psk(secure: u16, key: &ConfiguredPsk, host: &str, sub: &str) -> u16 {
+    let retained = key.retained(host, LabelEncoding::Rfc8446);
+    let identity = retained.identity(1, host, sub);
+    let tls_psk = retained
+        .tls_psk(&identity, LabelEncoding::Rfc8446)
+        .expect("derivable");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((mut plain, _)) = listener.accept().await {
+            let (identity, tls_psk) = (identity.clone(), tls_psk.clone());
+            tokio::spawn(async move {
+                let Ok(tcp) = TcpStream::connect(loopback(secure)).await else {
+                    return;
+                };
+                let Ok(mut tls) =
+                    nvmeof_gateway::tcp::tls::connect_with_psk(tcp, &identity, tls_psk).await
+                else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut plain, &mut tls).await;
+            });
+        }
+    });
+    port
+}
+
 async fn tls_connect(
     secure: u16,
     offer: &Offer,
@@ -142,7 +190,7 @@ async fn tls_connect(
     let mut ctx = SslContext::builder(SslMethod::tls_client()).map_err(|e| e.to_string())?;
     ctx.set_max_proto_version(Some(offer.max_version))
         .map_err(|e| e.to_string())?;
-    ctx.set_ciphersuites("TLS_AES_128_GCM_SHA256")
+    ctx.set_ciphersuites(offer.suite)
         .map_err(|e| e.to_string())?;
     let (identity, key) = (offer.identity.clone(), offer.key.clone());
     ctx.set_psk_client_callback(move |_, _, id_out, key_out| {
@@ -192,7 +240,7 @@ fn refusals(metrics: u16, reason: &str) -> f64 {
 
 #[tokio::test]
 async fn secure_listener_serves_hosts_with_their_psk_and_refuses_the_rest() {
-    let (mut gateway, secure, plain, metrics) = spawn().await;
+    let (mut gateway, secure, plain, metrics) = spawn("tls", "").await;
 
     // Identity versions 0 and 1, and a host whose nvme-cli derives the libnvme-compat way.
     for (host, key, version, enc, seed) in [
@@ -632,4 +680,134 @@ port = {plain}
             .contains("TLS requirement changed in the control plane"),
         "the change is logged"
     );
+}
+
+fn metric(metrics: u16, series: &str) -> f64 {
+    let answer = http_exchange(
+        loopback(metrics),
+        b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n",
+    );
+    metric_value(&answer, series).unwrap_or(0.0)
+}
+
+/// Writes and reads back, byte for byte, I/O of many sizes: 512 B to 1 MiB (MDTS), so
+/// records of every size up to TLS's 16 KiB and transfers of many records go both ways.
+async fn bulk_round_trip(port: u16, a: &Attach, seed: u8) -> Result<(), HostError> {
+    let host = try_connect(loopback(port), a).await?;
+    let mut lba = 0u64;
+    for (i, len) in [512usize, 4096, 16384, 16896, 65536, 131072, 1 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let data = pattern(len, seed.wrapping_add(i as u8));
+        let blocks = (len / 512) as u32;
+        host.io.write(1, lba, data.clone(), 512).await?;
+        let back = host.io.read(1, lba, blocks, 512).await?;
+        assert!(back == data, "{len} bytes at LBA {lba}: read back differs");
+        lba += u64::from(blocks);
+    }
+    // Queue depth above one: eight 4 KiB reads in flight at once, each checked.
+    let region = pattern(8 * 4096, seed ^ 0x5a);
+    host.io.write(1, lba, region.clone(), 512).await?;
+    let reads = (0..8u64).map(|i| host.io.read(1, lba + i * 8, 8, 512));
+    for (i, r) in join_all(reads).await.into_iter().enumerate() {
+        assert!(r? == region[i * 4096..][..4096], "read {i} at QD8 differs");
+    }
+    Ok(())
+}
+
+/// Polls all of `futures` together (the host pipelines what is submitted before any
+/// completes), in order of their results.
+async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pinned: Vec<_> = futures.map(Box::pin).collect();
+    let mut done: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, d) in pinned.iter_mut().zip(done.iter_mut()) {
+            if d.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *d = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    done.into_iter().flatten().collect()
+}
+
+/// The data path after the handshake: kernel TLS where the kernel has it, else the relay;
+/// with either, TLS_AES_128_GCM_SHA256 (identity versions 0 and 1) and TLS_AES_256_GCM_SHA384
+/// carry writes and reads of every size byte for byte (busy polling on), the host's
+/// close_notify (which kernel TLS reads as a non-data record: EIO) ends its connection
+/// cleanly, and every secure connection is counted on exactly one of the two paths. With
+/// NVMEOF_TEST_KTLS=required (tests/vm/ktls-check.sh, a kernel with the tls module) every
+/// one must be kernel TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secure_queues_carry_data_by_kernel_tls_or_the_relay() {
+    let (mut gateway, secure, _plain, metrics) = spawn(
+        "tls-data",
+        // Busy polling always on: under kernel TLS its peeks and non-blocking reads go
+        // through the kernel's TLS receive path too.
+        "tcp_busy_poll_us = 200\ntcp_busy_poll_adaptive = false",
+    )
+    .await;
+    let required = std::env::var(KTLS_ENV).is_ok_and(|v| v == "required");
+    for (version, seed) in [(0, 21), (1, 22)] {
+        let offered = offer(&psk(0x31), KEYED, SUBNQN, version, LabelEncoding::Rfc8446);
+        let suite = offered.suite;
+        let proxy = tls_proxy(secure, offered).await;
+        bulk_round_trip(proxy, &attach(KEYED, SUBNQN), seed)
+            .await
+            .unwrap_or_else(|e| panic!("identity v{version} over {suite}: {e}"));
+    }
+    let wide = tls_proxy_psk(secure, &psk384(0x35), WIDE, SUBNQN).await;
+    bulk_round_trip(wide, &attach(WIDE, SUBNQN), 24)
+        .await
+        .unwrap_or_else(|e| panic!("TLS_AES_256_GCM_SHA384: {e}"));
+    // Both controllers' hosts have left (the proxy sent close_notify for each queue): every queue
+    // closes, and the gateway still serves.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while metric(metrics, "nvmeof_tcp_connections") > 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "secure queues still open after their hosts left"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let proxy = tls_proxy(
+        secure,
+        offer(&psk(0x31), KEYED, SUBNQN, 0, LabelEncoding::Rfc8446),
+    )
+    .await;
+    round_trip(proxy, &attach(KEYED, SUBNQN), 23)
+        .await
+        .expect("the gateway keeps serving");
+
+    let handshakes = metric(metrics, "nvmeof_tls_handshakes_total");
+    let ktls = metric(metrics, "nvmeof_tls_ktls_connections_total");
+    let relay = metric(metrics, "nvmeof_tls_relay_connections_total");
+    assert_eq!(handshakes, 8.0, "admin and I/O queue of four controllers");
+    assert_eq!(ktls + relay, handshakes, "each connection on one path");
+    assert_eq!(metric(metrics, "nvmeof_tls_ktls_aborted_total"), 0.0);
+    let log = gateway.log_text();
+    if required {
+        assert_eq!((ktls, relay), (handshakes, 0.0), "{KTLS_ENV}=required");
+        assert_eq!(log.matches("use kernel TLS").count(), 1, "said once");
+        assert!(
+            metric(metrics, "nvmeof_tcp_busy_poll_reads_total") > 0.0,
+            "busy polling read from kernel TLS sockets"
+        );
+    } else {
+        eprintln!("kernel TLS: {ktls} connections, relay: {relay}");
+    }
+    if relay > 0.0 {
+        assert_eq!(log.matches("kernel TLS not used").count(), 1, "said once");
+    }
+    assert!(gateway.terminate().success());
 }

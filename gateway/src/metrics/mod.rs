@@ -144,7 +144,7 @@ fn render_transports(out: &mut String) {
     for (name, help, value) in gauges {
         Family::new(out, name, "gauge", help).sample(&[], value);
     }
-    let counters: [(&str, &str, u64); 18] = [
+    let counters: [(&str, &str, u64); 21] = [
         (
             "nvmeof_tcp_connections_accepted_total",
             "NVMe/TCP connections accepted.",
@@ -199,6 +199,21 @@ fn render_transports(out: &mut String) {
             "nvmeof_tls_handshake_failures_total",
             "Connections to secure NVMe/TCP listeners closed because the TLS handshake failed.",
             load(&crate::tcp::tls::stats().handshake_failures),
+        ),
+        (
+            "nvmeof_tls_ktls_connections_total",
+            "Secure NVMe/TCP connections served with kernel TLS (the keys on the socket).",
+            load(&crate::tcp::ktls::stats().ktls),
+        ),
+        (
+            "nvmeof_tls_relay_connections_total",
+            "Secure NVMe/TCP connections served through the user-space TLS relay (kernel TLS not possible).",
+            load(&crate::tcp::ktls::stats().relay),
+        ),
+        (
+            "nvmeof_tls_ktls_aborted_total",
+            "Secure NVMe/TCP connections closed because the kernel took one direction's TLS keys and refused the other's.",
+            load(&crate::tcp::ktls::stats().aborted),
         ),
         (
             "nvmeof_keep_alive_timeouts_total",

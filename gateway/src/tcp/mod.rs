@@ -8,6 +8,8 @@ use crate::core::budget::{self, DataBudget};
 pub mod busy_poll;
 pub mod connection;
 pub mod digest;
+pub mod ktls;
+mod ktls_sys;
 pub mod pdu;
 pub mod server;
 pub mod tls;

@@ -92,6 +92,7 @@ impl TcpServer {
                                 stream,
                                 self.target.clone(),
                                 self.data_budget,
+                                self.busy_poll,
                                 shutdown.clone(),
                             ));
                         }

@@ -11,13 +11,14 @@
 //! truncated ClientHello, plaintext NVMe/TCP, a stall past [`HANDSHAKE_TIMEOUT`]) closes that
 //! connection only.
 //!
-//! After it, the connection is served by the same [`Connection`] as a plain one, over a
-//! loopback socket pair: this task relays between the TLS stream and the pair (decrypting
-//! into, and encrypting out of, user-space buffers), so the plain path keeps its zero-copy
-//! sends and busy polling untouched and a TLS queue pays two more copies per I/O. Kernel TLS
-//! (handing the session keys to the socket, as Linux nvmet does) would take the relay away;
-//! see docs/security.md for why it is not used yet. The queue carries the identity's NQNs,
-//! and its Connect must name the same host and subsystem (`core::tls`).
+//! After it, where the kernel can, the session keys go to the socket (kernel TLS, see
+//! [`super::ktls`]) and the connection is served on it exactly as on a plain listener.
+//! Where it cannot (no `tls` module, OpenSSL holding bytes past the handshake), the same
+//! [`Connection`] serves the queue over a loopback socket pair, and this task relays between
+//! the TLS stream and the pair (decrypting into, and encrypting out of, user-space buffers):
+//! the plain path stays untouched and such a TLS queue pays two more copies per I/O. The
+//! queue carries the identity's NQNs, and its Connect must name the same host and subsystem
+//! (`core::tls`).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
@@ -36,7 +37,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_openssl::SslStream;
 
+use super::busy_poll::BusyPollConfig;
 use super::connection::Connection;
+use super::ktls::{self, TrafficSecrets};
 use super::tls_ffi;
 use crate::core::tls::{tls_psk_for, SecureChannel};
 use crate::core::{DataBudget, Target};
@@ -73,6 +76,8 @@ pub fn stats() -> &'static TlsStats {
 struct ExIndexes {
     target: Index<SslContext, Arc<Target>>,
     identity: Index<Ssl, PskIdentity>,
+    /// The application traffic secrets the key log gives, for kernel TLS.
+    secrets: Index<Ssl, ktls::SecretSlot>,
 }
 
 fn ex_indexes() -> Result<&'static ExIndexes, ErrorStack> {
@@ -83,6 +88,7 @@ fn ex_indexes() -> Result<&'static ExIndexes, ErrorStack> {
     let indexes = ExIndexes {
         target: SslContext::new_ex_index()?,
         identity: Ssl::new_ex_index()?,
+        secrets: Ssl::new_ex_index()?,
     };
     Ok(INDEXES.get_or_init(|| indexes))
 }
@@ -127,30 +133,75 @@ impl TlsAcceptor {
         builder.set_options(SslOptions::NO_TICKET);
         builder.set_ex_data(indexes.target, target);
         tls_ffi::set_psk_finder(&mut builder, find_psk);
+        // Kernel TLS starts at record 0: OpenSSL must not read records past the client's
+        // Finished (off is OpenSSL's default; said here because kTLS depends on it).
+        builder.set_read_ahead(false);
+        builder.set_keylog_callback(keylog);
         Ok(Self {
             context: builder.build(),
         })
     }
 
-    /// Runs the server handshake on `stream`; the identity the host was accepted with.
+    /// Runs the server handshake on `stream`; the identity the host was accepted with and
+    /// the application traffic secrets (for kernel TLS; drop them when done).
     pub async fn handshake(
         &self,
         stream: TcpStream,
-    ) -> Result<(SslStream<TcpStream>, PskIdentity), TlsError> {
-        let ssl = Ssl::new(&self.context)?;
+    ) -> Result<(SslStream<TcpStream>, PskIdentity, TrafficSecrets), TlsError> {
+        let indexes = ex_indexes()?;
+        let mut ssl = Ssl::new(&self.context)?;
+        ssl.set_ex_data(indexes.secrets, ktls::SecretSlot::default());
         let mut tls = SslStream::new(ssl, stream)?;
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, Pin::new(&mut tls).accept()).await {
             Err(_) => return Err(TlsError::Timeout),
             Ok(Err(e)) => return Err(TlsError::Handshake(e.to_string())),
             Ok(Ok(())) => {}
         }
-        let indexes = ex_indexes()?;
+        // Out of the SSL at once: what stays in it lives as long as the relay.
+        let secrets = tls
+            .ssl()
+            .ex_data(indexes.secrets)
+            .map(ktls::take)
+            .unwrap_or_default();
         let identity = tls
             .ssl()
             .ex_data(indexes.identity)
             .cloned()
             .ok_or(TlsError::NoIdentity)?;
-        Ok((tls, identity))
+        Ok((tls, identity, secrets))
+    }
+}
+
+/// A TLS 1.3 client offering `identity` with `psk` (either hash: TLS_AES_128_GCM_SHA256
+/// or TLS_AES_256_GCM_SHA384), as a Linux host's tlshd does; for tests and benches, which
+/// relay the Rust host's bytes through it.
+pub async fn connect_with_psk(
+    stream: TcpStream,
+    identity: &PskIdentity,
+    psk: TlsPsk,
+) -> Result<SslStream<TcpStream>, TlsError> {
+    let mut builder = SslContextBuilder::new(SslMethod::tls_client())?;
+    builder.set_min_proto_version(Some(SslVersion::TLS1_3))?;
+    builder.set_max_proto_version(Some(SslVersion::TLS1_3))?;
+    builder.set_ciphersuites(psk.hash().cipher_suite())?;
+    let mut ssl = Ssl::new(&builder.build())?;
+    tls_ffi::offer_psk(&mut ssl, identity.to_string().as_bytes(), psk)?;
+    let mut tls = SslStream::new(ssl, stream)?;
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, Pin::new(&mut tls).connect()).await {
+        Err(_) => Err(TlsError::Timeout),
+        Ok(Err(e)) => Err(TlsError::Handshake(e.to_string())),
+        Ok(Ok(())) => Ok(tls),
+    }
+}
+
+/// OpenSSL's key-log callback: the application traffic secrets go to the connection's own
+/// slot (nothing else is kept, nothing is written anywhere).
+fn keylog(ssl: &SslRef, line: &str) {
+    let Ok(indexes) = ex_indexes() else {
+        return;
+    };
+    if let Some(slot) = ssl.ex_data(indexes.secrets) {
+        ktls::on_keylog_line(ssl, slot, line);
     }
 }
 
@@ -175,19 +226,20 @@ fn find_psk(ssl: &mut SslRef, identity: &[u8]) -> Option<TlsPsk> {
     Some(psk)
 }
 
-/// Serves one connection of a secure listener: handshake, then the NVMe/TCP queue over the
-/// relay until either side closes.
+/// Serves one connection of a secure listener: handshake, then the NVMe/TCP queue on the
+/// socket with kernel TLS, or over the relay, until either side closes.
 pub async fn serve_secure(
     acceptor: Arc<TlsAcceptor>,
     stream: TcpStream,
     target: Arc<Target>,
     budget: &'static DataBudget,
+    busy_poll: Option<BusyPollConfig>,
     shutdown: watch::Receiver<bool>,
 ) {
     let peer = stream.peer_addr().ok();
     let local = stream.local_addr().ok();
     let _ = stream.set_nodelay(true);
-    let (tls, identity) = match acceptor.handshake(stream).await {
+    let (tls, identity, secrets) = match acceptor.handshake(stream).await {
         Ok(done) => done,
         Err(e) => {
             stats().handshake_failures.fetch_add(1, Ordering::Relaxed);
@@ -199,6 +251,42 @@ pub async fn serve_secure(
     };
     stats().handshakes.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(peer = ?peer, identity = %identity, cipher = tls.ssl().current_cipher().map(|c| c.name()).unwrap_or("?"), "TLS handshake done");
+    let suite = tls
+        .ssl()
+        .current_cipher()
+        .map_or([0, 0], |c| c.protocol_id());
+    let buffered = tls_ffi::has_pending(tls.ssl()) || tls.ssl().pending() > 0;
+    let outcome = ktls::install(tls.get_ref(), suite, secrets, buffered);
+    ktls::note(&outcome);
+    match outcome {
+        ktls::Outcome::Kernel(socket) => {
+            // The TLS stream goes without a word (no close_notify: the kernel owns the
+            // session now); its descriptor closes, the duplicate carries the connection.
+            drop(tls);
+            let std_stream = std::net::TcpStream::from(socket);
+            let stream = match std_stream
+                .set_nonblocking(true)
+                .and_then(|()| TcpStream::from_std(std_stream))
+            {
+                Ok(stream) => stream,
+                Err(e) => {
+                    tracing::warn!(peer = ?peer, error = %e, "TLS connection dropped: its kernel TLS socket could not be registered");
+                    return;
+                }
+            };
+            // Exactly what a plain listener runs. A record the kernel does not decrypt as
+            // data (an alert such as close_notify, a KeyUpdate) fails the read with EIO,
+            // which closes the queue like the host leaving.
+            Connection::new(stream, target, budget)
+                .with_secure_channel(SecureChannel::from(&identity))
+                .with_busy_poll(busy_poll)
+                .run(shutdown)
+                .await;
+            return;
+        }
+        ktls::Outcome::Abort(_) => return,
+        ktls::Outcome::Fallback(_) => {}
+    }
     let (queue_end, relay_end) = match loopback_pair().await {
         Ok(pair) => pair,
         Err(e) => {
