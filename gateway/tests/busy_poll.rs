@@ -168,3 +168,34 @@ async fn a_host_leaving_while_its_queue_polls_gets_the_connection_closed() {
         "the gateway did not close a polling connection whose host left: {read:?}"
     );
 }
+
+#[tokio::test]
+async fn data_larger_than_a_probe_reads_arrives_whole() {
+    let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
+    // The probe reads at most PROBE_BYTES (8 KiB and a header); a write's data beyond that
+    // comes through the read that follows it and the next probes.
+    let gw = polling_gateway(LONG_WINDOW).await;
+    let host = connect_within(
+        gw.addr.port(),
+        &Attach::new(HOSTNQN, SUBNQN),
+        Duration::from_secs(20),
+    )
+    .await;
+    for (i, bytes) in [8192usize, 8192 + 512, 64 << 10, 1 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let data = pattern(bytes, 70 + i as u8);
+        let lba = i as u64 * 4096;
+        host.io
+            .write(1, lba, data.clone(), 512)
+            .await
+            .expect("write");
+        let blocks = (bytes / 512) as u32;
+        assert_eq!(
+            host.io.read(1, lba, blocks, 512).await.expect("read"),
+            data,
+            "{bytes} bytes"
+        );
+    }
+}
