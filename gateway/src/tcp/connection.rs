@@ -25,7 +25,7 @@
 //! writes already asked for goes on, so their buffers come free. The next release anywhere
 //! wakes the connection through its `Notify`, and every completion of its own checks again.
 //!
-//! Busy polling (`[gateway] tcp_busy_poll_us`, off by default) takes away the other wake-up
+//! Busy polling (`[gateway] tcp_busy_poll_us`, adaptive by default) takes away the other wake-up
 //! on the path: the task's own, when the host's next command arrives. For that long after a
 //! command came in, the task does not sleep in epoll but keeps asking the socket, on a
 //! duplicate of its descriptor and without the state lock, so completing threads never wait
