@@ -278,6 +278,8 @@ fn main() {
     }
     if args.iter().any(|a| a == "--qos") {
         qos_bench(binary, &gateway_lines, duration, rounds);
+    } else if args.iter().any(|a| a == "--polling-off-vs-default") {
+        polling_off_vs_default(binary, duration, rounds);
     } else if args.iter().any(|a| a == "--visibility") {
         visibility_bench(binary, &gateway_lines, duration, rounds);
     } else {
@@ -330,8 +332,9 @@ fn default_bench(
         "null IOPS",
         "ratio"
     );
-    for (i, w) in WORKLOADS.iter().enumerate().filter(|_| table) {
-        let mut q = queue(gw_addr, cntlid, 1 + (i as u16 % 2) * 2 + 1);
+    for w in WORKLOADS.iter().filter(|_| table) {
+        // Not a fixed queue ID: the prefill's queue (ID 2) may still be closing.
+        let mut q = queue(gw_addr, cntlid, next_qid());
         let cpu_before = cpu_seconds(gateway.id());
         let mut figures = q.run(w, &REGION, duration).expect("gateway run");
         let cpu = cpu_seconds(gateway.id()) - cpu_before;
@@ -359,6 +362,46 @@ fn default_bench(
     idle_cpu(&gateway, gw_addr, cntlid, duration);
     let _ = gateway.kill();
     let _ = gateway.wait();
+}
+
+/// Two gateways, one with busy polling off (`a`, `tcp_busy_poll_us = 0`) and one as by
+/// default (`b`), compared at QD1 and QD32 in alternating rounds: what polling by default
+/// changes, on the same machine state (docs/performance.md, "Busy polling by default").
+fn polling_off_vs_default(binary: &str, duration: Duration, rounds: usize) {
+    let start = |lines: &str| {
+        let port = free_port();
+        let gateway = start_gateway(port, binary, lines, &default_subsystem());
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let admin = admin_connect(addr, SUBNQN);
+        prefill(addr, SUBNQN, admin.2, &REGION);
+        (gateway, addr, admin)
+    };
+    let (mut off, off_addr, off_admin) = start("tcp_busy_poll_us = 0\n");
+    let (mut on, on_addr, on_admin) = start("");
+    println!(
+        "Busy polling off (a) against the default (b), NVMe/TCP loopback, in-memory \
+         namespace, gateway on 1 worker thread, {:.1} s per run, {rounds} rounds",
+        duration.as_secs_f64()
+    );
+    compare_header("a", "b");
+    let qd1 = &WORKLOADS[0];
+    let write = Workload {
+        name: "4K randwrite QD32",
+        write: true,
+        ..QD32_READ
+    };
+    for w in [qd1, &QD32_READ, &write] {
+        compare_runs(
+            w.name,
+            rounds,
+            || measure(&off, off_addr, SUBNQN, off_admin.2, w, &REGION, duration),
+            || measure(&on, on_addr, SUBNQN, on_admin.2, w, &REGION, duration),
+        );
+    }
+    for gateway in [&mut off, &mut on] {
+        let _ = gateway.kill();
+        let _ = gateway.wait();
+    }
 }
 
 /// 4K random reads at QD1 through the gateway against a null responder that busy-polls its
