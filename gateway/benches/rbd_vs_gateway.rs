@@ -29,7 +29,8 @@
 //!
 //! Other options: `--gateway-threads N` (default: one runtime worker per CPU),
 //! `--gateway [LABEL=]PATH[@THREADS][,poll=US|,alwayspoll=US][,sqflow=off]` (repeatable:
-//! compare gateway binaries, thread counts or busy polling, `[gateway] tcp_busy_poll_us`,
+//! compare gateway binaries, thread counts or busy polling, `[gateway] tcp_busy_poll_us`
+//! (`poll=0`: off; without `poll=`, the gateway's default, adaptive polling),
 //! adaptive or with `tcp_busy_poll_adaptive = false`; `sqflow=off`: the host connects with
 //! SQ flow control disabled, as `nvme connect-all` does, so reads complete without a
 //! CapsuleResp)
@@ -49,6 +50,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
+use common::Polling;
 use nvmeof_gateway::host::pipelined::{LeanQueue, Region, Workload};
 use nvmeof_gateway::host::{HostConnection, HostOptions};
 
@@ -422,7 +424,7 @@ impl Variant {
 struct Gateway {
     child: Child,
     addr: SocketAddr,
-    /// `/metrics` of a busy-polling variant, for what its queues chose.
+    /// `/metrics` of a busy-polling variant (all but `poll=0`), for what its queues chose.
     metrics: Option<SocketAddr>,
 }
 
@@ -445,9 +447,9 @@ impl Gateway {
                 .expect("a free port")
         };
         let port = free_port();
-        let metrics: Option<SocketAddr> = variant
-            .busy_poll_us
-            .map(|_| ([127, 0, 0, 1], free_port()).into());
+        // Every variant but one with polling off polls (adaptive polling is the default).
+        let metrics: Option<SocketAddr> =
+            (variant.busy_poll_us != Some(0)).then(|| ([127, 0, 0, 1], free_port()).into());
         let config = work.join(format!("gateway-{}-{port}.toml", variant.label));
         let mut text = String::new();
         text.push_str("[gateway]\n");
@@ -606,53 +608,6 @@ struct Side {
     host_us_per_io: f64,
     /// What a busy-polling gateway's queue did (from its counters; `None`: not polling).
     polling: Option<Polling>,
-}
-
-/// A busy-polling gateway's counters over one run: how often it polled and what it chose.
-#[derive(Clone, Copy)]
-struct Polling {
-    /// Reads made while a polling window was open (no wake-up needed), per I/O: ~1 or more
-    /// at QD1 when the queue always polls (a write's data can be a read of its own).
-    polled_per_io: f64,
-    /// Share of the epochs that ended with the queue choosing to poll (adaptive only; NaN:
-    /// no epoch ended).
-    chose_poll: f64,
-}
-
-impl Polling {
-    const POLLED: &'static str = "nvmeof_tcp_busy_poll_reads_total";
-    const CHOSE_POLL: &'static str = "nvmeof_tcp_busy_poll_chose_poll_total";
-    const CHOSE_SLEEP: &'static str = "nvmeof_tcp_busy_poll_chose_sleep_total";
-
-    /// The counters' values at `addr`; `None` when the endpoint did not answer.
-    fn counters(addr: SocketAddr) -> Option<[f64; 3]> {
-        use std::io::{Read, Write};
-        let mut stream = TcpStream::connect(addr).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
-            .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
-        let value = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        };
-        Some([
-            value(Self::POLLED)?,
-            value(Self::CHOSE_POLL)?,
-            value(Self::CHOSE_SLEEP)?,
-        ])
-    }
-
-    /// From the counters before and after a run of `ios` I/Os.
-    fn between(before: [f64; 3], after: [f64; 3], ios: u64) -> Polling {
-        let [polled, poll, sleep] = [0, 1, 2].map(|i| after[i] - before[i]);
-        Polling {
-            polled_per_io: polled / ios.max(1) as f64,
-            chose_poll: poll / (poll + sleep),
-        }
-    }
 }
 
 /// Median of `v` (0 when empty).

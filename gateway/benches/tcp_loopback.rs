@@ -38,6 +38,7 @@ use std::time::Duration;
 
 mod common;
 
+use common::Polling;
 use nvmeof_gateway::host::pipelined::{LeanQueue, Region, Workload};
 use nvmeof_gateway::host::{HostConnection, HostOptions};
 
@@ -120,6 +121,20 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// CPU seconds a process's live threads have run, to the nanosecond: the sum of the first
+/// field of /proc/PID/task/*/schedstat. /proc/PID/stat counts in ticks of 10 ms, too coarse
+/// for a process that should spend under 1% of a CPU over a few seconds.
+fn cpu_seconds_fine(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
+}
+
 /// User + system CPU seconds of a process, from /proc/PID/stat (clock ticks of 1/100 s).
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -150,8 +165,23 @@ size = "1GiB"
 }
 
 /// Starts the gateway (one worker thread, a TCP listener on `port`) with `subsystems`
-/// (`[[subsystem]]` tables of its configuration file).
-fn start_gateway(port: u16, binary: &str, subsystems: &str) -> Child {
+/// (`[[subsystem]]` tables of its configuration file) and `gateway` (more lines of its
+/// `[gateway]` table).
+fn start_gateway(port: u16, binary: &str, gateway: &str, subsystems: &str) -> Child {
+    start_gateway_with_metrics(port, None, binary, gateway, subsystems)
+}
+
+/// [`start_gateway`] with `/metrics` on 127.0.0.1:`metrics_port` (`None`: none).
+fn start_gateway_with_metrics(
+    port: u16,
+    metrics_port: Option<u16>,
+    binary: &str,
+    gateway: &str,
+    subsystems: &str,
+) -> Child {
+    let metrics = metrics_port
+        .map(|p| format!("metrics_listen = \"127.0.0.1:{p}\"\n"))
+        .unwrap_or_default();
     let dir = std::env::temp_dir().join(format!("nvmeof-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let config = dir.join("gateway.toml");
@@ -161,6 +191,7 @@ fn start_gateway(port: u16, binary: &str, subsystems: &str) -> Child {
             r#"
 [gateway]
 worker_threads = 1
+{metrics}{gateway}
 
 [[listener]]
 transport = "tcp"
@@ -216,10 +247,13 @@ fn prefill(addr: SocketAddr, subnqn: &str, cntlid: u16, region: &Region) {
         queue_depth: 4,
     };
     let ios_needed = region.bytes / (1 << 20);
-    let seconds_guess = Duration::from_millis(50);
-    let mut written = 0;
-    while written < ios_needed {
-        written += q.run(&fill, region, seconds_guess).expect("prefill").ios;
+    // One run must write it all: each run starts again at LBA 0, so runs of 50 ms that only
+    // added up to the size wrote what one such run writes over and over, and most random
+    // reads then met never-written chunks (the in-memory device zero-fills those: a memset per read in
+    // a callgrind profile of the gateway).
+    let mut run_for = Duration::from_millis(250);
+    while q.run(&fill, region, run_for).expect("prefill").ios < ios_needed {
+        run_for *= 2;
     }
 }
 
@@ -245,28 +279,58 @@ fn main() {
         .max(1);
     let binary =
         value("--gateway-bin").map_or(env!("CARGO_BIN_EXE_nvmeof-gateway"), String::as_str);
+    let mut gateway_lines = String::new();
+    if let Some(us) = value("--busy-poll-us") {
+        let us: u32 = us.parse().expect("--busy-poll-us: microseconds");
+        gateway_lines += &format!("tcp_busy_poll_us = {us}\n");
+    }
+    if args.iter().any(|a| a == "--busy-poll-always") {
+        gateway_lines += "tcp_busy_poll_adaptive = false\n";
+    }
     if args.iter().any(|a| a == "--qos") {
-        qos_bench(binary, duration, rounds);
+        qos_bench(binary, &gateway_lines, duration, rounds);
+    } else if args.iter().any(|a| a == "--polling-off-vs-default") {
+        polling_off_vs_default(binary, duration, rounds);
     } else if args.iter().any(|a| a == "--visibility") {
-        visibility_bench(binary, duration, rounds);
+        visibility_bench(binary, &gateway_lines, duration, rounds);
     } else if args.iter().any(|a| a == "--tls") {
         tls_bench(binary, duration, rounds);
     } else {
-        default_bench(binary, duration);
+        let table = !args.iter().any(|a| a == "--qd1-only");
+        default_bench(binary, &gateway_lines, duration, rounds, table);
     }
 }
 
-fn default_bench(binary: &str, duration: Duration) {
+fn default_bench(
+    binary: &str,
+    gateway_lines: &str,
+    duration: Duration,
+    rounds: usize,
+    table: bool,
+) {
     let port = free_port();
-    let mut gateway = start_gateway(port, binary, &default_subsystem());
+    let metrics_port = free_port();
+    let mut gateway = start_gateway_with_metrics(
+        port,
+        Some(metrics_port),
+        binary,
+        gateway_lines,
+        &default_subsystem(),
+    );
     let gw_addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let metrics: SocketAddr = ([127, 0, 0, 1], metrics_port).into();
     let (_rt, _admin, cntlid) = admin_connect(gw_addr, SUBNQN);
     prefill(gw_addr, SUBNQN, cntlid, &REGION);
 
     let null_addr = common::spawn_null_responder();
 
+    let polling = match gateway_lines.trim() {
+        "" => "busy polling as by default".to_string(),
+        lines => lines.replace('\n', ", "),
+    };
     println!(
-        "NVMe/TCP loopback, in-memory namespace, gateway on 1 worker thread, {:.1} s per run",
+        "NVMe/TCP loopback, in-memory namespace, gateway on 1 worker thread ({polling}), \
+         {:.1} s per run",
         duration.as_secs_f64()
     );
     println!(
@@ -281,8 +345,9 @@ fn default_bench(binary: &str, duration: Duration) {
         "null IOPS",
         "ratio"
     );
-    for (i, w) in WORKLOADS.iter().enumerate() {
-        let mut q = queue(gw_addr, cntlid, 1 + (i as u16 % 2) * 2 + 1);
+    for w in WORKLOADS.iter().filter(|_| table) {
+        // Not a fixed queue ID: the prefill's queue (ID 2) may still be closing.
+        let mut q = queue(gw_addr, cntlid, next_qid());
         let cpu_before = cpu_seconds(gateway.id());
         let mut figures = q.run(w, &REGION, duration).expect("gateway run");
         let cpu = cpu_seconds(gateway.id()) - cpu_before;
@@ -306,14 +371,173 @@ fn default_bench(binary: &str, duration: Duration) {
             iops / null.iops().max(1.0),
         );
     }
+    qd1_against_polling(&gateway, gw_addr, metrics, cntlid, duration, rounds);
+    idle_cpu(&gateway, gw_addr, cntlid, duration);
     let _ = gateway.kill();
     let _ = gateway.wait();
+}
+
+/// Two gateways, one with busy polling off (`a`, `tcp_busy_poll_us = 0`) and one as by
+/// default (`b`), compared at QD1 and QD32 in alternating rounds: what polling by default
+/// changes, on the same machine state (docs/performance.md, "Busy polling by default").
+fn polling_off_vs_default(binary: &str, duration: Duration, rounds: usize) {
+    let start = |lines: &str| {
+        let port = free_port();
+        let gateway = start_gateway(port, binary, lines, &default_subsystem());
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let admin = admin_connect(addr, SUBNQN);
+        prefill(addr, SUBNQN, admin.2, &REGION);
+        (gateway, addr, admin)
+    };
+    let (mut off, off_addr, off_admin) = start("tcp_busy_poll_us = 0\n");
+    let (mut on, on_addr, on_admin) = start("");
+    println!(
+        "Busy polling off (a) against the default (b), NVMe/TCP loopback, in-memory \
+         namespace, gateway on 1 worker thread, {:.1} s per run, {rounds} rounds",
+        duration.as_secs_f64()
+    );
+    compare_header("a", "b");
+    let qd1 = &WORKLOADS[0];
+    let write = Workload {
+        name: "4K randwrite QD32",
+        write: true,
+        ..QD32_READ
+    };
+    for w in [qd1, &QD32_READ, &write] {
+        compare_runs(
+            w.name,
+            rounds,
+            || measure(&off, off_addr, SUBNQN, off_admin.2, w, &REGION, duration),
+            || measure(&on, on_addr, SUBNQN, on_admin.2, w, &REGION, duration),
+        );
+    }
+    for gateway in [&mut off, &mut on] {
+        let _ = gateway.kill();
+        let _ = gateway.wait();
+    }
+}
+
+/// 4K random reads at QD1 through the gateway against a null responder that busy-polls its
+/// socket (the SPDK way: the target never sleeps, so a command never waits for it to wake),
+/// alternating over `rounds`: the polling target's IOPS, the gateway's IOPS and CPU per I/O,
+/// and the ratio gateway / polling target (median, min-max).
+fn qd1_against_polling(
+    gateway: &Child,
+    gw_addr: SocketAddr,
+    metrics: SocketAddr,
+    cntlid: u16,
+    duration: Duration,
+    rounds: usize,
+) {
+    let polling_addr = common::spawn_polling_null_responder();
+    let w = &WORKLOADS[0];
+    assert_eq!(
+        (w.queue_depth, w.write),
+        (1, false),
+        "the QD1 read workload"
+    );
+    println!(
+        "QD1 against a polling target: the null responder spinning on a non-blocking socket \
+         (a CPU at 100%), {rounds} rounds"
+    );
+    let (mut polling, mut gw) = (Vec::new(), Vec::new());
+    let run_polling = || {
+        let mut q = queue(polling_addr, 1, 1);
+        q.run(w, &REGION, duration)
+            .expect("polling responder run")
+            .iops()
+    };
+    let counters_before = Polling::counters(metrics);
+    for round in 0..rounds {
+        // Each first in every other round, so neither always runs right after the other.
+        if round % 2 == 0 {
+            polling.push(run_polling());
+            gw.push(measure(
+                gateway, gw_addr, SUBNQN, cntlid, w, &REGION, duration,
+            ));
+        } else {
+            gw.push(measure(
+                gateway, gw_addr, SUBNQN, cntlid, w, &REGION, duration,
+            ));
+            polling.push(run_polling());
+        }
+    }
+    let ios: f64 = gw.iter().map(|r| r.ios as f64).sum();
+    let polled = counters_before
+        .zip(Polling::counters(metrics))
+        .map(|(before, after)| Polling::between(before, after, ios as u64));
+    let ratios: Vec<f64> = gw.iter().zip(&polling).map(|(g, p)| g.iops / p).collect();
+    let (lo, hi) = min_max(&ratios);
+    println!(
+        "{:<20} {:>13} {:>12} {:>11} {:>21} {:>10} {:>10}",
+        "workload",
+        "polling IOPS",
+        "gateway IOPS",
+        "gw us/IO",
+        "ratio [min-max]",
+        "polled/IO",
+        "chose poll"
+    );
+    let (polled_per_io, chose_poll) = match polled {
+        Some(p) if p.chose_poll.is_nan() => (format!("{:.2}", p.polled_per_io), "-".into()),
+        Some(p) => (
+            format!("{:.2}", p.polled_per_io),
+            format!("{:.0}%", p.chose_poll * 100.0),
+        ),
+        None => ("?".into(), "?".into()),
+    };
+    println!(
+        "{:<20} {:>13.0} {:>12.0} {:>11.2} {:>7.3} [{:.3}-{:.3}] {:>10} {:>10}",
+        w.name,
+        median(polling),
+        median(gw.iter().map(|r| r.iops).collect()),
+        median(gw.iter().map(|r| r.cpu_us_per_io).collect()),
+        median(ratios.clone()),
+        lo,
+        hi,
+        polled_per_io,
+        chose_poll
+    );
+    println!(
+        "(polled/IO: commands read while a polling window was open, i.e. without a wake-up; \
+         chose poll: share of the adaptive epochs that chose polling)"
+    );
+}
+
+/// The gateway's CPU while a host is connected and sends nothing: the admin queue and an
+/// I/O queue open, after a burst of QD1 reads on that queue (so a busy-poll window followed
+/// its last command, as it would after a host's last I/O). Printed as % of one CPU.
+fn idle_cpu(gateway: &Child, gw_addr: SocketAddr, cntlid: u16, duration: Duration) {
+    let mut q = queue(gw_addr, cntlid, next_qid());
+    q.run(&WORKLOADS[0], &REGION, Duration::from_millis(200))
+        .expect("QD1 burst");
+    // Let the last window and the tasks the burst woke settle before counting.
+    std::thread::sleep(Duration::from_millis(100));
+    let before = cpu_seconds_fine(gateway.id());
+    let begin = std::time::Instant::now();
+    std::thread::sleep(duration);
+    let cpu = cpu_seconds_fine(gateway.id()) - before;
+    let seconds = begin.elapsed().as_secs_f64();
+    println!(
+        "gateway idle (admin and I/O queue connected, no I/O): {:.3}% of a CPU ({:.2} ms over {:.1} s)",
+        cpu / seconds * 100.0,
+        cpu * 1e3,
+        seconds
+    );
+    drop(q);
+}
+
+/// A queue ID other than the last run's: that one's teardown may not be done yet.
+fn next_qid() -> u16 {
+    static RUNS: AtomicU16 = AtomicU16::new(0);
+    1 + RUNS.fetch_add(1, Ordering::Relaxed) % 4
 }
 
 /// One measured run: IOPS and the gateway's CPU microseconds per I/O.
 struct Run {
     iops: f64,
     cpu_us_per_io: f64,
+    ios: u64,
 }
 
 fn measure(
@@ -325,16 +549,14 @@ fn measure(
     region: &Region,
     duration: Duration,
 ) -> Run {
-    // A queue ID other than the last run's: that one's teardown may not be done yet.
-    static RUNS: AtomicU16 = AtomicU16::new(0);
-    let qid = 1 + RUNS.fetch_add(1, Ordering::Relaxed) % 4;
-    let mut q = queue_of(addr, subnqn, cntlid, qid);
+    let mut q = queue_of(addr, subnqn, cntlid, next_qid());
     let cpu_before = cpu_seconds(gateway.id());
     let figures = q.run(w, region, duration).expect("gateway run");
     let cpu = cpu_seconds(gateway.id()) - cpu_before;
     Run {
         iops: figures.iops(),
         cpu_us_per_io: cpu / figures.ios.max(1) as f64 * 1e6,
+        ios: figures.ios,
     }
 }
 
@@ -453,6 +675,7 @@ fn identify_run(
     Run {
         iops: n as f64 / seconds,
         cpu_us_per_io: cpu / n.max(1) as f64 * 1e6,
+        ios: n,
     }
 }
 
@@ -517,9 +740,9 @@ fn qos_region(nsid: u32) -> Region {
     }
 }
 
-fn qos_bench(binary: &str, duration: Duration, rounds: usize) {
+fn qos_bench(binary: &str, gateway_lines: &str, duration: Duration, rounds: usize) {
     let port = free_port();
-    let mut gateway = start_gateway(port, binary, &qos_subsystem());
+    let mut gateway = start_gateway(port, binary, gateway_lines, &qos_subsystem());
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let (_rt, _admin, cntlid) = admin_connect(addr, SUBNQN);
     let nsids = [QOS_UNLIMITED, QOS_FAR_ABOVE]
@@ -665,9 +888,9 @@ fn visibility_subsystems() -> String {
     text
 }
 
-fn visibility_bench(binary: &str, duration: Duration, rounds: usize) {
+fn visibility_bench(binary: &str, gateway_lines: &str, duration: Duration, rounds: usize) {
     let port = free_port();
-    let mut gateway = start_gateway(port, binary, &visibility_subsystems());
+    let mut gateway = start_gateway(port, binary, gateway_lines, &visibility_subsystems());
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let (rt_all, admin_all, cntlid_all) = admin_connect(addr, SUBNQN_ALL);
     let (rt_only, admin_only, cntlid_only) = admin_connect(addr, SUBNQN_ONLY);

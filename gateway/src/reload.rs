@@ -362,7 +362,18 @@ fn not_live_changes(old: &Config, new: &Config) -> Vec<String> {
             }
         }};
     }
-    let (og, ng) = (&old.gateway, &new.gateway);
+    // Busy polling as it takes effect: unset and the default value are the same setting, and
+    // with polling off (0) the adaptive flag means nothing.
+    let effective = |c: &Config| {
+        let mut g = c.gateway.clone();
+        let poll = c.tcp_busy_poll();
+        g.tcp_busy_poll_us = Some(poll.map_or(0, |p| {
+            u32::try_from(p.window.as_micros()).unwrap_or(u32::MAX)
+        }));
+        g.tcp_busy_poll_adaptive = poll.map(|p| p.adaptive);
+        g
+    };
+    let (og, ng) = (&effective(old), &effective(new));
     fields!(
         "gateway",
         og,
@@ -662,6 +673,42 @@ mod tests {
             ]
         );
         assert!(not_live_changes(&old, &old).is_empty());
+    }
+
+    #[test]
+    fn busy_polling_is_compared_as_it_takes_effect() {
+        let sub = subsystem("nqn.2016-06.io.x:a", "");
+        let with = |gateway: &str| {
+            Config::from_toml_str(&format!("[gateway]\n{gateway}\n{LISTENER}{sub}")).expect("valid")
+        };
+        let default = with("");
+        let explicit = with(&format!(
+            "tcp_busy_poll_us = {}\ntcp_busy_poll_adaptive = true",
+            crate::config::DEFAULT_TCP_BUSY_POLL_US
+        ));
+        assert!(
+            not_live_changes(&default, &explicit).is_empty(),
+            "the default, written out, is no change"
+        );
+        let off = with("tcp_busy_poll_us = 0");
+        assert_eq!(
+            not_live_changes(&default, &off),
+            ["gateway.tcp_busy_poll_us", "gateway.tcp_busy_poll_adaptive"]
+        );
+        let off_adaptive = with("tcp_busy_poll_us = 0\ntcp_busy_poll_adaptive = false");
+        assert!(
+            not_live_changes(&off, &off_adaptive).is_empty(),
+            "the adaptive flag of polling that is off"
+        );
+        let always = with("tcp_busy_poll_adaptive = false");
+        assert_eq!(
+            not_live_changes(&default, &always),
+            ["gateway.tcp_busy_poll_adaptive"]
+        );
+        assert_eq!(
+            not_live_changes(&default, &with("tcp_busy_poll_us = 200")),
+            ["gateway.tcp_busy_poll_us"]
+        );
     }
 
     #[test]

@@ -168,3 +168,77 @@ async fn a_host_leaving_while_its_queue_polls_gets_the_connection_closed() {
         "the gateway did not close a polling connection whose host left: {read:?}"
     );
 }
+
+#[tokio::test]
+async fn data_larger_than_a_probe_reads_arrives_whole() {
+    let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
+    // The probe reads at most PROBE_BYTES (8 KiB and a header); a write's data beyond that
+    // comes through the read that follows it and the next probes.
+    let gw = polling_gateway(LONG_WINDOW).await;
+    let host = connect_within(
+        gw.addr.port(),
+        &Attach::new(HOSTNQN, SUBNQN),
+        Duration::from_secs(20),
+    )
+    .await;
+    for (i, bytes) in [8192usize, 8192 + 512, 64 << 10, 1 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let data = pattern(bytes, 70 + i as u8);
+        let lba = i as u64 * 4096;
+        host.io
+            .write(1, lba, data.clone(), 512)
+            .await
+            .expect("write");
+        let blocks = (bytes / 512) as u32;
+        assert_eq!(
+            host.io.read(1, lba, blocks, 512).await.expect("read"),
+            data,
+            "{bytes} bytes"
+        );
+    }
+}
+
+/// Reads caught by a polling window and adaptive decisions, after `pairs` QD1 write/read
+/// pairs on a gateway process started with `gateway_lines`.
+async fn polling_counters(name: &str, gateway_lines: &str, pairs: u64) -> (f64, f64) {
+    let dir = scratch_dir(&format!("nvmeof-busy-poll-{name}-{}", std::process::id()));
+    let (gateway, port, metrics_port) =
+        GatewayProcess::spawn_memory_with_metrics(&dir, SUBNQN, gateway_lines).await;
+    let host = connect_within(port, &Attach::new(HOSTNQN, SUBNQN), Duration::from_secs(20)).await;
+    for i in 0..pairs {
+        let data = pattern(4096, i as u8);
+        let lba = (i % 64) * 8;
+        host.io
+            .write(1, lba, data.clone(), 512)
+            .await
+            .expect("write");
+        assert_eq!(host.io.read(1, lba, 8, 512).await.expect("read"), data);
+    }
+    let answer = http_exchange(loopback(metrics_port), b"GET /metrics HTTP/1.0\r\n\r\n");
+    let counter = |name: &str| {
+        metric_value(&answer, name).unwrap_or_else(|| panic!("no {name} in\n{answer}"))
+    };
+    let counters = (
+        counter("nvmeof_tcp_busy_poll_reads_total"),
+        counter("nvmeof_tcp_busy_poll_chose_poll_total")
+            + counter("nvmeof_tcp_busy_poll_chose_sleep_total"),
+    );
+    drop(host);
+    drop(gateway);
+    let _ = std::fs::remove_dir_all(&dir);
+    counters
+}
+
+#[tokio::test]
+async fn a_gateway_polls_adaptively_by_default_and_not_at_all_with_zero() {
+    let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
+    // As many pairs as the adaptive test: the first two epochs end.
+    // Whether the 50 µs windows catch commands depends on how fast this (debug) host is;
+    // that a queue decides at all says it measures, i.e. polling is on and adaptive.
+    let (_, decisions) = polling_counters("default", "", 400).await;
+    assert!(decisions >= 1.0, "no adaptive decision by default");
+    let (polled, decisions) = polling_counters("off", "tcp_busy_poll_us = 0\n", 400).await;
+    assert_eq!((polled, decisions), (0.0, 0.0), "polling off");
+}

@@ -2,7 +2,8 @@
 //! against (what the exchange over loopback costs with no target behind it).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
 
 use nvmeof_gateway::host::cmd as hcmd;
 use nvmeof_gateway::tcp::pdu::{
@@ -11,20 +12,48 @@ use nvmeof_gateway::tcp::pdu::{
 
 /// Starts a null responder on a free port of 127.0.0.1 (a thread per connection) and
 /// returns its address.
+#[allow(dead_code)] // Not every bench that includes this module uses both kinds.
 pub fn spawn_null_responder() -> SocketAddr {
+    spawn(Wait::Sleep)
+}
+
+/// A null responder that never sleeps: each connection's thread spins on a non-blocking
+/// socket, as SPDK's reactor polls its sockets, so no command waits for the target to wake
+/// up. The baseline a low-latency target is held to; it keeps a CPU at 100% per connection
+/// for as long as the connection is open, idle or not.
+#[allow(dead_code)]
+pub fn spawn_polling_null_responder() -> SocketAddr {
+    spawn(Wait::Spin)
+}
+
+/// How a null responder's connection thread waits for the host's next bytes.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// In a blocking `read` (the thread sleeps, the next bytes wake it).
+    Sleep,
+    /// Asking a non-blocking socket again at once until it has bytes.
+    Spin,
+}
+
+fn spawn(wait: Wait) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind the null responder");
     let addr = listener.local_addr().expect("the null responder's address");
-    std::thread::spawn(move || null_responder(listener));
+    std::thread::spawn(move || null_responder(listener, wait));
     addr
 }
 
 /// The baseline target: answers Connect, reads (C2HData from a static buffer) and writes
 /// (in-capsule or by R2T) with the same PDU codec and no protocol core or device.
-fn null_responder(listener: TcpListener) {
+fn null_responder(listener: TcpListener, wait: Wait) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
         std::thread::spawn(move || {
             stream.set_nodelay(true).ok();
+            if let Wait::Spin = wait {
+                if stream.set_nonblocking(true).is_err() {
+                    return;
+                }
+            }
             let zeros = vec![0u8; 1 << 20];
             let mut dec = PduDecoder::new(DecoderConfig::new(Role::Target));
             let mut enc = PduEncoder::new(false, false, 0);
@@ -33,8 +62,13 @@ fn null_responder(listener: TcpListener) {
             let mut chunk = vec![0u8; 256 * 1024];
             loop {
                 let n = match stream.read(&mut chunk) {
-                    Ok(0) | Err(_) => return,
+                    Ok(0) => return,
                     Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    Err(_) => return,
                 };
                 rx.extend_from_slice(&chunk[..n]);
                 let mut consumed = 0;
@@ -91,12 +125,73 @@ fn null_responder(listener: TcpListener) {
                 }
                 rx.drain(..consumed);
                 if !tx.is_empty() {
-                    if stream.write_all(&tx).is_err() {
+                    if write_all(&mut stream, &tx).is_err() {
                         return;
                     }
                     tx.clear();
                 }
             }
         });
+    }
+}
+
+/// `write_all` that also works on a non-blocking socket: a full send buffer (large reads at
+/// depth) is waited out by spinning, as the polling responder waits for everything else.
+fn write_all(stream: &mut std::net::TcpStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        match stream.write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A busy-polling gateway's counters over one run: how often it polled and what it chose.
+#[derive(Clone, Copy)]
+pub struct Polling {
+    /// Reads made while a polling window was open (no wake-up needed), per I/O: ~1 or more
+    /// at QD1 when the queue always polls (a write's data can be a read of its own).
+    pub polled_per_io: f64,
+    /// Share of the epochs that ended with the queue choosing to poll (adaptive only; NaN:
+    /// no epoch ended).
+    pub chose_poll: f64,
+}
+
+impl Polling {
+    const POLLED: &'static str = "nvmeof_tcp_busy_poll_reads_total";
+    const CHOSE_POLL: &'static str = "nvmeof_tcp_busy_poll_chose_poll_total";
+    const CHOSE_SLEEP: &'static str = "nvmeof_tcp_busy_poll_chose_sleep_total";
+
+    /// The counters' values at `addr`; `None` when the endpoint did not answer.
+    pub fn counters(addr: SocketAddr) -> Option<[f64; 3]> {
+        let mut stream = TcpStream::connect(addr).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        };
+        Some([
+            value(Self::POLLED)?,
+            value(Self::CHOSE_POLL)?,
+            value(Self::CHOSE_SLEEP)?,
+        ])
+    }
+
+    /// From the counters before and after a run of `ios` I/Os.
+    pub fn between(before: [f64; 3], after: [f64; 3], ios: u64) -> Polling {
+        let [polled, poll, sleep] = [0, 1, 2].map(|i| after[i] - before[i]);
+        Polling {
+            polled_per_io: polled / ios.max(1) as f64,
+            chose_poll: poll / (poll + sleep),
+        }
     }
 }

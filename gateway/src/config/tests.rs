@@ -214,9 +214,18 @@ fn bad_listener_addresses_name_the_field_and_the_problem() {
 }
 
 #[test]
-fn busy_polling_is_off_unless_set_and_bounded() {
+fn busy_polling_is_adaptive_by_default_off_at_zero_and_bounded() {
     let with_poll = |us: &str| format!("[gateway]\ntcp_busy_poll_us = {us}\n{GOOD}");
-    assert_eq!(parse(GOOD).expect("valid").tcp_busy_poll(), None);
+    let default_window =
+        std::time::Duration::from_micros(u64::from(super::DEFAULT_TCP_BUSY_POLL_US));
+    assert_eq!(
+        parse(GOOD).expect("valid").tcp_busy_poll(),
+        Some(BusyPollConfig {
+            window: default_window,
+            adaptive: true
+        }),
+        "on and adaptive when unset"
+    );
     assert_eq!(parse(&with_poll("0")).expect("valid").tcp_busy_poll(), None);
     let window = std::time::Duration::from_micros(250);
     assert_eq!(
@@ -238,10 +247,17 @@ fn busy_polling_is_off_unless_set_and_bounded() {
     );
     let not_bool = format!("[gateway]\ntcp_busy_poll_us = 250\ntcp_busy_poll_adaptive = 1\n{GOOD}");
     assert!(parse(&not_bool).is_err());
-    let alone = format!("[gateway]\ntcp_busy_poll_adaptive = true\n{GOOD}");
-    let err = parse(&alone).unwrap_err().to_string();
-    assert!(err.starts_with("gateway.tcp_busy_poll_adaptive"), "{err}");
-    assert!(err.contains("without tcp_busy_poll_us"), "{err}");
+    // Alone it applies to the default window.
+    let alone = format!("[gateway]\ntcp_busy_poll_adaptive = false\n{GOOD}");
+    assert_eq!(
+        parse(&alone)
+            .expect("valid: always polling")
+            .tcp_busy_poll(),
+        Some(BusyPollConfig {
+            window: default_window,
+            adaptive: false
+        })
+    );
     let off = format!("[gateway]\ntcp_busy_poll_us = 0\ntcp_busy_poll_adaptive = true\n{GOOD}");
     assert_eq!(parse(&off).expect("valid: off").tcp_busy_poll(), None);
     let err = parse(&with_poll("10001")).unwrap_err().to_string();

@@ -230,15 +230,6 @@ impl Config {
                 ));
             }
         }
-        // Set alone it would be silently ignored. (Beside `tcp_busy_poll_us = 0`, polling
-        // explicitly off, it is a setting kept for when the window is set.)
-        if self.gateway.tcp_busy_poll_adaptive.is_some() && self.gateway.tcp_busy_poll_us.is_none()
-        {
-            return Err(invalid(
-                "gateway.tcp_busy_poll_adaptive",
-                "has no effect without tcp_busy_poll_us (the polling window, in µs)",
-            ));
-        }
         if let Some(text) = &self.gateway.tcp_data_budget {
             let field = "gateway.tcp_data_budget";
             let bytes = parse_size(text)

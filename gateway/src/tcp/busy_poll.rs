@@ -13,6 +13,10 @@
 //! commands, and keeps the faster mode, trying the other one epoch in
 //! [`EPOCHS_BETWEEN_PROBES`] + 1 and switching when it wins [`WINS_TO_SWITCH`] probes in a
 //! row. Polling has to win by [`POLL_MARGIN`] to be chosen, because it costs a CPU.
+//!
+//! On by default (adaptive, a 50 µs window, `config::DEFAULT_TCP_BUSY_POLL_US`): a window
+//! only opens when the host's bytes came in, so a queue whose host sends nothing spins
+//! nothing, and a queue spins at most a window per read that brought bytes.
 
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -208,28 +212,40 @@ fn median(samples: &mut [Duration]) -> Duration {
     *samples.select_nth_unstable(mid).1
 }
 
+/// Bytes a polling probe reads at once: a command capsule with the largest in-capsule data
+/// (8 KiB, `IN_CAPSULE_DATA_SIZE`), its header and digests. A larger PDU is read on from
+/// the socket into the receive buffer.
+pub const PROBE_BYTES: usize = 8192 + 128;
+
 /// How busy polling ended.
 pub enum Polled {
-    /// The socket was readable: what reading it gave (0: the host closed).
-    Readable,
+    /// The socket was readable: the probe read this many bytes into its buffer (0: the host
+    /// closed), or the read failed.
+    Read(std::io::Result<usize>),
     /// The window closed: back to sleeping in epoll.
     Expired,
 }
 
-/// Polls the socket until it is readable or `until` passes. It calls `sched_yield` between
-/// probes and yields to the runtime every `SLICE` (20 µs); `stop_early` is asked each probe, so
-/// work that arrived for the task (completions that missed the lock) is not kept waiting
-/// for the slice's end. The caller's select polls its other branches first each time.
-pub async fn poll_socket(probe: &OwnedFd, until: Instant, stop_early: impl Fn() -> bool) -> Polled {
-    let mut peek = [0u8; 1];
+/// Polls the socket until it has bytes, which it reads into `buf`, or until `until` passes.
+/// The probe is a read, not a peek followed by a read: when the host's command is there, it
+/// is taken with one system call (the peek cost one more per command). It calls
+/// `sched_yield` between probes and yields to the runtime every `SLICE` (20 µs);
+/// `stop_early` is asked each probe, so work that arrived for the task (completions that
+/// missed the lock) is not kept waiting for the slice's end. The caller's select polls its
+/// other branches first each time.
+pub async fn poll_socket(
+    probe: &OwnedFd,
+    buf: &mut [u8],
+    until: Instant,
+    stop_early: impl Fn() -> bool,
+) -> Polled {
     loop {
         let slice_end = Instant::now() + SLICE;
         loop {
-            let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
-            match rustix::net::recv(probe, &mut peek[..], flags) {
+            match rustix::net::recv(probe, &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
                 Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
-                // Bytes, end of stream or an error: the read says which.
-                _ => return Polled::Readable,
+                Ok((n, _)) => return Polled::Read(Ok(n)),
+                Err(e) => return Polled::Read(Err(e.into())),
             }
             let now = Instant::now();
             if now >= until {

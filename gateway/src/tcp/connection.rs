@@ -25,7 +25,7 @@
 //! writes already asked for goes on, so their buffers come free. The next release anywhere
 //! wakes the connection through its `Notify`, and every completion of its own checks again.
 //!
-//! Busy polling (`[gateway] tcp_busy_poll_us`, off by default) takes away the other wake-up
+//! Busy polling (`[gateway] tcp_busy_poll_us`, adaptive by default) takes away the other wake-up
 //! on the path: the task's own, when the host's next command arrives. For that long after a
 //! command came in, the task does not sleep in epoll but keeps asking the socket, on a
 //! duplicate of its descriptor and without the state lock, so completing threads never wait
@@ -297,11 +297,19 @@ impl Shared {
         }
     }
 
-    /// Reads what the socket has right now, past the runtime's readiness tracking (busy
-    /// polling saw bytes before the reactor did): the number of bytes, 0 when the host
-    /// closed.
-    fn read_now(&self, probe: &OwnedFd) -> std::io::Result<usize> {
+    /// Takes the bytes a polling probe read (`polled`, 0: the host closed) into the receive
+    /// buffer and, when they filled the probe's buffer, reads on what the socket has, past
+    /// the runtime's readiness tracking (busy polling saw bytes before the reactor did): the
+    /// number of bytes.
+    fn take_polled(&self, polled: &[u8], probe: &OwnedFd) -> std::io::Result<usize> {
         let mut state = self.lock();
+        let end = state.make_read_room();
+        // `make_read_room` leaves at least READ_CHUNK / 4, more than a probe reads.
+        state.rx[end..end + polled.len()].copy_from_slice(polled);
+        state.rx_end += polled.len();
+        if polled.len() < busy_poll::PROBE_BYTES {
+            return Ok(polled.len());
+        }
         let end = state.make_read_room();
         loop {
             match rustix::net::recv(
@@ -311,9 +319,11 @@ impl Shared {
             ) {
                 Ok((n, _)) => {
                     state.rx_end += n;
-                    return Ok(n);
+                    return Ok(polled.len() + n);
                 }
                 Err(rustix::io::Errno::INTR) => continue,
+                // Nothing more yet: what the probe read is handled now.
+                Err(rustix::io::Errno::AGAIN) => return Ok(polled.len()),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -353,6 +363,9 @@ struct BusyPoll {
     probe: OwnedFd,
     /// Polling until then; `None`: sleeping in epoll.
     until: Option<Instant>,
+    /// What a probe reads into ([`busy_poll::PROBE_BYTES`]): not the receive buffer, so
+    /// polling never holds the state lock, which completing threads only try to take.
+    scratch: Box<[u8]>,
     /// Whether to poll at all (always, unless adaptive).
     chooser: Chooser,
 }
@@ -447,6 +460,7 @@ impl Connection {
                     window: config.window,
                     probe,
                     until: None,
+                    scratch: vec![0; busy_poll::PROBE_BYTES].into_boxed_slice(),
                     chooser: Chooser::new(config),
                 }),
                 Err(e) => {
@@ -479,10 +493,11 @@ impl Connection {
         idle_release.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let shared = &*self.shared;
-            let polling = self
-                .busy_poll
-                .as_ref()
-                .and_then(|p| Some((&p.probe, p.until?)));
+            let polling = self.busy_poll.as_mut().and_then(|p| {
+                let until = p.until?;
+                Some((&p.probe, &mut p.scratch[..], until))
+            });
+            let is_polling = polling.is_some();
             let flow = tokio::select! {
                 biased;
                 _ = shutdown.changed() => {
@@ -497,14 +512,16 @@ impl Connection {
                 }
                 polled = async {
                     match polling {
-                        // Readable: read it (past tokio's readiness, which did not see it).
-                        Some((probe, until)) => match poll_socket(probe, until, || shared.has_completed()).await {
-                            Polled::Readable => Some(shared.read_now(probe)),
+                        // Bytes: take them, and read on past tokio's readiness, which did
+                        // not see them, if the probe's buffer was full.
+                        Some((probe, scratch, until)) => match poll_socket(probe, scratch, until, || shared.has_completed()).await {
+                            Polled::Read(Ok(n)) => Some(shared.take_polled(&scratch[..n], probe)),
+                            Polled::Read(Err(e)) => Some(Err(e)),
                             Polled::Expired => None,
                         },
                         None => std::future::pending().await,
                     }
-                }, if polling.is_some() => match polled {
+                }, if is_polling => match polled {
                     Some(read) => Self::on_read(shared, &mut self.busy_poll, read),
                     None => {
                         stats.busy_poll_expired.fetch_add(1, Ordering::Relaxed);

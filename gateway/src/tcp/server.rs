@@ -54,7 +54,8 @@ impl TcpServer {
     }
 
     /// Connections poll their socket this long after a command before they sleep
-    /// (`[gateway] tcp_busy_poll_us` and `tcp_busy_poll_adaptive`; `None`, the default: never).
+    /// (`[gateway] tcp_busy_poll_us` and `tcp_busy_poll_adaptive`; `None`, as a server is
+    /// built: never; the daemon passes what its configuration says, adaptive by default).
     pub fn with_busy_poll(mut self, busy_poll: Option<BusyPollConfig>) -> Self {
         self.busy_poll = busy_poll;
         self
