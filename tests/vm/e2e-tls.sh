@@ -35,11 +35,12 @@
 #                    treq "required" and sectype tls13
 #   b.tls-sha256     host A: nvme connect --tls; sysfs tls_key is the keyring's key;
 #                    fio crc32c verify 8M; the gateway counted a TLS handshake for every queue
-#                    (nvmeof_tls_handshakes_total), and says whether kTLS or the relay carried them
+#                    (nvmeof_tls_handshakes_total), every one on kernel TLS (no relayed connection)
 #   c.tls-sha384     host B (SHA-384 key, the AES-256 suite): the same, fio verify 8M
 #   d.no-plaintext   a marker written and read back through a TLS connection never appears in
-#                    the packets of the secure port (AF_PACKET capture on lo), while the same
-#                    marker written through ...:plain on the plain port does (the capture works)
+#                    the packets of the secure port nor of any other port on lo (AF_PACKET
+#                    capture; kernel TLS leaves no plaintext relay), while the same marker
+#                    written through ...:plain on the plain port does (the capture works)
 #   e.wrong-key      host W, whose keyring key is not the gateway's: connect fails, the
 #                    gateway counts a failed handshake and keeps serving (kernel target: SKIP)
 #   f.plain-to-required  host A without --tls to ...:tls through the plain port: refused
@@ -314,6 +315,8 @@ tls_connect() { # hostnqn hostid label: connect with --tls, check the key and th
     KTLS_LINE="kTLS connections $(metric nvmeof_tls_ktls_connections_total), relayed $(metric nvmeof_tls_relay_connections_total)"
     say "gateway: $hs TLS handshakes for admin + ${NIOQ:-?} I/O queues; $KTLS_LINE"
     [ "$hs" -ge $(( ${NIOQ:-0} + 1 )) ] || { say "expected at least $(( ${NIOQ:-0} + 1 )) handshakes"; return 1; }
+    # the guest kernel has kernel TLS (tls module loaded in kernel.tls): no queue on the relay
+    [ "$(metric nvmeof_tls_relay_connections_total)" = 0 ] || { say "secure queues went through the user-space relay, not kernel TLS"; return 1; }
   else skip_gw "gateway handshake counters"; fi
   fio_run "$3" --rw=randwrite --bs=4k --size=8M --iodepth=16 || return 1
   disconnect
@@ -412,7 +415,8 @@ no_plaintext() {
   # 1 MiB written and read back: at least half of it seen (a capture under TCG drops packets)
   [ "$2" -ge $((1 << 20)) ] || { say "the capture saw only $2 bytes of the secure port for 2 MiB of I/O"; return 1; }
   [ "$4" = 0 ] || { say "PLAINTEXT: the marker is in $4 packets of the secure port"; return 1; }
-  [ "$6" = 0 ] || say "note: the marker crossed lo on other ports $6 times during the TLS connection (the gateway's loopback relay, when kTLS is not available)"
+  # with kernel TLS the gateway has no loopback relay: the marker is on no other port either
+  [ "$6" = 0 ] || { say "the marker crossed lo on other ports $6 times during the TLS connection (a plaintext relay)"; return 1; }
   set -- $plain
   [ "$4" -gt 0 ] || { say "the marker is not in the plain port's packets either: the check cannot tell"; return 1; }
   say "the marker: in $4 packets of the plain port, in none of the secure port's $(echo "$secure" | cut -d' ' -f2) bytes"
