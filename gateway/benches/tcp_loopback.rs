@@ -955,22 +955,8 @@ fn tls_bench_psk() -> nvmeof_gateway::auth::tls_psk::ConfiguredPsk {
 /// whether connections got kernel TLS), a secure listener on `secure`, and for SUBNQN the
 /// bench host with its PSK (TLS optional, so the plain listener serves the same namespace).
 fn start_tls_gateway(port: u16, secure: u16, metrics: u16, binary: &str) -> Child {
-    let dir = std::env::temp_dir().join(format!("nvmeof-bench-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let config = dir.join("gateway.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[gateway]
-worker_threads = 1
-metrics_listen = "127.0.0.1:{metrics}"
-
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1"
-port = {port}
-
+    let subsystems = format!(
+        r#"
 [[listener]]
 transport = "tcp"
 address = "127.0.0.1"
@@ -986,17 +972,10 @@ nsid = 1
 backend = "memory"
 size = "1GiB"
 "#,
-            psk = tls_bench_psk().to_interchange().as_str(),
-        ),
-    )
-    .expect("write config");
-    let mut child = Command::new(binary)
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {binary}: {e}"));
+        psk = tls_bench_psk().to_interchange().as_str(),
+    );
+    let mut child = start_gateway_with_metrics(port, Some(metrics), binary, "", &subsystems);
+    // The plain listener answers first; the secure one and the metrics come up beside it.
     for _ in 0..400 {
         if TcpStream::connect(("127.0.0.1", secure)).is_ok()
             && TcpStream::connect(("127.0.0.1", metrics)).is_ok()
