@@ -386,15 +386,19 @@ async fn secure_listener_serves_hosts_with_their_psk_and_refuses_the_rest() {
     assert!(gateway.terminate().success());
 }
 
-/// The same settings from a control plane (in memory) instead of the file: a group gateway
-/// whose file has no subsystem binds the secure listener `nvmeofctl listener add --secure`
-/// gives it as a TLS one, lets in the host with the PSK the control plane pushed, and
-/// refuses a plain Connect to the subsystem that requires TLS. The listener deleted and added
-/// again without `secure` is bound again as a plain one (a plain ICReq now reaches Connect).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_group_gateway_serves_tls_as_the_control_plane_sets_it() {
-    use common::poll_until;
-    use control_plane::proto::{self, admin_client::AdminClient};
+/// A group gateway (name gw1, ANA group 1, its file without subsystems, one plain listener)
+/// of a control plane in memory; the Admin client of that control plane, the plain port, a
+/// free port for a secure listener and the metrics port. `name`: the scratch directory's.
+async fn spawn_group_gateway(
+    name: &str,
+) -> (
+    GatewayProcess,
+    control_plane::proto::admin_client::AdminClient<tonic::transport::Channel>,
+    u16,
+    u16,
+    u16,
+) {
+    use control_plane::proto::admin_client::AdminClient;
     use control_plane::store::Store;
     use control_plane::test_support;
 
@@ -402,9 +406,9 @@ async fn a_group_gateway_serves_tls_as_the_control_plane_sets_it() {
     let cp = test_support::start_replica(Store::new(backend), "test", Default::default()).await;
     test_support::wait_for_lease(&cp, Duration::from_secs(10)).await;
     let cp_addr = test_support::serve_plain(cp).await;
-    let mut admin = AdminClient::new(test_support::plain_channel(&cp_addr).await);
+    let admin = AdminClient::new(test_support::plain_channel(&cp_addr).await);
 
-    let dir = scratch_dir(&format!("nvmeof-group-tls-{}", std::process::id()));
+    let dir = scratch_dir(&format!("nvmeof-{name}-{}", std::process::id()));
     let (plain, secure, metrics) = (free_port(), free_port(), free_port());
     let config = format!(
         r#"
@@ -423,6 +427,20 @@ port = {plain}
     );
     let gateway = GatewayProcess::spawn(&dir, "gw1", plain, &config);
     gateway.wait_for_metrics(metrics).await;
+    (gateway, admin, plain, secure, metrics)
+}
+
+/// The same settings from a control plane (in memory) instead of the file: a group gateway
+/// whose file has no subsystem binds the secure listener `nvmeofctl listener add --secure`
+/// gives it as a TLS one, lets in the host with the PSK the control plane pushed, and
+/// refuses a plain Connect to the subsystem that requires TLS. The listener deleted and added
+/// again without `secure` is bound again as a plain one (a plain ICReq now reaches Connect).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_gateway_serves_tls_as_the_control_plane_sets_it() {
+    use common::poll_until;
+    use control_plane::proto;
+
+    let (gateway, mut admin, plain, secure, metrics) = spawn_group_gateway("group-tls").await;
 
     admin
         .subsystem_add(proto::SubsystemAddRequest {
@@ -526,35 +544,9 @@ port = {plain}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requiring_tls_later_closes_the_plain_controllers_only() {
     use common::poll_until;
-    use control_plane::proto::{self, admin_client::AdminClient};
-    use control_plane::store::Store;
-    use control_plane::test_support;
+    use control_plane::proto;
 
-    let backend = test_support::memory_backend_with_images(Vec::<String>::new());
-    let cp = test_support::start_replica(Store::new(backend), "test", Default::default()).await;
-    test_support::wait_for_lease(&cp, Duration::from_secs(10)).await;
-    let cp_addr = test_support::serve_plain(cp).await;
-    let mut admin = AdminClient::new(test_support::plain_channel(&cp_addr).await);
-
-    let dir = scratch_dir(&format!("nvmeof-group-tls-set-{}", std::process::id()));
-    let (plain, secure, metrics) = (free_port(), free_port(), free_port());
-    let config = format!(
-        r#"
-[gateway]
-name = "gw1"
-metrics_listen = "127.0.0.1:{metrics}"
-[group]
-control_plane = ["{cp_addr}"]
-ana_group = 1
-beacon_interval_ms = 200
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1"
-port = {plain}
-"#
-    );
-    let gateway = GatewayProcess::spawn(&dir, "gw1", plain, &config);
-    gateway.wait_for_metrics(metrics).await;
+    let (gateway, mut admin, plain, secure, metrics) = spawn_group_gateway("group-tls-set").await;
 
     admin
         .subsystem_add(proto::SubsystemAddRequest {
@@ -621,7 +613,8 @@ port = {plain}
         Duration::from_secs(10),
         Duration::from_millis(200),
         async || {
-            let list = AdminClient::new(test_support::plain_channel(&cp_addr).await)
+            let list = admin
+                .clone()
                 .connection_list(proto::ConnectionListRequest {
                     subsystem_nqn: SUBNQN.into(),
                 })
