@@ -985,6 +985,7 @@ impl ControlPlane {
             ana_group: group,
             leader: self.id.clone(),
             fenced,
+            grace_ms: self.opts.timing.grace_ms,
         })
     }
 

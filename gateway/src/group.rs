@@ -27,13 +27,16 @@
 //!   allowed at all. Keys are never logged.
 //! - With `[group] tls_*` the replicas are dialled over mTLS (`control_plane::tls`).
 //! - The data path never waits for the control plane: when it is unreachable the last
-//!   applied states stay.
+//!   applied states stay, as long as the cluster answers. Cut off from both past the
+//!   leader's grace, the gateway gives its groups up by itself (`crate::lease`): they turn
+//!   inaccessible and controllers with commands stuck at the cluster are closed, so hosts
+//!   retry on the survivor; a beacon accepted again takes the current assignment afresh.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::proto::{
@@ -47,6 +50,7 @@ use crate::apply::{self, Detached, WantedHosts, DRAIN_TIMEOUT};
 use crate::config::{Config, HostEntry, HostTable, NamespaceConfig, SubsystemConfig};
 use crate::core::{ListenerInfo, Namespace, Subsystem, Target, TransportType, Visibility};
 use crate::events::NamespaceEvents;
+use crate::lease::{LeaseAction, LeaseWatch};
 use crate::spec::ana;
 
 /// What the agent needs from the configuration.
@@ -133,6 +137,9 @@ pub struct GroupClientsState {
     /// The configuration state version of the last assignment applied (beaconed: a
     /// namespace move waits for the old group's gateway to reach it).
     applied_state: AtomicU64,
+    /// The lease ran out with the cluster unreachable (`crate::lease`): no group turns
+    /// optimized here until a beacon is accepted again.
+    demoted: AtomicBool,
 }
 
 impl GroupClientsState {
@@ -401,6 +408,9 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
     // that acknowledgement before the fence, so the next tick would add up to a beacon
     // interval to the hosts' I/O pause.
     let beacon_now = Arc::new(tokio::sync::Notify::new());
+    let lease = Arc::new(Mutex::new(LeaseWatch::default()));
+    // The lease came back after a demotion: the assignment stream is joined afresh.
+    let resync = Arc::new(tokio::sync::Notify::new());
     let beacons = tokio::spawn(beacon_loop(
         target.clone(),
         settings.clone(),
@@ -408,18 +418,25 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         incarnation,
         (applied.clone(), beacon_now.clone()),
         clients.clone(),
+        lease.clone(),
     ));
     let gateway = settings.gateway.clone();
+    let lease_watch = tokio::spawn(lease_loop(
+        target.clone(),
+        clients.clone(),
+        lease,
+        resync.clone(),
+    ));
     let assignments = tokio::spawn(assignment_loop(
         target,
         settings,
         channels.clone(),
         incarnation,
-        (applied.clone(), first_applied.clone(), beacon_now),
+        (applied.clone(), first_applied.clone(), beacon_now, resync),
         clients.clone(),
         listeners_tx,
     ));
-    let mut tasks = vec![beacons, assignments];
+    let mut tasks = vec![beacons, assignments, lease_watch];
     for (addr, ch) in &channels {
         tasks.push(tokio::spawn(presence_loop(
             gateway.clone(),
@@ -471,6 +488,7 @@ async fn beacon_loop(
     incarnation: u64,
     (applied, beacon_now): (Arc<AtomicU64>, Arc<tokio::sync::Notify>),
     clients: Arc<GroupClientsState>,
+    lease: Arc<Mutex<LeaseWatch>>,
 ) {
     let mut tick = tokio::time::interval(settings.beacon_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -505,6 +523,7 @@ async fn beacon_loop(
                 .collect(),
             applied_state_version: clients.applied_state.load(Ordering::SeqCst),
         };
+        let sent = Instant::now();
         let sends = channels.iter().map(|(addr, ch)| {
             let mut client = GatewayControlClient::new(ch.clone());
             let b = beacon.clone();
@@ -513,6 +532,12 @@ async fn beacon_loop(
         });
         for (addr, result) in futures_join_all(sends).await {
             let was_failing = failing.get(&addr).copied().unwrap_or(false);
+            if let Ok(reply) = &result {
+                // Only the leader answers a beacon: the lease runs from this one's send.
+                let mut lease = lease.lock().unwrap_or_else(|e| e.into_inner());
+                lease.set_grace_ms(reply.get_ref().grace_ms);
+                lease.beacon_accepted(sent);
+            }
             match result {
                 Ok(reply) if reply.get_ref().fenced => {
                     clients.drop_unserved_clients(&target);
@@ -548,6 +573,142 @@ async fn beacon_loop(
             }
         }
     }
+}
+
+/// How often the lease is looked at: well under a beacon interval.
+const LEASE_POLL: Duration = Duration::from_millis(50);
+
+/// Self-demotions (the lease ran out with the cluster unreachable) since the start, and
+/// whether the gateway is demoted now: metrics.
+static SELF_DEMOTIONS: AtomicU64 = AtomicU64::new(0);
+static DEMOTED_NOW: AtomicBool = AtomicBool::new(false);
+
+/// Carries out what the lease (`crate::lease`) says: probes the cluster, demotes this
+/// gateway, or has the assignment stream joined afresh once beacons are accepted again.
+async fn lease_loop(
+    target: Arc<Target>,
+    clients: Arc<GroupClientsState>,
+    lease: Arc<Mutex<LeaseWatch>>,
+    resync: Arc<tokio::sync::Notify>,
+) {
+    let mut tick = tokio::time::interval(LEASE_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let (action, lease_ms) = {
+            let mut l = lease.lock().unwrap_or_else(|e| e.into_inner());
+            (l.poll(now), l.lease().as_millis() as u64)
+        };
+        match action {
+            LeaseAction::Nothing => {}
+            LeaseAction::ProbeCluster => {
+                let lease = lease.clone();
+                tokio::spawn(async move {
+                    // Blocks while the monitors are out of reach: one probe at a time.
+                    let answered = matches!(
+                        tokio::task::spawn_blocking(rbd_backend::rados::wait_for_latest_osdmap_all)
+                            .await,
+                        Ok(Ok(_))
+                    );
+                    lease
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .probe_finished(now, answered);
+                });
+            }
+            LeaseAction::Demote => {
+                clients.demoted.store(true, Ordering::SeqCst);
+                DEMOTED_NOW.store(true, Ordering::Relaxed);
+                SELF_DEMOTIONS.fetch_add(1, Ordering::Relaxed);
+                let (groups, closed) = demote(&target, &clients);
+                tracing::error!(
+                    lease_ms,
+                    groups = ?groups,
+                    controllers_closed = closed,
+                    "no beacon accepted for the control plane's grace and the cluster does \
+                     not answer: this gateway gave up its ANA groups (inaccessible) so hosts \
+                     use the survivor; it serves them again only when the control plane \
+                     answers and hands them back"
+                );
+            }
+            LeaseAction::Restore => {
+                clients.demoted.store(false, Ordering::SeqCst);
+                DEMOTED_NOW.store(false, Ordering::Relaxed);
+                tracing::info!(
+                    "beacons accepted again: taking the current assignment from the control plane"
+                );
+                resync.notify_one();
+            }
+        }
+    }
+}
+
+/// Turns every group optimized or changing here inaccessible, remembers them as lost (the
+/// control plane may fence their clients), and closes the host controllers of their
+/// subsystems if commands of those groups are stuck at the cluster: the hosts then retry
+/// them on another path at once instead of after their I/O timeout. Returns the groups and
+/// how many controllers were closed.
+fn demote(target: &Target, clients: &GroupClientsState) -> (Vec<u32>, usize) {
+    let subsystems: Vec<_> = target
+        .subsystems()
+        .into_iter()
+        .filter(|s| !s.is_discovery())
+        .collect();
+    let held: BTreeSet<u32> = subsystems
+        .iter()
+        .flat_map(|s| s.ana_groups())
+        .filter(|(_, st)| matches!(*st, ana::OPTIMIZED | ana::CHANGE))
+        .map(|(g, _)| g)
+        .collect();
+    for &g in &held {
+        clients.lost().insert(g);
+        clients.fresh_while_lost().remove(&g);
+        for s in &subsystems {
+            if s.ana_state(g) != ana::INACCESSIBLE {
+                s.set_ana_state(g, ana::INACCESSIBLE);
+            }
+        }
+    }
+    let mut closed = 0;
+    for s in &subsystems {
+        let stuck: usize = s
+            .namespaces()
+            .iter()
+            .filter(|ns| held.contains(&ns.ana_group))
+            .map(|ns| ns.device.in_flight() + ns.qos.waiting())
+            .sum();
+        if stuck == 0 {
+            continue;
+        }
+        for c in s.controllers() {
+            if !c.is_torn_down() {
+                c.teardown(crate::core::TeardownReason::LeaseLost);
+                closed += 1;
+            }
+        }
+    }
+    (held.into_iter().collect(), closed)
+}
+
+/// The lease's metrics (Prometheus text).
+pub fn render_lease_metrics(out: &mut String) {
+    metrics_exposition::Family::new(
+        out,
+        "nvmeof_group_self_demotions_total",
+        "counter",
+        "Times this gateway gave up its ANA groups itself: no beacon accepted for the control \
+         plane's grace while the cluster did not answer.",
+    )
+    .sample(&[], SELF_DEMOTIONS.load(Ordering::Relaxed));
+    metrics_exposition::Family::new(
+        out,
+        "nvmeof_group_demoted",
+        "gauge",
+        "1 while this gateway holds no ANA group because of a self-demotion, until the control \
+         plane answers again.",
+    )
+    .sample(&[], u64::from(DEMOTED_NOW.load(Ordering::Relaxed)));
 }
 
 /// Holds a `Join` stream that carries no assignment (`presence_only`) open with the replica at
@@ -597,9 +758,10 @@ async fn assignment_loop(
     settings: GroupSettings,
     channels: Vec<(String, Channel)>,
     incarnation: u64,
-    (applied, first_applied, beacon_now): (
+    (applied, first_applied, beacon_now, resync): (
         Arc<AtomicU64>,
         Arc<AtomicBool>,
+        Arc<tokio::sync::Notify>,
         Arc<tokio::sync::Notify>,
     ),
     clients: Arc<GroupClientsState>,
@@ -626,13 +788,14 @@ async fn assignment_loop(
                 let mut pending: Option<Assignment> = None;
                 let mut last: Option<Assignment> = None;
                 tracing::info!(control_plane = %addr, "assignment stream open");
-                loop {
+                'stream: loop {
                     // An assignment whose states are not all in force (osdmap refresh or a
                     // group's reopen failed) is applied again every second until it is, or a
                     // newer one arrives: the control plane does not resend it by itself.
                     let next = match pending.take() {
                         Some(a) => tokio::select! {
                             m = stream.message() => m,
+                            _ = resync.notified() => break 'stream,
                             _ = tokio::time::sleep(Duration::from_secs(1)) => {
                                 tracing::info!(epoch = a.version, "applying the assignment again");
                                 Ok(Some(a))
@@ -645,6 +808,7 @@ async fn assignment_loop(
                             // after the deletion; it goes again within this period.
                             tokio::select! {
                                 m = stream.message() => break m,
+                                _ = resync.notified() => break 'stream,
                                 _ = tokio::time::sleep(REMOVALS_RECHECK) => {
                                     if let (Some(config), Some(a)) = (&settings.config, &last) {
                                         apply_removals(&target, config, a).await;
@@ -1373,6 +1537,16 @@ pub async fn apply_with_clients(
                 clients.fresh_while_lost().remove(&g);
             }
         }
+        if clients.demoted.load(Ordering::SeqCst) {
+            // The lease ran out while this was being prepared: wait for the control plane.
+            tracing::warn!(
+                group = g,
+                "ANA group not turned optimized: this gateway is demoted until the control \
+                 plane answers"
+            );
+            all = false;
+            continue;
+        }
         if target.reservations_persisted() && !load_reservations(&subsystems, g).await {
             tracing::error!(
                 group = g,
@@ -2010,6 +2184,41 @@ ana_group = 2
         for k in [&p1, &p2, &bad] {
             assert!(!logged.contains(&k[16..48]), "a PSK in the log:\n{logged}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_demoted_gateway_reports_its_groups_inaccessible_until_restored() {
+        let c = Config::from_toml_str(TOML).expect("config");
+        let target = c.build_target().expect("target");
+        start_inaccessible(&target);
+        let s = target
+            .subsystem("nqn.2016-06.io.test:group")
+            .expect("subsystem");
+        let clients = GroupClientsState::default();
+        let held = assignment(3, &[(1, ana::OPTIMIZED), (2, ana::CHANGE)]);
+        assert!(apply_with_clients(&target, &held, &clients).await);
+        let before = s.ana_change_count();
+        // Nothing in flight (the memory device completes at once): no controller to close.
+        assert_eq!(demote(&target, &clients), (vec![1, 2], 0));
+        assert_eq!(s.ana_state(1), ana::INACCESSIBLE);
+        assert_eq!(s.ana_state(2), ana::INACCESSIBLE);
+        assert!(
+            s.ana_change_count() > before,
+            "hosts are told (ANA change event)"
+        );
+        assert!(clients.needs_fresh_clients(1) && clients.needs_fresh_clients(2));
+        // While demoted, an assignment does not turn a group optimized (not acknowledged).
+        clients.demoted.store(true, Ordering::SeqCst);
+        assert!(!apply_with_clients(&target, &held, &clients).await);
+        assert_eq!(s.ana_state(1), ana::INACCESSIBLE);
+        // Restored: the current assignment applies as usual.
+        clients.demoted.store(false, Ordering::SeqCst);
+        assert!(apply_with_clients(&target, &held, &clients).await);
+        assert_eq!(s.ana_state(1), ana::OPTIMIZED);
+        // A gateway holding nothing demotes to nothing.
+        let none = assignment(4, &[(1, ana::INACCESSIBLE), (2, ana::INACCESSIBLE)]);
+        assert!(apply_with_clients(&target, &none, &clients).await);
+        assert_eq!(demote(&target, &clients).0, Vec::<u32>::new());
     }
 
     #[tokio::test]

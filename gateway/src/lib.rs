@@ -11,6 +11,7 @@ pub mod group;
 pub mod health;
 pub mod host;
 mod keep_alive;
+pub mod lease;
 pub mod limits;
 pub mod metrics;
 pub mod qos;

@@ -84,6 +84,9 @@ pub enum TeardownReason {
     AuthenticationFailed,
     /// The subsystem was made to require TLS and a queue of this controller came without it.
     TlsRequired,
+    /// The gateway lost its lease with the group and the cluster (`crate::lease`): commands
+    /// stuck at the cluster are given back to the host, which retries them on another path.
+    LeaseLost,
 }
 
 pub struct Controller {

@@ -65,6 +65,7 @@ pub fn render(target: &Target, gateway: &str) -> String {
     );
     render_connect_refusals(&mut out, target);
     crate::reload::render_metrics(&mut out);
+    crate::group::render_lease_metrics(&mut out);
     out
 }
 
