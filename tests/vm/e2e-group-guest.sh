@@ -35,6 +35,13 @@
 #                  timeouts again); nsid N optimized on one survivor only; the link back: gwN
 #                  is fenced and gets the group back on fresh clients; zero errors
 #   cut-pauses     median and max of the network-cut pauses (goal <= 3 s; printed)
+#   part-K         (K = 1..PART_ROUNDS, 2; with the network namespace) the same load on nsid
+#                  N: gwN cut from Ceph and the control plane only, this host still reaching
+#                  it (nothing resets, its keep-alives still answer): gwN must give its group
+#                  up by itself (lease), its stuck writes come back to this host, which
+#                  re-sends them through the survivor; nsid N optimized on one survivor only;
+#                  healed: failback; zero errors; gwN's log has the self-demotion
+#   part-pauses    median and max of the partition pauses (goal <= 3 s; printed)
 #   fence-cut      as fence below, with gwN's link taken down instead of SIGSTOP: once the
 #                  link is back, the host's python client's write through gwN fails
 #   leader-kill    kill -9 of the leading nvmeof-control replica: the other takes over
@@ -69,6 +76,7 @@ PROBE_OFF_MIB=200      # the probe's 1 MiB ring
 FENCE_LBA=$((240 * MIB / 512))  # the fenced gateway's write goes here (nsid 1, or N for fence-cut)
 NETCUT_GW=$(cat "$SH/netcut" 2>/dev/null)  # the gateway the host can cut off (E2E_NETCUT=1)
 CUT_ROUNDS=3
+PART_ROUNDS=2
 FIO_RATE=200
 FIO_MIB=12            # per round: 3072 4K writes at FIO_RATE, ~15 s, then their verify
 WORK=/tmp/e2e-group
@@ -299,6 +307,17 @@ cut_round() { # NAME
   [ -n "$OUTAGE_PAUSE" ] && CUT_PAUSES+=("$OUTAGE_PAUSE")
   return $rc
 }
+PART_PAUSES=()
+part_round() { # NAME
+  local rc; OUTAGE_PAUSE=""
+  outage_round "$1" "$NETCUT_GW" partition-gw heal-gw "partition from Ceph and the control plane"; rc=$?
+  [ -n "$OUTAGE_PAUSE" ] && PART_PAUSES+=("$OUTAGE_PAUSE")
+  return $rc
+}
+part_pauses() {
+  [ ${#PART_PAUSES[@]} -gt 0 ] || { say "no partition round measured"; return 1; }
+  echo "PAUSE partition failover over ${#PART_PAUSES[@]} run(s): $(stats "${PART_PAUSES[@]}") (goal <= 3 s)"
+}
 cut_pauses() {
   [ ${#CUT_PAUSES[@]} -gt 0 ] || { say "no network-cut round measured"; return 1; }
   echo "PAUSE network-cut failover over ${#CUT_PAUSES[@]} run(s): $(stats "${CUT_PAUSES[@]}") (goal <= 3 s)"
@@ -395,6 +414,10 @@ if step setup "load nvme-tcp; native multipath on" multipath_setup "iopolicy def
       step "cut-$k" "gw$NETCUT_GW's link down under fio verify + probe; optimized on one survivor; link up; failback; zero errors" cut_round "cut-$k"
     done
     step cut-pauses "network-cut failover pause over the rounds (printed)" cut_pauses
+    for k in $(seq "$PART_ROUNDS"); do
+      step "part-$k" "gw$NETCUT_GW cut from Ceph and the control plane, not from this host, under fio verify + probe: it demotes itself; optimized on one survivor; healed; failback; zero errors" part_round "part-$k"
+    done
+    step part-pauses "partition failover pause over the rounds (printed)" part_pauses
     step fence-cut "gw$NETCUT_GW's link down past the grace, up again: its write fails, data intact, one optimized path" fence "$NETCUT_GW" cut
   fi
   if step leader-kill "kill -9 of the leading nvmeof-control replica: the other leads" leader_kill; then

@@ -25,6 +25,11 @@
 #                          `rbd export` must still hold 0xA5 (data intact)
 #   freeze-gw N / thaw-gw N  SIGSTOP / SIGCONT gateway N (a frozen process: its sockets stay
 #                          open, so only missed beacons and the hosts' keep-alive notice it)
+#   cut-gw N / restore-gw N  gateway N's link down / up (E2E_NETCUT=1: N is the last one)
+#   partition-gw N / heal-gw N  gateway N cut from Ceph and the control plane only (a
+#                          blackhole route in its namespace: packets dropped, nothing reset),
+#                          the host still reaching it; heal answers fail unless gateway N
+#                          logged a self-demotion (lease) since the partition
 #   kill-leader            kill -9 the leading nvmeof-control replica (nvmeofctl says which);
 #                          answer once the other leads, after restarting the killed one
 #   check IMAGE {zero OFF LEN | cmp OFF FILE}...   rbd export IMAGE, compare ranges
@@ -348,6 +353,25 @@ act_link_gw() { # N down|up: the network cut of gw$CUT (its namespace's link)
   echo "---- link $2 $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
   echo ok; echo "gw$n's link $VETH_H $2"
 }
+DEMOTED_LINE='this gateway gave up its ANA groups'
+DEMOTIONS_BEFORE=0
+act_partition_gw() { # N on|off: gw$CUT's route to Ceph and the replicas (not to the host)
+  local n=$1 d
+  [ -n "$CUT" ] && [ "$n" = "$CUT" ] || { echo fail; echo "gw$n is not in a network namespace (E2E_NETCUT=1 puts gw$NGW there)"; return; }
+  if [ "$2" = on ]; then
+    DEMOTIONS_BEFORE=$(grep -c "$DEMOTED_LINE" "$SH/gw$n.log")
+    ip -n "$NS" route replace blackhole "$NET_C/32" || { echo fail; echo "blackhole route to $NET_C in $NS failed"; return; }
+    FENCES_CAUSED=$((FENCES_CAUSED + 1))
+    echo "---- partition $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
+    echo ok; echo "gw$n cut from Ceph and the replicas ($NET_C blackholed in $NS); the host still reaches it"
+    return
+  fi
+  ip -n "$NS" route replace "$NET_C/32" via "$NET_H" || { echo fail; echo "route to $NET_C in $NS not restored"; return; }
+  echo "---- heal $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
+  d=$(( $(grep -c "$DEMOTED_LINE" "$SH/gw$n.log") - DEMOTIONS_BEFORE ))
+  if [ "$d" -ge 1 ]; then echo ok; else echo fail; fi
+  echo "gw$n's route to $NET_C back; self-demotions logged during the partition: $d"
+}
 gw_state() { # N: the control plane's availability of gwN
   ctl -o json gateway list 2>/dev/null | python3 -c '
 import json, sys
@@ -457,6 +481,8 @@ handle() { # reads one request line, prints the answer
     fence-cycle) gw_ok "${1:-}" && { [ $# -eq 3 ] || [ $# -eq 4 ]; } && act_fence_cycle "$@" || { echo fail; echo "bad request '$line'"; } ;;
     cut-gw) gw_ok "${1:-}" && act_link_gw "$1" down || { echo fail; echo "bad request '$line'"; } ;;
     restore-gw) gw_ok "${1:-}" && act_link_gw "$1" up || { echo fail; echo "bad request '$line'"; } ;;
+    partition-gw) gw_ok "${1:-}" && act_partition_gw "$1" on || { echo fail; echo "bad request '$line'"; } ;;
+    heal-gw) gw_ok "${1:-}" && act_partition_gw "$1" off || { echo fail; echo "bad request '$line'"; } ;;
     freeze-gw) gw_ok "${1:-}" && act_signal_gw "$1" STOP || { echo fail; echo "bad request '$line'"; } ;;
     thaw-gw) gw_ok "${1:-}" && act_signal_gw "$1" CONT || { echo fail; echo "bad request '$line'"; } ;;
     kill-leader) act_kill_leader ;;
@@ -516,6 +542,9 @@ REG_CC, REG_CSTS = 0x14, 0x1C
 CC_EN, CC_IOSQES, CC_IOCQES = 1, 6 << 16, 4 << 20
 CNTLID_DYNAMIC = 0xFFFF
 
+class Closed(RuntimeError):
+    pass
+
 class Queue:
     def __init__(self, addr, port):
         self.s = socket.create_connection((addr, port), timeout=120)
@@ -531,7 +560,7 @@ class Queue:
         while len(b) < n:
             c = self.s.recv(n - len(b))
             if not c:
-                raise RuntimeError('connection closed by the gateway')
+                raise Closed('connection closed by the gateway')
             b += c
         return b
     def submit(self, sqe, data=b''):
@@ -622,7 +651,22 @@ try:
     while not os.path.exists(trigger):  # frozen, fenced and thawed meanwhile
         time.sleep(0.01)
     t0 = time.monotonic()
-    st, _ = rw(io, OPC_WRITE, nsid, lba, bytes([0x5A]) * 512)
+    try:
+        st, _ = rw(io, OPC_WRITE, nsid, lba, bytes([0x5A]) * 512)
+    except (OSError, Closed) as e:
+        # A gateway that demoted itself (lease) closes controllers with commands stuck at
+        # the cluster: the write is tried again on a new association, as a host would.
+        out['reconnected_after'] = str(e) or type(e).__name__
+        adm = Queue(addr, port)
+        cntlid = connect(adm, subnqn, hostnqn, 0, CNTLID_DYNAMIC, 120000)
+        prop(adm, FCTYPE_PROP_SET, REG_CC, CC_EN | CC_IOSQES | CC_IOCQES)
+        for _ in range(100):
+            if prop(adm, FCTYPE_PROP_GET, REG_CSTS)[0] & 1:
+                break
+            time.sleep(0.05)
+        io = Queue(addr, port)
+        connect(io, subnqn, hostnqn, 1, cntlid, 0)
+        st, _ = rw(io, OPC_WRITE, nsid, lba, bytes([0x5A]) * 512)
     out['fenced_write'] = status_name(st)
     out['fenced_write_failed'] = st != 0
     out['fenced_write_ms'] = round((time.monotonic() - t0) * 1000)
