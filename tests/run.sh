@@ -44,8 +44,11 @@
 #             native multipath: one optimized path per namespace, kill -9 of the optimized gateway
 #             under fio verify (E2E_ROUNDS runs, default 5; pause median/max printed), failback,
 #             kill -9 of the leading replica, a fenced gateway thawed cannot write, everything
-#             restarted (config from RADOS). Builds the gateway and nvmeof-control/nvmeofctl first.
-#   e2e-tenants tests/vm/e2e-tenants.sh target/release: e2e-group's group (two gateways) with the
+#             restarted (config from RADOS); with E2E_NETCUT=1 the last gateway in its own network
+#             namespace: frozen, cut off, and partitioned from Ceph and the control plane only
+#             (it must demote itself). Builds the gateway and nvmeof-control/nvmeofctl first.
+#   e2e-tenants tests/ceph-api/tls-local.sh (the Python ceph-nvmeof client on the TLS fields), then
+#             tests/vm/e2e-tenants.sh target/release: e2e-group's group (two gateways) with the
 #             guest running tests/vm/tenants/PART.sh parts as one VM boot (per-host visibility,
 #             QoS, group reservations, the ceph-nvmeof API), each on its own subsystem.
 #   e2e-demo  tests/vm/e2e-demo.sh target/release: README command 1, scripts/demo.sh (DEMO_DIR under
@@ -259,6 +262,10 @@ e2e_tenants() {
   # (grpcio from PyPI the first time); without it that part fails, the others run.
   echo "+ tests/ceph-api/make-client.sh"
   timeout -k 10 600 tests/ceph-api/make-client.sh || echo "tests/ceph-api/make-client.sh failed: the part csi will fail"
+  # The same client on ceph-nvmeof's TLS fields (create_listener secure, add_host psk),
+  # against a control plane in memory: under a second.
+  echo "+ tests/ceph-api/tls-local.sh $TARGET_DIR/release"
+  timeout -k 10 120 tests/ceph-api/tls-local.sh "$TARGET_DIR/release" || return 1
   # The 6.12 host kernel, as e2e-group: bookworm's 6.1 now and then left a reconnecting
   # controller hanging after the failover part.
   local env
