@@ -283,8 +283,24 @@ impl Queue {
             self.connect_io(&subsystem, &req)?
         };
         let cntlid = controller.cntlid;
+        #[cfg(test)]
+        if let Some(pause) = self.connect_pause.as_mut() {
+            pause();
+        }
         if self.secure_channel.is_none() {
             controller.note_plain_queue();
+            // `require_tls` may have turned on since check_secure_channel. That side
+            // (`Subsystem::set_tls_required`) sets the flag, then closes the plain controllers
+            // it finds; this side marks the controller plain, then reads the flag. Both in
+            // SeqCst order, so at least one sees the other and the controller is closed.
+            if controller.subsystem.tls.required() {
+                controller.teardown(super::controller::TeardownReason::TlsRequired);
+                return Err(Reject::data(
+                    sc::CONNECT_INVALID_HOST,
+                    DATA_HOSTNQN,
+                    RefusalReason::TlsRequired,
+                ));
+            }
         }
         if req.qid == 0 {
             controller.set_auth_keys(controller.subsystem.host_keys(&req.hostnqn));

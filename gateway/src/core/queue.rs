@@ -141,6 +141,10 @@ pub struct Queue {
     pub(crate) secure_channel: Option<super::tls::SecureChannel>,
     /// Reservation changes waiting for another change of their namespace to be stored.
     pub(crate) parked_reservations: Vec<super::pr::ParkedChange>,
+    /// Runs in Connect between the secure-channel check and marking the controller plain:
+    /// tests put an admin's change there, the interleaving a race would need.
+    #[cfg(test)]
+    pub(crate) connect_pause: Option<Box<dyn FnMut() + Send>>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -176,6 +180,8 @@ impl Queue {
             auth: None,
             secure_channel: None,
             parked_reservations: Vec::new(),
+            #[cfg(test)]
+            connect_pause: None,
         }
     }
 

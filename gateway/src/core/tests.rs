@@ -1592,3 +1592,60 @@ fn effects_log_lists_exactly_the_io_commands_identify_announces_and_io_queues_ru
         );
     }
 }
+
+/// `require_tls` turning on while a plain Connect is under way (an admin's `subsystem set
+/// --require-tls true`, a reload), at the worst moment: the controller registered, not yet
+/// marked plain, so the admin's side finds nothing plain to close. The Connect must see it
+/// and refuse, closing its controller; nothing plain is left serving. For an admin queue,
+/// and for a plain I/O queue of a controller whose admin queue came over TLS.
+#[test]
+fn a_plain_connect_racing_require_tls_never_stays_connected() {
+    for io_queue in [false, true] {
+        let f = fixture();
+        let sub = f.target.subsystem(SUBNQN).expect("subsystem");
+        let mut cntlid = 0xffff;
+        let mut secure_admin = None;
+        if io_queue {
+            let mut admin = f.queue();
+            admin.set_secure_channel(super::tls::SecureChannel {
+                hostnqn: HOSTNQN.into(),
+                subnqn: SUBNQN.into(),
+            });
+            cntlid = admin_ready(&mut admin, 0);
+            secure_admin = Some(admin);
+        }
+        let mut q = f.queue();
+        let admin_side = sub.clone();
+        let closed = Arc::new(Mutex::new(Vec::new()));
+        let seen = closed.clone();
+        q.connect_pause = Some(Box::new(move || {
+            *seen.lock().unwrap() = admin_side.set_tls_required(true);
+        }));
+        let r = one(run(
+            &mut q,
+            connect(u16::from(io_queue), 31, 0),
+            Some(connect_data(SUBNQN, HOSTNQN, cntlid)),
+        ));
+        assert!(
+            closed.lock().unwrap().is_empty(),
+            "the admin's side found nothing plain yet"
+        );
+        assert_eq!(
+            r.completion.status.code(),
+            sc::CONNECT_INVALID_HOST,
+            "io_queue {io_queue}: {:?}",
+            r.completion.status
+        );
+        let serving: Vec<u16> = sub
+            .controllers()
+            .iter()
+            .filter(|c| !c.is_torn_down())
+            .map(|c| c.cntlid)
+            .collect();
+        assert!(
+            serving.is_empty(),
+            "io_queue {io_queue}: controllers {serving:?} still serve with a plain queue"
+        );
+        drop(secure_admin);
+    }
+}
