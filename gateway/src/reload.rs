@@ -803,6 +803,61 @@ mod tests {
         assert!(matches!(r.prepare().await, Ok(Prepared::Unchanged)));
     }
 
+    /// `require_tls` turned on by a reload closes the subsystem's plain controllers and keeps
+    /// those whose queues all came over TLS; turned off again, it closes nothing.
+    #[tokio::test]
+    async fn a_reload_requiring_tls_closes_the_plain_controllers_only() {
+        let nqn = "nqn.2016-06.io.x:tls";
+        let plain = format!("{LISTENER}{}", subsystem(nqn, ""));
+        let required = format!("{LISTENER}{}", subsystem(nqn, "require_tls = true"));
+        let target = Config::from_toml_str(&plain)
+            .expect("valid")
+            .build_target()
+            .expect("target");
+        let sub = target.subsystem(nqn).expect("subsystem");
+        let connect = |host: &str, secure: bool| {
+            let c = sub
+                .register_controller(|id| {
+                    Arc::new(crate::core::Controller::new(
+                        id,
+                        sub.clone(),
+                        target.clone(),
+                        host.into(),
+                        [0; 16],
+                        0,
+                        crate::core::TransportCaps {
+                            in_capsule_data_size: 8192,
+                            keyed_sgls: false,
+                        },
+                    ))
+                })
+                .expect("a controller ID");
+            if !secure {
+                c.note_plain_queue();
+            }
+            c
+        };
+        let clear = connect("nqn.2014-08.org.nvmexpress:uuid:clear", false);
+        let tls = connect("nqn.2014-08.org.nvmexpress:uuid:tls", true);
+
+        let mut r = reloader("require-tls", &plain, &required);
+        let Ok(Prepared::Apply(plan)) = r.prepare().await else {
+            panic!("require_tls changed: a reload to apply");
+        };
+        r.apply(&target, plan).await;
+        assert!(sub.tls.required());
+        assert!(clear.is_torn_down(), "the plain controller is closed");
+        assert!(!tls.is_torn_down(), "the TLS controller stays");
+
+        let mut back = reloader("require-tls-off", &required, &plain);
+        let Ok(Prepared::Apply(plan)) = back.prepare().await else {
+            panic!("require_tls changed: a reload to apply");
+        };
+        back.apply(&target, plan).await;
+        assert!(!sub.tls.required());
+        assert!(!tls.is_torn_down());
+    }
+
     /// A reload that changes only who sees a namespace keeps its device and tells only the
     /// hosts whose view changed (the core's tests check whom); the NSID stays served.
     #[tokio::test]
