@@ -173,14 +173,7 @@ impl GroupClientsState {
         let Some(pool) = self.pool() else {
             return;
         };
-        let served: BTreeSet<u32> = target
-            .subsystems()
-            .iter()
-            .filter(|s| !s.is_discovery())
-            .flat_map(|s| s.ana_groups())
-            .filter(|(_, st)| *st == ana::OPTIMIZED || *st == ana::CHANGE)
-            .map(|(g, _)| g)
-            .collect();
+        let served = served_groups(target);
         for g in pool.connected_groups() {
             if g != 0 && !served.contains(&g) {
                 self.lost().insert(g);
@@ -285,16 +278,10 @@ impl GroupAgent {
         }
         tracing::info!(groups = ?moving, "waiting for the groups to move away");
         let serving = || {
-            target
-                .subsystems()
-                .iter()
-                .filter(|s| !s.is_discovery())
-                .flat_map(|s| s.ana_groups())
-                .filter(|(g, st)| {
-                    moving.contains(g) && (*st == ana::OPTIMIZED || *st == ana::CHANGE)
-                })
-                .map(|(g, _)| g)
-                .collect::<std::collections::BTreeSet<u32>>()
+            served_groups(target)
+                .into_iter()
+                .filter(|g| moving.contains(g))
+                .collect::<BTreeSet<u32>>()
         };
         loop {
             let left = serving();
@@ -365,6 +352,19 @@ fn channel(addr: &str, tls: Option<&ClientTlsConfig>) -> Option<Channel> {
             None
         }
     }
+}
+
+/// The ANA groups this gateway serves: optimized, or changing (a failback drain), in any
+/// NVM subsystem.
+fn served_groups(target: &Target) -> BTreeSet<u32> {
+    target
+        .subsystems()
+        .iter()
+        .filter(|s| !s.is_discovery())
+        .flat_map(|s| s.ana_groups())
+        .filter(|(_, st)| matches!(*st, ana::OPTIMIZED | ana::CHANGE))
+        .map(|(g, _)| g)
+        .collect()
 }
 
 /// Every ANA group of every NVM subsystem: reported inaccessible until the control plane
@@ -655,12 +655,7 @@ fn demote(target: &Target, clients: &GroupClientsState) -> (Vec<u32>, usize) {
         .into_iter()
         .filter(|s| !s.is_discovery())
         .collect();
-    let held: BTreeSet<u32> = subsystems
-        .iter()
-        .flat_map(|s| s.ana_groups())
-        .filter(|(_, st)| matches!(*st, ana::OPTIMIZED | ana::CHANGE))
-        .map(|(g, _)| g)
-        .collect();
+    let held = served_groups(target);
     for &g in &held {
         clients.lost().insert(g);
         clients.fresh_while_lost().remove(&g);
