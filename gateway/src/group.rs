@@ -783,6 +783,13 @@ async fn assignment_loop(
                 let mut pending: Option<Assignment> = None;
                 let mut last: Option<Assignment> = None;
                 tracing::info!(control_plane = %addr, "assignment stream open");
+                // A resync asked before this join is served by it (a join starts with the
+                // current assignment): a stored permit would only break this stream again.
+                tokio::select! {
+                    biased;
+                    _ = resync.notified() => {}
+                    _ = std::future::ready(()) => {}
+                }
                 'stream: loop {
                     // An assignment whose states are not all in force (osdmap refresh or a
                     // group's reopen failed) is applied again every second until it is, or a
