@@ -136,15 +136,34 @@ async fn serve(config: Config, path: PathBuf) -> Result<(), String> {
     if !nvmeof_gateway::tcp::set_data_budget_limit(config.tcp_data_budget()) {
         return Err("the NVMe/TCP data budget was set twice".into());
     }
-    let mut listeners = Listeners::new(target.clone(), config.tcp_busy_poll());
-    for l in reload::listeners_of(&config) {
-        listeners.start(l).await?;
-    }
-    health.serving(&target);
+    // /healthz and /readyz answer from here on (a liveness probe must not fail while a group
+    // gateway waits for the control plane below).
     let metrics = match config.metrics_addr() {
         Some(addr) => Some(start_metrics(addr, &target, &config, &health).await?),
         None => None,
     };
+    let signal = wait_for_signal();
+    tokio::pin!(signal);
+    let mut listeners = Listeners::new(target.clone(), config.tcp_busy_poll());
+    // A group gateway listens once its first assignment is applied. Before, the subsystems
+    // the control plane pushes are unknown here, and a host reconnecting at that moment
+    // would be refused as for an unknown subsystem, with DNR: Linux 6.10 and later then
+    // drop that path for good. A closed port is retried, as for a gateway that is down.
+    let stopped_early = match &_group {
+        Some(agent) => {
+            // The target is built: /readyz now says what a group gateway waits for (the
+            // first assignment, after the keyring), not "starting".
+            health.serving(&target);
+            !wait_for_first_assignment(&agent.first_applied, &mut signal).await
+        }
+        None => false,
+    };
+    if !stopped_early {
+        for l in reload::listeners_of(&config) {
+            listeners.start(l).await?;
+        }
+        health.serving(&target);
+    }
     for s in target.subsystems() {
         tracing::info!(
             subsystem = s.nqn(),
@@ -156,28 +175,28 @@ async fn serve(config: Config, path: PathBuf) -> Result<(), String> {
     // deleted: stop listening and close that listener's connections).
     let mut pushed = _group.as_ref().map(|a| a.listeners.clone());
     let mut previous: BTreeSet<PushedListener> = BTreeSet::new();
-    let signal = wait_for_signal();
-    tokio::pin!(signal);
-    loop {
-        let changed = async {
-            match pushed.as_mut() {
-                Some(rx) => rx.changed().await.is_ok(),
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = &mut signal => break,
-            _ = hangup.recv() => reload(&mut reloader, &target, &mut listeners).await,
-            ok = changed => {
-                if !ok {
-                    pushed = None;
-                    continue;
+    if !stopped_early {
+        loop {
+            let changed = async {
+                match pushed.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
                 }
-                let Some(now) = pushed.as_ref().and_then(|rx| rx.borrow().clone()) else {
-                    continue;
-                };
-                health.listeners_followed(listeners.follow(&previous, &now).await);
-                previous = now;
+            };
+            tokio::select! {
+                _ = &mut signal => break,
+                _ = hangup.recv() => reload(&mut reloader, &target, &mut listeners).await,
+                ok = changed => {
+                    if !ok {
+                        pushed = None;
+                        continue;
+                    }
+                    let Some(now) = pushed.as_ref().and_then(|rx| rx.borrow().clone()) else {
+                        continue;
+                    };
+                    health.listeners_followed(listeners.follow(&previous, &now).await);
+                    previous = now;
+                }
             }
         }
     }
@@ -210,6 +229,36 @@ async fn serve(config: Config, path: PathBuf) -> Result<(), String> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Waits until the group agent has applied its first assignment (true), or a stop signal
+/// came first (false).
+async fn wait_for_first_assignment(
+    applied: &std::sync::atomic::AtomicBool,
+    signal: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> bool {
+    use std::sync::atomic::Ordering;
+    if applied.load(Ordering::SeqCst) {
+        return true;
+    }
+    tracing::info!("listening once the control plane's first assignment is applied");
+    let started = std::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = signal.as_mut() => {
+                tracing::info!("stopped before the first assignment");
+                return false;
+            }
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+        if applied.load(Ordering::SeqCst) {
+            tracing::info!(
+                ms = started.elapsed().as_millis() as u64,
+                "first assignment applied: listening"
+            );
+            return true;
+        }
+    }
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `addr`: the stop switch and the server's task.

@@ -120,6 +120,12 @@ async fn a_group_gateway_is_ready_after_its_first_assignment_and_not_ready_on_si
         Some((waiting.0, waiting.1.to_string()))
     );
     assert_eq!(get(metrics1, "/healthz"), Some((200, "ok\n".into())));
+    // Nor does it take hosts yet: it does not know the subsystems the control plane pushes,
+    // and a host refused as for an unknown subsystem (DNR) would drop the path for good.
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port1)).is_err(),
+        "the NVMe/TCP port accepts connections before the first assignment"
+    );
 
     // The control plane comes up at that address.
     let options = Options {
@@ -157,6 +163,10 @@ async fn a_group_gateway_is_ready_after_its_first_assignment_and_not_ready_on_si
         "not logged",
     )
     .await;
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port1)).is_ok(),
+        "ready, and its NVMe/TCP port does not accept connections"
+    );
     gw1.wait_for_log(
         "not ready: waiting for the first assignment",
         Duration::from_secs(1),
