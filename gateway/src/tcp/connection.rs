@@ -31,6 +31,7 @@
 //! duplicate of its descriptor and without the state lock, so completing threads never wait
 //! for it; adaptive polling measures whether that pays on this machine (see [`super::busy_poll`]).
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
 use std::os::fd::{AsFd, OwnedFd};
@@ -214,11 +215,52 @@ struct CompletionSink {
     shared: Weak<Shared>,
 }
 
+thread_local! {
+    /// The completion sink of the connection whose state this thread holds locked while it
+    /// submits a device op (null: none). See [`SubmitScope`].
+    static SUBMITTING: Cell<*const ()> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Marks, for the length of one `BlockDevice::submit`, that this thread holds the state of
+/// the connection owning `sink` and drains its completion list before it lets go (every
+/// path that submits ends in `State::drain_completions`). A device that completes inline
+/// (the in-memory one) then leaves its completion in that list without waking the task:
+/// the wake-up would only cost the task one more loop turn after the response had gone.
+struct SubmitScope {
+    previous: *const (),
+}
+
+impl SubmitScope {
+    fn enter(sink: &Arc<dyn IoCompletion>) -> Self {
+        let ours = Arc::as_ptr(sink) as *const ();
+        Self {
+            previous: SUBMITTING.with(|s| s.replace(ours)),
+        }
+    }
+}
+
+impl Drop for SubmitScope {
+    fn drop(&mut self) {
+        SUBMITTING.with(|s| s.set(self.previous));
+    }
+}
+
 impl IoCompletion for CompletionSink {
     fn complete(&self, done: IoDone) {
-        if let Some(shared) = self.shared.upgrade() {
-            shared.complete(done);
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let ours = self as *const Self as *const ();
+        if SUBMITTING.with(|s| std::ptr::eq(s.get(), ours)) {
+            // Completed inside our own submit: the submitting thread drains it.
+            shared
+                .completed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(done);
+            return;
         }
+        shared.complete(done);
     }
 }
 
@@ -1039,13 +1081,19 @@ impl State {
                         self.push_completion(completion);
                     }
                 }
-                Action::Submit { device, tag, op } => device.submit(tag, op, &self.completion_sink),
+                Action::Submit { device, tag, op } => {
+                    let _scope = SubmitScope::enter(&self.completion_sink);
+                    device.submit(tag, op, &self.completion_sink)
+                }
                 Action::SubmitThrottled {
                     qos,
                     device,
                     tag,
                     op,
-                } => crate::qos::submit(qos, device, tag, op, &self.completion_sink),
+                } => {
+                    let _scope = SubmitScope::enter(&self.completion_sink);
+                    crate::qos::submit(qos, device, tag, op, &self.completion_sink)
+                }
                 Action::Close => flow = Flow::Close,
             }
         }
@@ -1081,6 +1129,9 @@ impl State {
         self.push_completion(&completion);
     }
 
+    /// Handles every completion in the shared list, and starts the held commands the budget
+    /// admits once it is empty. Ends only with the list empty: completions that came inline
+    /// during a submit here or before (see [`SubmitScope`]) woke nobody.
     fn drain_completions(&mut self, shared: &Shared) -> Flow {
         let mut flow = Flow::Continue;
         loop {
@@ -1088,7 +1139,18 @@ impl State {
             shared.take_completed(&mut done);
             if done.is_empty() {
                 self.completed = done;
-                break;
+                let held = self.held.len();
+                if matches!(flow, Flow::Close) || held == 0 {
+                    return flow;
+                }
+                if let Flow::Close = self.resume_held() {
+                    return Flow::Close;
+                }
+                if self.held.len() == held {
+                    return Flow::Continue;
+                }
+                // Commands started: the list again, for those that completed inline.
+                continue;
             }
             let mut actions = std::mem::take(&mut self.actions);
             for d in done.drain(..) {
@@ -1099,10 +1161,6 @@ impl State {
                 flow = Flow::Close;
             }
             self.actions = actions;
-        }
-        match flow {
-            Flow::Close => Flow::Close,
-            Flow::Continue => self.resume_held_if_any(),
         }
     }
 
