@@ -5,6 +5,7 @@ pub mod admin;
 pub mod auth;
 pub mod budget;
 pub mod buffers;
+pub mod cid_map;
 pub mod command;
 pub mod controller;
 pub mod fabrics;

@@ -6,7 +6,6 @@
 //! device completions to [`Queue::complete_io`]. The queue does no I/O and reads no clock, so
 //! every path is testable byte for byte without a socket.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Weak};
 
@@ -14,6 +13,7 @@ use rbd_backend::{BlockDevice, IoBuf, IoOp};
 
 use super::auth::{allowed_before_authentication, QueueAuth};
 use super::buffers::{BufferSource, RecycledBuffers};
+use super::cid_map::CidMap;
 use super::command::{Command, Completion, Status};
 use super::controller::{Controller, QueueNotifier, TeardownReason};
 use super::qos::NamespaceQos;
@@ -129,7 +129,7 @@ pub struct Queue {
     /// The host disabled SQ flow control at Connect: completions carry no SQ head, and a
     /// transport may complete a successful read with its data (NVMe/TCP C2HData SUCCESS).
     pub(crate) sq_flow_control_disabled: bool,
-    pub(crate) inflight: HashMap<u16, InFlight>,
+    pub(crate) inflight: CidMap<InFlight>,
     parked_fused_first: Option<(Command, Option<IoBuf>)>,
     buffers: Box<dyn BufferSource>,
     pub(crate) notifier: Weak<dyn QueueNotifier>,
@@ -172,7 +172,7 @@ impl Queue {
             sq_entries: 0,
             sq_head: 0,
             sq_flow_control_disabled: false,
-            inflight: HashMap::new(),
+            inflight: CidMap::default(),
             parked_fused_first: None,
             buffers: Box::new(RecycledBuffers::default()),
             notifier,

@@ -32,7 +32,7 @@
 //! for it; adaptive polling measures whether that pays on this machine (see [`super::busy_poll`]).
 
 use std::cell::Cell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
@@ -53,6 +53,7 @@ use super::pdu::{
     encode_c2h_term_req, encode_icresp, DecoderConfig, Fes, IcResp, Pdu, PduDecoder, PduEncoder,
     PduError, PduType, Role, PFV_1_0,
 };
+use crate::core::cid_map::CidMap;
 use crate::core::command::SQE_LEN;
 use crate::core::{
     Action, Command, Completion, DataBudget, Queue, QueueNotifier, RecycledBuffers, Status, Target,
@@ -191,7 +192,7 @@ struct State {
     rx_end: usize,
     out: Output,
     actions: Vec<Action>,
-    pending_writes: HashMap<u16, PendingWrite>,
+    pending_writes: CidMap<PendingWrite>,
     /// What this connection's data buffers count against.
     budget: &'static DataBudget,
     /// Commands that wait for the budget to admit their data buffer, in arrival order (with
@@ -465,7 +466,7 @@ impl Connection {
                     rx_end: 0,
                     out: Output::default(),
                     actions: Vec::new(),
-                    pending_writes: HashMap::new(),
+                    pending_writes: CidMap::default(),
                     budget,
                     held: VecDeque::new(),
                     next_ttag: 0,
