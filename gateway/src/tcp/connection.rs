@@ -1309,3 +1309,74 @@ impl OwnedPdu {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::TargetIdentity;
+    use rbd_backend::IoOp;
+
+    static BUDGET: DataBudget = DataBudget::new(1 << 20);
+
+    /// A connection over a loopback socket, and the host's end of it (kept open).
+    async fn connection() -> (Connection, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("listener address");
+        let (host, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let target = Arc::new(Target::new(TargetIdentity::default()));
+        let conn = Connection::new(accepted.expect("accept").0, target, &BUDGET);
+        (conn, host.expect("connect"))
+    }
+
+    fn flush_done() -> IoDone {
+        IoDone {
+            tag: 1,
+            op: IoOp::Flush,
+            result: Ok(()),
+        }
+    }
+
+    /// Whether the task would be woken: a `Notify` permit is waiting.
+    fn woken(shared: &Shared) -> bool {
+        let notified = shared.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable()
+    }
+
+    #[tokio::test]
+    async fn a_completion_inside_its_own_submit_wakes_nobody_and_waits_for_the_drain() {
+        let (conn, _host) = connection().await;
+        let shared = &*conn.shared;
+        let sink = shared.lock().completion_sink.clone();
+        {
+            // As in `run_actions`: the state locked, a device completing inside its submit.
+            let _state = shared.lock();
+            let _scope = SubmitScope::enter(&sink);
+            sink.complete(flush_done());
+        }
+        assert!(!woken(shared), "no wake-up for an inline completion");
+        assert!(shared.has_completed(), "left in the list for the drain");
+    }
+
+    #[tokio::test]
+    async fn a_completion_outside_a_submit_wakes_the_task_that_holds_the_state() {
+        let (conn, _host) = connection().await;
+        let shared = &*conn.shared;
+        let sink = shared.lock().completion_sink.clone();
+        {
+            let _state = shared.lock();
+            {
+                let _scope = SubmitScope::enter(&sink);
+            }
+            // The submit is over (its scope ended): this is a completion from elsewhere.
+            sink.complete(flush_done());
+        }
+        assert!(
+            woken(shared),
+            "the task holding the state must be woken to drain it"
+        );
+        assert!(shared.has_completed());
+    }
+}
