@@ -224,7 +224,8 @@ thread_local! {
 
 /// Marks, for the length of one `BlockDevice::submit`, that this thread holds the state of
 /// the connection owning `sink` and drains its completion list before it lets go (every
-/// path that submits ends in `State::drain_completions`). A device that completes inline
+/// path that submits ends in `State::drain_completions`, or closes the connection, which
+/// drops what the list holds as it did before). A device that completes inline
 /// (the in-memory one) then leaves its completion in that list without waking the task:
 /// the wake-up would only cost the task one more loop turn after the response had gone.
 struct SubmitScope {
