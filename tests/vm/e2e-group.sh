@@ -631,7 +631,9 @@ def status_name(st):
 addr, port, subnqn, hostnqn = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 nsid, lba, trigger, result = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8]
 out = {}
-try:
+
+def associate():
+    # an admin queue connected and enabled, and I/O queue 1 of the same controller
     adm = Queue(addr, port)
     cntlid = connect(adm, subnqn, hostnqn, 0, CNTLID_DYNAMIC, 120000)
     prop(adm, FCTYPE_PROP_SET, REG_CC, CC_EN | CC_IOSQES | CC_IOCQES)
@@ -641,6 +643,10 @@ try:
         time.sleep(0.05)
     io = Queue(addr, port)
     connect(io, subnqn, hostnqn, 1, cntlid, 0)
+    return adm, io
+
+try:
+    adm, io = associate()
     a = bytes([0xA5]) * 512
     st, _ = rw(io, OPC_WRITE, nsid, lba, a)
     out['control_write'] = status_name(st)
@@ -657,15 +663,7 @@ try:
         # A gateway that demoted itself (lease) closes controllers with commands stuck at
         # the cluster: the write is tried again on a new association, as a host would.
         out['reconnected_after'] = str(e) or type(e).__name__
-        adm = Queue(addr, port)
-        cntlid = connect(adm, subnqn, hostnqn, 0, CNTLID_DYNAMIC, 120000)
-        prop(adm, FCTYPE_PROP_SET, REG_CC, CC_EN | CC_IOSQES | CC_IOCQES)
-        for _ in range(100):
-            if prop(adm, FCTYPE_PROP_GET, REG_CSTS)[0] & 1:
-                break
-            time.sleep(0.05)
-        io = Queue(addr, port)
-        connect(io, subnqn, hostnqn, 1, cntlid, 0)
+        adm, io = associate()
         st, _ = rw(io, OPC_WRITE, nsid, lba, bytes([0x5A]) * 512)
     out['fenced_write'] = status_name(st)
     out['fenced_write_failed'] = st != 0
