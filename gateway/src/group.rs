@@ -2188,14 +2188,21 @@ ana_group = 2
         }
     }
 
-    #[tokio::test]
-    async fn a_demoted_gateway_reports_its_groups_inaccessible_until_restored() {
+    /// The target of `TOML`, every group inaccessible as at a group gateway's start, and its
+    /// subsystem.
+    fn group_target() -> (Arc<Target>, Arc<Subsystem>) {
         let c = Config::from_toml_str(TOML).expect("config");
         let target = c.build_target().expect("target");
         start_inaccessible(&target);
         let s = target
             .subsystem("nqn.2016-06.io.test:group")
             .expect("subsystem");
+        (target, s)
+    }
+
+    #[tokio::test]
+    async fn a_demoted_gateway_reports_its_groups_inaccessible_until_restored() {
+        let (target, s) = group_target();
         let clients = GroupClientsState::default();
         let held = assignment(3, &[(1, ana::OPTIMIZED), (2, ana::CHANGE)]);
         assert!(apply_with_clients(&target, &held, &clients).await);
@@ -2225,12 +2232,7 @@ ana_group = 2
 
     #[tokio::test]
     async fn pushed_states_are_applied_and_counted() {
-        let c = Config::from_toml_str(TOML).expect("config");
-        let target = c.build_target().expect("target");
-        start_inaccessible(&target);
-        let s = target
-            .subsystem("nqn.2016-06.io.test:group")
-            .expect("subsystem");
+        let (target, s) = group_target();
         assert_eq!(s.ana_state(1), ana::INACCESSIBLE);
         assert_eq!(s.ana_state(2), ana::INACCESSIBLE);
         let before = s.ana_change_count();
