@@ -162,7 +162,11 @@ async fn serve(config: Config, path: PathBuf) -> Result<(), String> {
         for l in reload::listeners_of(&config) {
             listeners.start(l).await?;
         }
-        health.serving(&target);
+        if _group.is_none() {
+            // (A group gateway said so before its wait; a listener that cannot be bound
+            // ends the process above either way.)
+            health.serving(&target);
+        }
     }
     for s in target.subsystems() {
         tracing::info!(
