@@ -40,6 +40,7 @@ fn state_with(n: u32) -> GroupState {
         addrs: vec![],
         group_addrs: None,
         applied_epoch: 0,
+        cluster: control_plane::ana::ClusterReach::Unknown,
         now_ms: 0,
     })
     .expect("beacon");

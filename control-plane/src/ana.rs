@@ -15,6 +15,11 @@
 //!   to a survivor (the owner if it is available, else the available gateway holding the
 //!   fewest groups, ties by name). No survivor: the group is orphaned and moves as soon as
 //!   one appears (after the fence).
+//! - A gateway that beacons but reports itself cut off from the cluster
+//!   ([`ClusterReach::Stalled`]: its commands at Ceph make no progress and the monitors do not
+//!   answer it) is unavailable too, but only while another available gateway reports the
+//!   cluster reachable: in a whole-cluster outage moving helps nobody. It is available again
+//!   only once it no longer reports the cluster stalled.
 //! - A fenced gateway stays fenced while it beacons with the same incarnation (it came back
 //!   without restarting: its clients are blocklisted); a new incarnation makes it available.
 //! - Failback, when the owner is available again (for `failback_delay_ms`): the survivor is
@@ -118,6 +123,38 @@ impl Availability {
     }
 }
 
+/// Whether a gateway reaches the cluster, as its beacons say (`Beacon.cluster`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ClusterReach {
+    /// Not said (an older gateway) or not known yet.
+    #[default]
+    Unknown,
+    /// A command or a probe of the monitors was answered within its stall window.
+    Reachable,
+    /// Its commands at the cluster have made no progress for its stall window and the
+    /// monitors do not answer it either.
+    Stalled,
+}
+
+impl ClusterReach {
+    pub fn name(self) -> &'static str {
+        match self {
+            ClusterReach::Unknown => "unknown",
+            ClusterReach::Reachable => "reachable",
+            ClusterReach::Stalled => "stalled",
+        }
+    }
+
+    /// From the wire (`proto::ClusterReach`); an unknown value is [`ClusterReach::Unknown`].
+    pub fn from_wire(v: i32) -> ClusterReach {
+        match v {
+            1 => ClusterReach::Reachable,
+            2 => ClusterReach::Stalled,
+            _ => ClusterReach::Unknown,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GatewayEntry {
     pub name: String,
@@ -145,6 +182,10 @@ pub struct GatewayEntry {
     /// optimized elsewhere) and it takes none over. Cleared by a new incarnation.
     #[serde(default)]
     pub leaving: bool,
+    /// Whether the gateway's last beacon said it reaches the cluster. Not persisted: a new
+    /// leader hears it again in the next beacon.
+    #[serde(skip)]
+    pub cluster: ClusterReach,
     /// Not persisted: a new leader starts every gateway's grace at its first tick.
     #[serde(skip)]
     pub last_beacon_ms: Option<u64>,
@@ -216,6 +257,8 @@ pub enum Event {
         /// The addresses per ANA group (see [`GatewayEntry::group_addrs`]).
         group_addrs: Option<BTreeMap<u32, Vec<String>>>,
         applied_epoch: u64,
+        /// Whether the gateway reaches the cluster, as it sees it.
+        cluster: ClusterReach,
         now_ms: u64,
     },
     Tick {
@@ -443,13 +486,14 @@ impl GroupMap {
                 addrs,
                 group_addrs,
                 applied_epoch,
+                cluster,
                 now_ms,
             } => self.beacon(
                 gateway,
                 ana_group,
                 incarnation,
                 (addrs, group_addrs),
-                applied_epoch,
+                (applied_epoch, cluster),
                 now_ms,
                 &mut actions,
             )?,
@@ -507,7 +551,7 @@ impl GroupMap {
         ana_group: u32,
         incarnation: u64,
         (addrs, group_addrs): (Vec<String>, Option<BTreeMap<u32, Vec<String>>>),
-        applied_epoch: u64,
+        (applied_epoch, cluster): (u64, ClusterReach),
         now_ms: u64,
         actions: &mut Vec<Action>,
     ) -> Result<(), MapError> {
@@ -548,6 +592,7 @@ impl GroupMap {
                     fenced_addrs: None,
                     applied_epoch: 0,
                     leaving: false,
+                    cluster: ClusterReach::Unknown,
                     last_beacon_ms: Some(now_ms),
                     available_since_ms: Some(now_ms),
                 },
@@ -582,16 +627,25 @@ impl GroupMap {
         }
         gw.addrs = addrs;
         gw.group_addrs = group_addrs;
+        if gw.cluster != cluster {
+            if cluster == ClusterReach::Stalled {
+                tracing::warn!(gateway = %gateway, "gateway reports the cluster out of its reach");
+            } else if gw.cluster == ClusterReach::Stalled {
+                tracing::info!(gateway = %gateway, "gateway no longer reports the cluster out of its reach");
+            }
+            gw.cluster = cluster;
+        }
         // Fenced per group and reporting none of the blocklisted addresses any more.
         let clean_again = match (&gw.fenced_addrs, &gw.group_addrs) {
             (Some(fenced), Some(now)) => now.values().flatten().all(|a| !fenced.contains(a)),
             _ => false,
         };
-        let became_available = match gw.availability {
-            Availability::Available => false,
-            Availability::Unavailable => true,
-            Availability::Fenced => gw.fenced_incarnation != Some(incarnation) || clean_again,
-        };
+        let became_available = cluster != ClusterReach::Stalled
+            && match gw.availability {
+                Availability::Available => false,
+                Availability::Unavailable => true,
+                Availability::Fenced => gw.fenced_incarnation != Some(incarnation) || clean_again,
+            };
         if became_available {
             tracing::info!(gateway = %gateway, incarnation, clean_again, "gateway available again");
             gw.availability = Availability::Available;
@@ -607,9 +661,36 @@ impl GroupMap {
                 actions.push(push);
             }
         }
+        self.mark_cut_off(&gateway);
         // Phases that wait for a beacon: drained survivors, orphans whose holder is back.
         self.advance(now_ms, actions);
         Ok(())
+    }
+
+    /// `gateway` reports the cluster out of its reach: unavailable (what it holds is fenced
+    /// and moves) if another available gateway reports it reachable. Otherwise nothing: in a
+    /// whole-cluster outage moving would help nobody (and the fence could not be done).
+    fn mark_cut_off(&mut self, gateway: &str) {
+        let someone_else_reaches = self.gateways.values().any(|g| {
+            g.name != gateway
+                && g.availability == Availability::Available
+                && g.cluster == ClusterReach::Reachable
+        });
+        let Some(gw) = self.gateways.get_mut(gateway) else {
+            return;
+        };
+        if gw.availability == Availability::Available
+            && gw.cluster == ClusterReach::Stalled
+            && someone_else_reaches
+        {
+            tracing::warn!(
+                gateway = %gateway,
+                "gateway cut off from the cluster while others reach it: unavailable (fencing \
+                 what it holds)"
+            );
+            gw.availability = Availability::Unavailable;
+            gw.available_since_ms = None;
+        }
     }
 
     fn tick(&mut self, now_ms: u64, actions: &mut Vec<Action>) {

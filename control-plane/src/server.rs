@@ -967,6 +967,7 @@ impl ControlPlane {
             addrs: b.client_addrs,
             group_addrs,
             applied_epoch: b.applied_version,
+            cluster: ana::ClusterReach::from_wire(b.cluster),
             now_ms: now,
         })
         .await?;
@@ -1046,6 +1047,7 @@ impl ControlPlane {
                     client_addrs: g.addrs.clone(),
                     cntlid_min: u32::from(lo),
                     cntlid_max: u32::from(hi),
+                    cluster: g.cluster.name().into(),
                 }
             })
             .collect()

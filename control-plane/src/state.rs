@@ -1123,6 +1123,7 @@ mod tests {
                 addrs: vec![],
                 group_addrs: None,
                 applied_epoch: 0,
+                cluster: crate::ana::ClusterReach::Unknown,
                 now_ms: 0,
             })
             .expect("beacon");

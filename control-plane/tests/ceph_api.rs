@@ -90,6 +90,7 @@ async fn beacon_tls(c: &mut GatewayControlClient<Channel>, hosts: &[(&str, bool)
                 secure: *secure,
             })
             .collect(),
+        cluster: 0,
     })
     .await
     .expect("beacon");

@@ -55,6 +55,7 @@ async fn beacon(addr: &str, gw: &str, group: u32) {
                 // One host over TLS, one in clear: the TLS column shows both.
                 secure: group == 1,
             }],
+            cluster: 0,
         })
         .await
         .expect("beacon");

@@ -62,6 +62,7 @@ async fn beacon(c: &mut GatewayControlClient<Channel>, gw: &str, group: u32, epo
             io_queues: 4,
             secure: false,
         }],
+        cluster: 0,
     })
     .await
     .expect("beacon");

@@ -71,6 +71,7 @@ async fn beacon(g: &mut GatewayControlClient<Channel>, connected: bool) {
         } else {
             Vec::new()
         },
+        cluster: 0,
     })
     .await
     .expect("beacon");

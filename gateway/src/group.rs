@@ -516,6 +516,7 @@ async fn beacon_loop(
                 client_addrs: addrs,
                 applied_version: applied.load(Ordering::SeqCst),
                 connections: connections(&target),
+                cluster: 0,
             }),
             group_clients: per_group
                 .into_iter()

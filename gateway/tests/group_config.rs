@@ -189,6 +189,7 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
                         client_addrs: vec![fake_addr.clone()],
                         applied_version: u64::MAX,
                         connections: vec![],
+                        cluster: 0,
                     })
                     .await;
                 tokio::time::sleep(Duration::from_millis(200)).await;

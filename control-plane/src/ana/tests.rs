@@ -89,6 +89,18 @@ impl Sim {
         inc: u64,
         group_addrs: Option<BTreeMap<u32, Vec<String>>>,
     ) -> Vec<Action> {
+        self.beacon_reporting(gw, group, inc, group_addrs, ClusterReach::Unknown)
+    }
+
+    /// As [`Sim::beacon_with_groups`], saying whether the gateway is cut off from the cluster.
+    fn beacon_reporting(
+        &mut self,
+        gw: &str,
+        group: u32,
+        inc: u64,
+        group_addrs: Option<BTreeMap<u32, Vec<String>>>,
+        cluster: ClusterReach,
+    ) -> Vec<Action> {
         let applied = self.map.epoch;
         self.event(Event::Beacon {
             gateway: gw.into(),
@@ -97,6 +109,7 @@ impl Sim {
             addrs: vec![format!("127.0.0.1:0/{inc}")],
             group_addrs,
             applied_epoch: applied,
+            cluster,
             now_ms: self.now,
         })
         .expect("beacon")
@@ -187,6 +200,7 @@ fn bad_beacons_are_refused_and_change_nothing() {
         addrs: vec![],
         group_addrs: None,
         applied_epoch: 0,
+        cluster: ClusterReach::Unknown,
         now_ms: 0,
     });
     assert_eq!(
@@ -203,6 +217,7 @@ fn bad_beacons_are_refused_and_change_nothing() {
         addrs: vec![],
         group_addrs: None,
         applied_epoch: 0,
+        cluster: ClusterReach::Unknown,
         now_ms: 0,
     });
     assert!(matches!(r, Err(MapError::WrongGroup { .. })));
@@ -213,6 +228,7 @@ fn bad_beacons_are_refused_and_change_nothing() {
         addrs: vec![],
         group_addrs: None,
         applied_epoch: 0,
+        cluster: ClusterReach::Unknown,
         now_ms: 0,
     });
     assert_eq!(r, Err(MapError::GroupRange(MAX_ANA_GROUP + 1)));
@@ -380,6 +396,7 @@ fn failback_drains_the_survivor_fences_it_then_optimizes_the_owner() {
         addrs: vec![],
         group_addrs: None,
         applied_epoch: epoch_before,
+        cluster: ClusterReach::Unknown,
         now_ms: s.now,
     })
     .expect("beacon");
@@ -420,6 +437,7 @@ fn failback_is_cancelled_when_the_owner_dies_while_draining() {
         addrs: vec![],
         group_addrs: None,
         applied_epoch: 0,
+        cluster: ClusterReach::Unknown,
         now_ms: s.now,
     })
     .expect("beacon");
@@ -452,6 +470,7 @@ fn a_leaving_gateway_drains_is_fenced_and_its_group_moves() {
         addrs: vec!["127.0.0.1:0/11".into()],
         group_addrs: None,
         applied_epoch: epoch,
+        cluster: ClusterReach::Unknown,
         now_ms: s.now,
     })
     .expect("beacon");
@@ -759,6 +778,17 @@ impl Sim {
     fn sharded_beacon(&mut self, gw: &str, group: u32, inc: u64) -> Vec<Action> {
         self.beacon_with_groups(gw, group, inc, Some(sharded_addrs(inc)))
     }
+
+    /// A sharded gateway's beacon that says the cluster answers it.
+    fn reaching_beacon(&mut self, gw: &str, group: u32, inc: u64) -> Vec<Action> {
+        self.beacon_reporting(
+            gw,
+            group,
+            inc,
+            Some(sharded_addrs(inc)),
+            ClusterReach::Reachable,
+        )
+    }
 }
 
 /// One fence as [`fences_of`] lists it: `gateway`'s client `addr`, for `group`.
@@ -1050,4 +1080,97 @@ fn a_stream_end_of_a_gateway_holding_nothing_fences_nothing() {
     }
     s.beacon("gw2", 2, 23);
     assert_eq!(s.map.gateways["gw2"].availability, Availability::Available);
+}
+
+/// gw1 and gw2 sharded; every 250 ms both beacon, gw1 reaching the cluster and gw2 saying
+/// `gw2_reach`, and the leader ticks; fences are completed as they come. Returns the fences
+/// ordered.
+fn beacons_for(
+    s: &mut Sim,
+    rounds: usize,
+    gw2_addrs: &BTreeMap<u32, Vec<String>>,
+    gw2_reach: ClusterReach,
+) -> Vec<(u32, String, Vec<String>, FenceScope)> {
+    let mut fences = Vec::new();
+    for _ in 0..rounds {
+        s.now += 250;
+        fences.extend(fences_of(&s.reaching_beacon("gw1", 1, 11)));
+        fences.extend(fences_of(&s.beacon_reporting(
+            "gw2",
+            2,
+            22,
+            Some(gw2_addrs.clone()),
+            gw2_reach,
+        )));
+        fences.extend(fences_of(&s.tick()));
+        while !s.fences.is_empty() {
+            s.complete_fence();
+        }
+    }
+    fences
+}
+
+#[test]
+fn a_gateway_cut_off_from_the_cluster_but_beaconing_is_failed_over_and_back_once_it_reaches_it() {
+    let mut s = Sim::new();
+    s.sharded_beacon("gw1", 1, 11);
+    s.sharded_beacon("gw2", 2, 22);
+    // gw2 still beacons, but its Ceph network is gone: fenced for its group, which moves to
+    // gw1 although gw2 never missed a beacon.
+    let fences = beacons_for(&mut s, 1, &sharded_addrs(22), ClusterReach::Stalled);
+    assert_eq!(
+        fences,
+        vec![fence(2, "gw2", "127.0.0.1:0/222", FenceScope::Group)]
+    );
+    assert_eq!(s.holder(2), "gw1");
+    assert_eq!(s.state("gw2", 2), AnaState::Inaccessible);
+    // It dropped its fenced clients, but it still cannot reach the cluster: it stays out and
+    // takes nothing back, however long that lasts.
+    let mut dropped = sharded_addrs(22);
+    dropped.remove(&2);
+    assert!(beacons_for(&mut s, 20, &dropped, ClusterReach::Stalled).is_empty());
+    assert_ne!(s.map.gateways["gw2"].availability, Availability::Available);
+    assert_eq!(s.holder(2), "gw1");
+    // It reaches the cluster again: available, and group 2 fails back through the usual drain
+    // of gw1 and its fence.
+    let fences = beacons_for(&mut s, 20, &dropped, ClusterReach::Reachable);
+    assert_eq!(
+        fences,
+        vec![fence(2, "gw1", "127.0.0.1:0/112", FenceScope::Group)]
+    );
+    assert_eq!(s.map.gateways["gw2"].availability, Availability::Available);
+    assert_eq!(s.holder(2), "gw2");
+    assert_eq!(s.state("gw2", 2), AnaState::Optimized);
+}
+
+#[test]
+fn a_stalled_gateway_is_failed_over_only_while_another_reports_the_cluster_reachable() {
+    let mut s = Sim::new();
+    s.sharded_beacon("gw1", 1, 11);
+    s.sharded_beacon("gw2", 2, 22);
+    // A whole-cluster outage: gw2 reports it first, gw1 (idle, say) has nothing to say yet,
+    // then reports it too. Nobody is fenced, nothing moves.
+    for k in 0..12 {
+        s.now += 250;
+        let gw1 = if k < 4 {
+            ClusterReach::Unknown
+        } else {
+            ClusterReach::Stalled
+        };
+        let mut a = s.beacon_reporting("gw1", 1, 11, Some(sharded_addrs(11)), gw1);
+        a.extend(s.beacon_reporting("gw2", 2, 22, Some(sharded_addrs(22)), ClusterReach::Stalled));
+        a.extend(s.tick());
+        assert!(fences_of(&a).is_empty(), "fenced: {a:?}");
+    }
+    for gw in ["gw1", "gw2"] {
+        assert_eq!(s.map.gateways[gw].availability, Availability::Available);
+    }
+    assert_eq!((s.holder(1), s.holder(2)), ("gw1", "gw2"));
+    // The cluster is back for gw1 only: gw2, still stalled, is failed over at its next beacon.
+    let fences = beacons_for(&mut s, 1, &sharded_addrs(22), ClusterReach::Stalled);
+    assert_eq!(
+        fences,
+        vec![fence(2, "gw2", "127.0.0.1:0/222", FenceScope::Group)]
+    );
+    assert_eq!(s.holder(2), "gw1");
 }

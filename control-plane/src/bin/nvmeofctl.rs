@@ -976,6 +976,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     println!("state        {}", g.availability);
                     println!("controllers  {}-{}", g.cntlid_min, g.cntlid_max);
                     if !gws.leader.is_empty() {
+                        println!("ceph         {}", g.cluster);
                         println!("last beacon  {} ms ago", g.last_beacon_ms_ago);
                     }
                     println!("clients      {}", g.client_addrs.join(" "));

@@ -214,6 +214,7 @@ impl Listing for GatewayRow<'_> {
         "GATEWAY",
         "ANA GROUP",
         "STATE",
+        "CEPH",
         "LAST BEACON",
         "CNTLID",
         "CLIENTS",
@@ -224,6 +225,11 @@ impl Listing for GatewayRow<'_> {
             g.name.clone(),
             g.ana_group.to_string(),
             g.availability.clone(),
+            if self.from_leader {
+                g.cluster.clone()
+            } else {
+                "-".into()
+            },
             if self.from_leader {
                 format!("{} ms ago", g.last_beacon_ms_ago)
             } else {
