@@ -31,6 +31,9 @@
 //!   leader's grace, the gateway gives its groups up by itself (`crate::lease`): they turn
 //!   inaccessible and controllers with commands stuck at the cluster are closed, so hosts
 //!   retry on the survivor; a beacon accepted again takes the current assignment afresh.
+//! - Cut off from the cluster only, the gateway says so in its beacons (`crate::stall`); the
+//!   leader fails it over, and when the assignment takes a group away while its commands are
+//!   stuck at the cluster, the controllers holding them are closed as above.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
@@ -52,6 +55,7 @@ use crate::core::{ListenerInfo, Namespace, Subsystem, Target, TransportType, Vis
 use crate::events::NamespaceEvents;
 use crate::lease::{LeaseAction, LeaseWatch};
 use crate::spec::ana;
+use crate::stall::{Reach, StallWatch};
 
 /// What the agent needs from the configuration.
 #[derive(Debug, Clone)]
@@ -140,6 +144,9 @@ pub struct GroupClientsState {
     /// The lease ran out with the cluster unreachable (`crate::lease`): no group turns
     /// optimized here until a beacon is accepted again.
     demoted: AtomicBool,
+    /// This gateway reports the cluster stalled (`crate::stall`): a group taken away does not
+    /// wait for its stuck commands.
+    cluster_stalled: AtomicBool,
 }
 
 impl GroupClientsState {
@@ -409,6 +416,7 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
     // interval to the hosts' I/O pause.
     let beacon_now = Arc::new(tokio::sync::Notify::new());
     let lease = Arc::new(Mutex::new(LeaseWatch::default()));
+    let stall = Arc::new(Mutex::new(StallWatch::default()));
     // The lease came back after a demotion: the assignment stream is joined afresh.
     let resync = Arc::new(tokio::sync::Notify::new());
     let beacons = tokio::spawn(beacon_loop(
@@ -418,7 +426,13 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         incarnation,
         (applied.clone(), beacon_now.clone()),
         clients.clone(),
-        lease.clone(),
+        (lease.clone(), stall.clone()),
+    ));
+    let stall_watch = tokio::spawn(stall_loop(
+        target.clone(),
+        clients.clone(),
+        stall,
+        beacon_now.clone(),
     ));
     let gateway = settings.gateway.clone();
     let lease_watch = tokio::spawn(lease_loop(
@@ -436,7 +450,7 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         clients.clone(),
         listeners_tx,
     ));
-    let mut tasks = vec![beacons, assignments, lease_watch];
+    let mut tasks = vec![beacons, assignments, lease_watch, stall_watch];
     for (addr, ch) in &channels {
         tasks.push(tokio::spawn(presence_loop(
             gateway.clone(),
@@ -488,7 +502,7 @@ async fn beacon_loop(
     incarnation: u64,
     (applied, beacon_now): (Arc<AtomicU64>, Arc<tokio::sync::Notify>),
     clients: Arc<GroupClientsState>,
-    lease: Arc<Mutex<LeaseWatch>>,
+    (lease, stall): (Arc<Mutex<LeaseWatch>>, Arc<Mutex<StallWatch>>),
 ) {
     let mut tick = tokio::time::interval(settings.beacon_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -516,7 +530,9 @@ async fn beacon_loop(
                 client_addrs: addrs,
                 applied_version: applied.load(Ordering::SeqCst),
                 connections: connections(&target),
-                cluster: 0,
+                cluster: cluster_reach_wire(
+                    stall.lock().unwrap_or_else(|e| e.into_inner()).reach(),
+                ),
             }),
             group_clients: per_group
                 .into_iter()
@@ -645,6 +661,120 @@ async fn lease_loop(
     }
 }
 
+fn cluster_reach_wire(reach: Reach) -> i32 {
+    use control_plane::proto::ClusterReach as Wire;
+    match reach {
+        Reach::Unknown => Wire::Unknown as i32,
+        Reach::Reachable => Wire::Reachable as i32,
+        Reach::Stalled => Wire::Stalled as i32,
+    }
+}
+
+/// How often the commands at the cluster are looked at: a tenth of the stall window.
+const STALL_POLL: Duration = Duration::from_millis(100);
+
+/// 1 while this gateway reports the cluster stalled: a metric.
+static CLUSTER_STALLED_NOW: AtomicBool = AtomicBool::new(false);
+
+/// Watches whether this gateway reaches the cluster (`crate::stall`): the commands of every
+/// namespace at the cluster, and monitor probes. A change is beaconed at once.
+async fn stall_loop(
+    target: Arc<Target>,
+    clients: Arc<GroupClientsState>,
+    stall: Arc<Mutex<StallWatch>>,
+    beacon_now: Arc<tokio::sync::Notify>,
+) {
+    let mut tick = tokio::time::interval(STALL_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let (mut in_flight, mut completed) = (0usize, 0u64);
+        for s in target.subsystems().iter().filter(|s| !s.is_discovery()) {
+            for ns in s.namespaces() {
+                in_flight += ns.device.in_flight();
+                if let Some(stats) = ns.device.io_stats() {
+                    completed += stats.iter().map(|(_, t)| t.completed).sum::<u64>();
+                }
+            }
+        }
+        let now = Instant::now();
+        let polled = stall
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .poll(now, in_flight, completed);
+        if polled.probe {
+            let stall = stall.clone();
+            let (clients, beacon_now) = (clients.clone(), beacon_now.clone());
+            tokio::spawn(async move {
+                // Blocks while the monitors are out of reach: one probe at a time.
+                let answered = matches!(
+                    tokio::task::spawn_blocking(rbd_backend::rados::probe_monitors).await,
+                    Ok(Ok(true))
+                );
+                let changed = stall
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .probe_finished(Instant::now(), now, answered);
+                if let Some(reach) = changed {
+                    reach_changed(reach, &clients, &beacon_now);
+                }
+            });
+        }
+        if let Some(reach) = polled.changed {
+            if reach == Reach::Stalled {
+                tracing::error!(
+                    in_flight,
+                    "commands at the cluster have made no progress and the monitors do not \
+                     answer: this gateway is cut off from Ceph; the control plane moves its \
+                     groups while another gateway reaches the cluster"
+                );
+            }
+            reach_changed(reach, &clients, &beacon_now);
+        }
+    }
+}
+
+fn reach_changed(reach: Reach, clients: &GroupClientsState, beacon_now: &tokio::sync::Notify) {
+    let stalled = reach == Reach::Stalled;
+    let was = clients.cluster_stalled.swap(stalled, Ordering::SeqCst);
+    CLUSTER_STALLED_NOW.store(stalled, Ordering::Relaxed);
+    if was && !stalled {
+        tracing::info!(reach = ?reach, "the cluster answers this gateway again");
+    }
+    if was != stalled {
+        beacon_now.notify_one();
+    }
+}
+
+/// Closes the host controllers of `subsystems` that have commands of `groups` at the cluster
+/// or waiting for their QoS turn: the hosts then retry those commands on another path at once
+/// instead of after their I/O timeout. Returns how many were closed.
+fn close_stuck_controllers(
+    subsystems: &[Arc<Subsystem>],
+    groups: &BTreeSet<u32>,
+    reason: crate::core::TeardownReason,
+) -> usize {
+    let mut closed = 0;
+    for s in subsystems {
+        let stuck: usize = s
+            .namespaces()
+            .iter()
+            .filter(|ns| groups.contains(&ns.ana_group))
+            .map(|ns| ns.device.in_flight() + ns.qos.waiting())
+            .sum();
+        if stuck == 0 {
+            continue;
+        }
+        for c in s.controllers() {
+            if !c.is_torn_down() {
+                c.teardown(reason);
+                closed += 1;
+            }
+        }
+    }
+    closed
+}
+
 /// Turns every group optimized or changing here inaccessible, remembers them as lost (the
 /// control plane may fence their clients), and closes the host controllers of their
 /// subsystems if commands of those groups are stuck at the cluster: the hosts then retry
@@ -666,24 +796,8 @@ fn demote(target: &Target, clients: &GroupClientsState) -> (Vec<u32>, usize) {
             }
         }
     }
-    let mut closed = 0;
-    for s in &subsystems {
-        let stuck: usize = s
-            .namespaces()
-            .iter()
-            .filter(|ns| held.contains(&ns.ana_group))
-            .map(|ns| ns.device.in_flight() + ns.qos.waiting())
-            .sum();
-        if stuck == 0 {
-            continue;
-        }
-        for c in s.controllers() {
-            if !c.is_torn_down() {
-                c.teardown(crate::core::TeardownReason::LeaseLost);
-                closed += 1;
-            }
-        }
-    }
+    let closed =
+        close_stuck_controllers(&subsystems, &held, crate::core::TeardownReason::LeaseLost);
     (held.into_iter().collect(), closed)
 }
 
@@ -705,6 +819,14 @@ pub fn render_lease_metrics(out: &mut String) {
          plane answers again.",
     )
     .sample(&[], u64::from(DEMOTED_NOW.load(Ordering::Relaxed)));
+    metrics_exposition::Family::new(
+        out,
+        "nvmeof_group_cluster_stalled",
+        "gauge",
+        "1 while this gateway reports itself cut off from the cluster: commands at Ceph make \
+         no progress and the monitors do not answer.",
+    )
+    .sample(&[], u64::from(CLUSTER_STALLED_NOW.load(Ordering::Relaxed)));
 }
 
 /// Holds a `Join` stream that carries no assignment (`presence_only`) open with the replica at
@@ -1493,6 +1615,35 @@ pub async fn apply_with_clients(
                 tracing::info!(group = g.ana_group, state, epoch = a.version, "ANA state");
                 s.set_ana_state(g.ana_group, state);
             }
+        }
+    }
+    if clients.cluster_stalled.load(Ordering::SeqCst) {
+        // Cut off from the cluster: a group taken away (inaccessible, not a drain) was
+        // fenced before it moved, and its commands here would wait for the hosts' I/O
+        // timeout. Hand them back to the hosts now.
+        let moved: BTreeSet<u32> = draining
+            .iter()
+            .copied()
+            .filter(|g| {
+                subsystems
+                    .iter()
+                    .all(|s| s.ana_state(*g) == ana::INACCESSIBLE)
+            })
+            .collect();
+        if !moved.is_empty() {
+            let closed = close_stuck_controllers(
+                &subsystems,
+                &moved,
+                crate::core::TeardownReason::ClusterStalled,
+            );
+            tracing::warn!(
+                groups = ?moved,
+                controllers_closed = closed,
+                "groups moved away while this gateway is cut off from the cluster: \
+                 controllers with commands stuck there closed, so hosts re-send them on the \
+                 new path"
+            );
+            draining.retain(|g| !moved.contains(g));
         }
     }
     for g in draining {

@@ -19,4 +19,5 @@ pub mod rdma;
 pub mod reload;
 pub mod signals;
 pub mod spec;
+pub mod stall;
 pub mod tcp;

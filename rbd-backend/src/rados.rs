@@ -385,6 +385,20 @@ pub fn wait_for_latest_osdmap_all() -> Result<usize, RadosError> {
     Ok(clients.len())
 }
 
+/// Asks the monitors for the latest osdmap through one connection of this process that is
+/// neither blocklisted nor retired (blocks while they do not answer): whether the cluster's
+/// monitors reach this process. `Ok(false)`: no such connection to ask.
+pub fn probe_monitors() -> Result<bool, RadosError> {
+    let client = live_clients().into_iter().find(|(_, h)| {
+        h.as_ref()
+            .is_none_or(|h| !h.is_blocklisted() && !h.is_retired())
+    });
+    match client {
+        Some((c, _)) => Ok(c.wait_for_latest_osdmap().map(|()| true)?),
+        None => Ok(false),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -87,6 +87,9 @@ pub enum TeardownReason {
     /// The gateway lost its lease with the group and the cluster (`crate::lease`): commands
     /// stuck at the cluster are given back to the host, which retries them on another path.
     LeaseLost,
+    /// The gateway is cut off from the cluster (`crate::stall`) and the group was moved away:
+    /// commands stuck at the cluster are given back to the host, as for `LeaseLost`.
+    ClusterStalled,
 }
 
 pub struct Controller {

@@ -1,0 +1,322 @@
+//! Whether this group gateway reaches the cluster, as it reports it in its beacons
+//! (`Beacon.cluster`): deterministic, no I/O and no clock (times come in as arguments),
+//! driven by the group agent (`group.rs`).
+//!
+//! Why: a gateway whose Ceph network fails while its link to the control plane does not
+//! keeps beaconing, so the leader would see it alive and move nothing, while its commands wait
+//! in librados (no OSD op timeout by default) until the host's I/O timeout. The lease
+//! (`crate::lease`) does not help: beacons are accepted. So the gateway says it, and the
+//! leader fails it over while another gateway reports the cluster reachable
+//! (`control_plane::ana`).
+//!
+//! - **Stalled**: commands have been at the cluster for the stall window with none of them
+//!   completing, no monitor probe (an osdmap refresh) has answered since then, and one failed
+//!   or has been waiting for half the window. Both, so a slow OSD (the monitors answer) or a monitor
+//!   election (commands complete) is not taken for a cut.
+//! - **Reachable**: a command completed, or a probe answered, within two windows. An idle
+//!   gateway probes once per window to keep saying so.
+//! - **Unknown**: neither (an idle gateway before its first probe, or with no connection).
+//!
+//! Probes: one at a time, from half a window of commands stuck on, or once per window when
+//! nothing else showed the cluster answering.
+
+use std::time::{Duration, Instant};
+
+/// The stall window when the group does not say: half the control plane's default grace, so
+/// a cut gateway is reported and moved about when a frozen one would be.
+pub const DEFAULT_WINDOW: Duration = Duration::from_millis(1_000);
+/// Probes start no more often than this.
+const MIN_PROBE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What the gateway reports in its beacons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    Unknown,
+    Reachable,
+    Stalled,
+}
+
+/// What the agent must do after [`StallWatch::poll`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StallPoll {
+    /// Start a monitor probe now; report it with [`StallWatch::probe_finished`] and the same
+    /// start time.
+    pub probe: bool,
+    /// What is reported changed to this (send a beacon now).
+    pub changed: Option<Reach>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StallWatch {
+    window: Duration,
+    /// The completed-ops total at the last poll (None: no poll yet).
+    completed: Option<u64>,
+    last_completion: Option<Instant>,
+    /// Commands have been waiting since then with none completing (None: none waiting).
+    stuck_since: Option<Instant>,
+    probing: Option<Instant>,
+    last_probe_start: Option<Instant>,
+    /// When a probe last answered.
+    probe_answered: Option<Instant>,
+    /// When a probe last failed (or had no connection to ask).
+    probe_failed: Option<Instant>,
+    reach: Reach,
+}
+
+impl Default for StallWatch {
+    fn default() -> Self {
+        Self::new(DEFAULT_WINDOW)
+    }
+}
+
+impl StallWatch {
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            completed: None,
+            last_completion: None,
+            stuck_since: None,
+            probing: None,
+            last_probe_start: None,
+            probe_answered: None,
+            probe_failed: None,
+            reach: Reach::Unknown,
+        }
+    }
+
+    pub fn reach(&self) -> Reach {
+        self.reach
+    }
+
+    /// Looks at the commands now: `in_flight` at the cluster, `completed` the total ever
+    /// completed (successfully or not).
+    pub fn poll(&mut self, now: Instant, in_flight: usize, completed: u64) -> StallPoll {
+        let progressed = self.completed.is_some_and(|c| c != completed);
+        if progressed {
+            self.last_completion = Some(now);
+        }
+        self.completed = Some(completed);
+        if in_flight == 0 {
+            self.stuck_since = None;
+        } else if progressed || self.stuck_since.is_none() {
+            self.stuck_since = Some(now);
+        }
+        let stuck = self.stuck_since.map(|t| now.saturating_duration_since(t));
+        let evidence = self.last_completion.max(self.probe_answered);
+        let wants_probe = stuck.is_some_and(|d| d >= self.window / 2)
+            || evidence.is_none_or(|t| now.saturating_duration_since(t) >= self.window);
+        let may_probe = self.probing.is_none()
+            && self
+                .last_probe_start
+                .is_none_or(|t| now.saturating_duration_since(t) >= self.probe_interval(stuck));
+        let probe = wants_probe && may_probe;
+        if probe {
+            self.probing = Some(now);
+            self.last_probe_start = Some(now);
+        }
+        StallPoll {
+            probe,
+            changed: self.update(now),
+        }
+    }
+
+    /// The probe started at `started` finished: `answered` if a monitor answered it.
+    pub fn probe_finished(
+        &mut self,
+        now: Instant,
+        started: Instant,
+        answered: bool,
+    ) -> Option<Reach> {
+        if self.probing == Some(started) {
+            self.probing = None;
+        }
+        let newest = if answered {
+            &mut self.probe_answered
+        } else {
+            &mut self.probe_failed
+        };
+        *newest = (*newest).max(Some(now));
+        self.update(now)
+    }
+
+    /// Stuck commands ask again soon; otherwise once per window.
+    fn probe_interval(&self, stuck: Option<Duration>) -> Duration {
+        if stuck.is_some_and(|d| d >= self.window / 2) {
+            (self.window / 4).max(MIN_PROBE_INTERVAL)
+        } else {
+            self.window
+        }
+    }
+
+    fn update(&mut self, now: Instant) -> Option<Reach> {
+        let since = |t: Instant| now.saturating_duration_since(t);
+        let stalled = self.stuck_since.is_some_and(|stuck| {
+            let unanswered_since_stuck = self.probe_answered.is_none_or(|a| a < stuck);
+            // A probe from before the stall that still waits says even more.
+            let probe_waited = self.probing.is_some_and(|p| since(p) >= self.window / 2);
+            let probe_failed = self.probe_failed.is_some_and(|f| f >= stuck);
+            since(stuck) >= self.window && unanswered_since_stuck && (probe_waited || probe_failed)
+        });
+        let fresh = |t: Option<Instant>| t.is_some_and(|t| since(t) <= self.window * 2);
+        let reach = if stalled {
+            Reach::Stalled
+        } else if fresh(self.last_completion) || fresh(self.probe_answered) {
+            Reach::Reachable
+        } else {
+            Reach::Unknown
+        };
+        if reach == self.reach {
+            return None;
+        }
+        self.reach = reach;
+        Some(reach)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: Duration = DEFAULT_WINDOW;
+    const TICK: Duration = Duration::from_millis(50);
+
+    /// Polls every 50 ms for `d` with `in_flight` commands and the `completed` total, carrying
+    /// out probes with `probe` (None: they never answer). Returns the changes reported.
+    fn run(
+        w: &mut StallWatch,
+        clock: &mut Instant,
+        d: Duration,
+        in_flight: usize,
+        completed: &mut dyn FnMut() -> u64,
+        probe: Option<bool>,
+    ) -> Vec<Reach> {
+        let mut changes = Vec::new();
+        let end = *clock + d;
+        while *clock < end {
+            *clock += TICK;
+            let p = w.poll(*clock, in_flight, completed());
+            changes.extend(p.changed);
+            if p.probe {
+                if let Some(answered) = probe {
+                    changes.extend(w.probe_finished(*clock, *clock, answered));
+                }
+            }
+        }
+        changes
+    }
+
+    #[test]
+    fn commands_stuck_with_the_monitors_silent_are_reported_stalled_after_the_window() {
+        let mut w = StallWatch::default();
+        let mut clock = Instant::now();
+        let mut n = 0;
+        // Busy and completing: reachable.
+        let changes = run(
+            &mut w,
+            &mut clock,
+            W,
+            4,
+            &mut || {
+                n += 1;
+                n
+            },
+            Some(true),
+        );
+        assert_eq!(changes, vec![Reach::Reachable]);
+        // The cut: nothing completes, the probe hangs. Still reachable for the window...
+        let cut = clock;
+        assert!(run(&mut w, &mut clock, W - TICK, 4, &mut || n, None).is_empty());
+        // ...then stalled.
+        assert_eq!(
+            run(&mut w, &mut clock, TICK * 2, 4, &mut || n, None),
+            vec![Reach::Stalled]
+        );
+        assert!(clock.duration_since(cut) <= W + TICK * 2);
+        // It stays so as long as nothing answers.
+        assert!(run(&mut w, &mut clock, W * 10, 4, &mut || n, None).is_empty());
+        // Healed: the stuck commands complete (with an error, blocklisted): reachable.
+        assert_eq!(
+            run(&mut w, &mut clock, TICK, 0, &mut || n + 4, None),
+            vec![Reach::Reachable]
+        );
+    }
+
+    #[test]
+    fn a_slow_osd_whose_monitors_answer_is_not_a_stall() {
+        let mut w = StallWatch::default();
+        let mut clock = Instant::now();
+        let changes = run(&mut w, &mut clock, W * 10, 4, &mut || 0, Some(true));
+        assert_eq!(changes, vec![Reach::Reachable]);
+    }
+
+    #[test]
+    fn a_failed_probe_counts_as_unanswered() {
+        let mut w = StallWatch::default();
+        let mut clock = Instant::now();
+        let changes = run(&mut w, &mut clock, W * 2, 4, &mut || 0, Some(false));
+        assert_eq!(changes, vec![Reach::Stalled]);
+    }
+
+    #[test]
+    fn monitors_silent_while_commands_complete_is_not_a_stall() {
+        // A monitor election: the probe hangs, but the OSDs keep answering.
+        let mut w = StallWatch::default();
+        let mut clock = Instant::now();
+        let mut n = 0;
+        let changes = run(
+            &mut w,
+            &mut clock,
+            W * 10,
+            4,
+            &mut || {
+                n += 1;
+                n
+            },
+            None,
+        );
+        assert_eq!(changes, vec![Reach::Reachable]);
+    }
+
+    #[test]
+    fn an_idle_gateway_probes_once_per_window_and_says_reachable_or_unknown() {
+        let mut w = StallWatch::default();
+        let mut clock = Instant::now();
+        let mut probes = 0;
+        let end = clock + W * 10;
+        let mut changes = Vec::new();
+        while clock < end {
+            clock += TICK;
+            let p = w.poll(clock, 0, 0);
+            changes.extend(p.changed);
+            if p.probe {
+                probes += 1;
+                changes.extend(w.probe_finished(clock, clock, true));
+            }
+        }
+        assert_eq!(changes, vec![Reach::Reachable]);
+        assert!((9..=11).contains(&probes), "{probes} probes in 10 windows");
+        // The probes stop answering (no connection left): unknown after two windows, never
+        // stalled without commands waiting.
+        let changes = run(&mut w, &mut clock, W * 3, 0, &mut || 0, Some(false));
+        assert_eq!(changes, vec![Reach::Unknown]);
+    }
+
+    #[test]
+    fn a_probe_hanging_from_before_the_stall_counts_and_its_late_answer_clears_it() {
+        let mut w = StallWatch::default();
+        let mut clock = Instant::now();
+        // An idle probe is in flight when commands arrive and stop completing.
+        let p = w.poll(clock, 0, 0);
+        assert!(p.probe);
+        let early = clock;
+        clock += TICK;
+        w.poll(clock, 4, 0);
+        // One probe at a time: the early one is the only one, and it does not answer.
+        assert_eq!(
+            run(&mut w, &mut clock, W * 2, 4, &mut || 0, None),
+            vec![Reach::Stalled]
+        );
+        // It answers at last: the monitors reach this gateway again.
+        assert_eq!(w.probe_finished(clock, early, true), Some(Reach::Reachable));
+    }
+}
