@@ -42,6 +42,15 @@
 #                  re-sends them through the survivor; nsid N optimized on one survivor only;
 #                  healed: failback; zero errors; gwN's log has the self-demotion
 #   part-pauses    median and max of the partition pauses (goal <= 3 s; printed)
+#   ceph-cut-K     (K = 1..CEPH_CUT_ROUNDS, 2; with the network namespace) the same load on
+#                  nsid N: gwN cut from Ceph only, still beaconing to the control plane and
+#                  reached by this host: gwN must report the cluster stalled, the leader
+#                  fences it and moves the group, gwN hands its stuck writes back to this
+#                  host (closed controller), which re-sends them through the survivor; nsid
+#                  N optimized on one survivor only; healed: failback; zero errors; gwN's
+#                  log has the stall
+#   ceph-cut-pauses  median and max of the Ceph-cut pauses (goal <= 3 s; printed; fails over
+#                  10 s: the stuck writes waited for the host's I/O timeout)
 #   fence-cut      as fence below, with gwN's link taken down instead of SIGSTOP: once the
 #                  link is back, the host's python client's write through gwN fails
 #   leader-kill    kill -9 of the leading nvmeof-control replica: the other takes over
@@ -77,6 +86,7 @@ FENCE_LBA=$((240 * MIB / 512))  # the fenced gateway's write goes here (nsid 1, 
 NETCUT_GW=$(cat "$SH/netcut" 2>/dev/null)  # the gateway the host can cut off (E2E_NETCUT=1)
 CUT_ROUNDS=3
 PART_ROUNDS=2
+CEPH_CUT_ROUNDS=2
 FIO_RATE=200
 FIO_MIB=12            # per round: 3072 4K writes at FIO_RATE, ~15 s, then their verify
 WORK=/tmp/e2e-group
@@ -314,6 +324,21 @@ part_round() { # NAME
   [ -n "$OUTAGE_PAUSE" ] && PART_PAUSES+=("$OUTAGE_PAUSE")
   return $rc
 }
+CEPH_CUT_PAUSES=()
+ceph_cut_round() { # NAME
+  local rc; OUTAGE_PAUSE=""
+  outage_round "$1" "$NETCUT_GW" ceph-cut-gw ceph-heal-gw "cut from Ceph only"; rc=$?
+  [ -n "$OUTAGE_PAUSE" ] && CEPH_CUT_PAUSES+=("$OUTAGE_PAUSE")
+  return $rc
+}
+ceph_cut_pauses() {
+  [ ${#CEPH_CUT_PAUSES[@]} -gt 0 ] || { say "no Ceph-cut round measured"; return 1; }
+  echo "PAUSE Ceph-cut failover over ${#CEPH_CUT_PAUSES[@]} run(s): $(stats "${CEPH_CUT_PAUSES[@]}") (goal <= 3 s; the step fails over 10 s)"
+  # Over 10 s, the writes stuck on gwN waited for this host's I/O timeout (30 s): gwN did
+  # not hand them back when the group moved away.
+  local max; max=$(printf '%s\n' "${CEPH_CUT_PAUSES[@]}" | sort -n | tail -n 1)
+  awk -v m="$max" 'BEGIN{exit !(m <= 10.0)}' || { say "a Ceph-cut pause of ${max}s: stuck writes were not handed back"; return 1; }
+}
 part_pauses() {
   [ ${#PART_PAUSES[@]} -gt 0 ] || { say "no partition round measured"; return 1; }
   echo "PAUSE partition failover over ${#PART_PAUSES[@]} run(s): $(stats "${PART_PAUSES[@]}") (goal <= 3 s)"
@@ -418,6 +443,10 @@ if step setup "load nvme-tcp; native multipath on" multipath_setup "iopolicy def
       step "part-$k" "gw$NETCUT_GW cut from Ceph and the control plane, not from this host, under fio verify + probe: it demotes itself; optimized on one survivor; healed; failback; zero errors" part_round "part-$k"
     done
     step part-pauses "partition failover pause over the rounds (printed)" part_pauses
+    for k in $(seq "$CEPH_CUT_ROUNDS"); do
+      step "ceph-cut-$k" "gw$NETCUT_GW cut from Ceph only (still beaconing, still reached by this host) under fio verify + probe: it reports the stall; optimized on one survivor; healed; failback; zero errors" ceph_cut_round "ceph-cut-$k"
+    done
+    step ceph-cut-pauses "Ceph-cut failover pause over the rounds (printed)" ceph_cut_pauses
     step fence-cut "gw$NETCUT_GW's link down past the grace, up again: its write fails, data intact, one optimized path" fence "$NETCUT_GW" cut
   fi
   if step leader-kill "kill -9 of the leading nvmeof-control replica: the other leads" leader_kill; then

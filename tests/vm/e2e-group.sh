@@ -30,6 +30,9 @@
 #                          blackhole route in its namespace: packets dropped, nothing reset),
 #                          the host still reaching it; heal answers fail unless gateway N
 #                          logged a self-demotion (lease) since the partition
+#   ceph-cut-gw N / ceph-heal-gw N  gateway N cut from Ceph only (its route to the replicas'
+#                          forwarders stays): it still beacons; ceph-heal answers fail unless
+#                          gateway N logged that it is cut off from Ceph since the cut
 #   kill-leader            kill -9 the leading nvmeof-control replica (nvmeofctl says which);
 #                          answer once the other leads, after restarting the killed one
 #   check IMAGE {zero OFF LEN | cmp OFF FILE}...   rbd export IMAGE, compare ranges
@@ -124,21 +127,22 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------- network cut --
-# gw$CUT lives in namespace $NS: a veth pair (root $VETH_H $NET_H, namespace $VETH_G $NET_G)
-# and $NET_C, a second address of the root namespace's lo, where the micro Ceph binds
-# (MICRO_CEPH_IP) and the forwarders to the replicas listen. Taking $VETH_H down cuts gw$CUT
-# from all of them; every other process keeps reaching $NET_C on lo.
-NS="" VETH_H="" VETH_G="" NET_H="" NET_G="" NET_C="" FWD_PIDS=()
+# gw$CUT lives in namespace $NS: a veth pair (root $VETH_H $NET_H, namespace $VETH_G $NET_G);
+# $NET_C, a second address of the root namespace's lo, where the micro Ceph binds
+# (MICRO_CEPH_IP); and $NET_R, a third, where the forwarders to the replicas listen (so Ceph
+# alone can be cut). Taking $VETH_H down cuts gw$CUT from all of them; every other process
+# keeps reaching $NET_C and $NET_R on lo.
+NS="" VETH_H="" VETH_G="" NET_H="" NET_G="" NET_C="" NET_R="" FWD_PIDS=()
 netcut_setup() {
   local o=$(( $$ % 200 + 20 ))
   NS=egcut$$ VETH_H=egh$$ VETH_G=egg$$
-  NET_C=10.251.$o.1 NET_H=10.251.$o.5 NET_G=10.251.$o.6
+  NET_C=10.251.$o.1 NET_R=10.251.$o.2 NET_H=10.251.$o.5 NET_G=10.251.$o.6
   ip netns add "$NS" && ip -n "$NS" link set lo up &&
-    ip addr add "$NET_C/32" dev lo &&
+    ip addr add "$NET_C/32" dev lo && ip addr add "$NET_R/32" dev lo &&
     ip link add "$VETH_H" type veth peer name "$VETH_G" && ip link set "$VETH_G" netns "$NS" &&
     ip addr add "$NET_H/30" dev "$VETH_H" && ip link set "$VETH_H" up &&
     ip -n "$NS" addr add "$NET_G/30" dev "$VETH_G" && ip -n "$NS" link set "$VETH_G" up &&
-    ip -n "$NS" route add "$NET_C/32" via "$NET_H" || { say "could not make namespace $NS (needs root and iproute2)"; return 1; }
+    ip -n "$NS" route add "$NET_C/32" via "$NET_H" && ip -n "$NS" route add "$NET_R/32" via "$NET_H" || { say "could not make namespace $NS (needs root and iproute2)"; return 1; }
   # a TCP connect from the namespace to $NET_C (no ping on every machine)
   python3 -c 'import socket, subprocess, sys
 l = socket.create_server((sys.argv[1], 0)); port = l.getsockname()[1]
@@ -147,14 +151,15 @@ sys.exit(subprocess.call(["ip", "netns", "exec", sys.argv[2], "python3", "-c",
     "$NET_C" "$NS" || { say "$NS cannot reach $NET_C"; return 1; }
   export MICRO_CEPH_IP=$NET_C
   echo "$CUT" > "$SH/netcut"  # tells the guest which gateway it can cut off
-  say "namespace $NS for gw$CUT: $VETH_G $NET_G <-> $VETH_H $NET_H; Ceph and the replicas' forwarders on lo $NET_C"
+  say "namespace $NS for gw$CUT: $VETH_G $NET_G <-> $VETH_H $NET_H; Ceph on lo $NET_C, the replicas' forwarders on lo $NET_R"
 }
 netcut_teardown() {
   local p
   for p in "${FWD_PIDS[@]}"; do stop_pid "$p"; done
   FWD_PIDS=()
   [ -n "$NS" ] || return 0
-  ip link del "$VETH_H" 2>/dev/null; ip addr del "$NET_C/32" dev lo 2>/dev/null; ip netns del "$NS" 2>/dev/null
+  ip link del "$VETH_H" 2>/dev/null; ip addr del "$NET_C/32" dev lo 2>/dev/null; ip addr del "$NET_R/32" dev lo 2>/dev/null
+  ip netns del "$NS" 2>/dev/null
   NS=""
 }
 forward() { # [netns] MAPPINGS...: tcp-forward.py in the background, once it listens
@@ -167,12 +172,12 @@ forward() { # [netns] MAPPINGS...: tcp-forward.py in the background, once it lis
 }
 # the guest (and the fence check's host) reach gw$CUT at 127.0.0.1:port through the root
 # namespace's forwarder and the namespace's own (gw$CUT listens on its namespace's
-# 127.0.0.1); gw$CUT reaches the replicas at $NET_C through forwarders to 127.0.0.1
+# 127.0.0.1); gw$CUT reaches the replicas at $NET_R through forwarders to 127.0.0.1
 netcut_forwarders() {
   local p=${GWPORT[$CUT]}
   forward netns "$NET_G:$p=127.0.0.1:$p" &&
-    forward "127.0.0.1:$p=$NET_G:$p" "$NET_C:${CPPORT[1]}=127.0.0.1:${CPPORT[1]}" "$NET_C:${CPPORT[2]}=127.0.0.1:${CPPORT[2]}" &&
-    say "forwarders: 127.0.0.1:$p -> $NET_G:$p -> ($NS) 127.0.0.1:$p; $NET_C:{${CPPORT[1]},${CPPORT[2]}} -> 127.0.0.1"
+    forward "127.0.0.1:$p=$NET_G:$p" "$NET_R:${CPPORT[1]}=127.0.0.1:${CPPORT[1]}" "$NET_R:${CPPORT[2]}=127.0.0.1:${CPPORT[2]}" &&
+    say "forwarders: 127.0.0.1:$p -> $NET_G:$p -> ($NS) 127.0.0.1:$p; $NET_R:{${CPPORT[1]},${CPPORT[2]}} -> 127.0.0.1"
 }
 listening() { # N: gwN's port listens (in its namespace for gw$CUT)
   if [ "$1" = "$CUT" ]; then ip netns exec "$NS" ss -Hltn "sport = :${GWPORT[$1]}" | grep -q .; return; fi
@@ -233,7 +238,7 @@ configure() {
 }
 write_gw_config() { # N
   local n=$1 cp=127.0.0.1
-  [ "$n" = "$CUT" ] && cp=$NET_C
+  [ "$n" = "$CUT" ] && cp=$NET_R
   cat > "$SH/gw$n.toml" <<EOF
 [gateway]
 name = "gw$n"
@@ -354,24 +359,36 @@ act_link_gw() { # N down|up: the network cut of gw$CUT (its namespace's link)
   echo ok; echo "gw$n's link $VETH_H $2"
 }
 DEMOTED_LINE='this gateway gave up its ANA groups'
-DEMOTIONS_BEFORE=0
-act_partition_gw() { # N on|off: gw$CUT's route to Ceph and the replicas (not to the host)
-  local n=$1 d
+STALLED_LINE='this gateway is cut off from Ceph'
+LINES_BEFORE=0
+# act_blackhole_gw N on|off WHAT LINE ADDRS...: gw$CUT's routes to ADDRS blackholed (on) or
+# back (off), not its route to the host; back, gw$CUT's log must have LINE since (what the
+# gateway says when it notices)
+act_blackhole_gw() {
+  local n=$1 how=$2 what=$3 line=$4 a d; shift 4
   [ -n "$CUT" ] && [ "$n" = "$CUT" ] || { echo fail; echo "gw$n is not in a network namespace (E2E_NETCUT=1 puts gw$NGW there)"; return; }
-  if [ "$2" = on ]; then
-    DEMOTIONS_BEFORE=$(grep -c "$DEMOTED_LINE" "$SH/gw$n.log")
-    ip -n "$NS" route replace blackhole "$NET_C/32" || { echo fail; echo "blackhole route to $NET_C in $NS failed"; return; }
+  if [ "$how" = on ]; then
+    LINES_BEFORE=$(grep -c "$line" "$SH/gw$n.log")
+    for a in "$@"; do
+      ip -n "$NS" route replace blackhole "$a/32" || { echo fail; echo "blackhole route to $a in $NS failed"; return; }
+    done
     FENCES_CAUSED=$((FENCES_CAUSED + 1))
-    echo "---- partition $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
-    echo ok; echo "gw$n cut from Ceph and the replicas ($NET_C blackholed in $NS); the host still reaches it"
+    echo "---- $what $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
+    echo ok; echo "gw$n: $what ($* blackholed in $NS); the host still reaches it"
     return
   fi
-  ip -n "$NS" route replace "$NET_C/32" via "$NET_H" || { echo fail; echo "route to $NET_C in $NS not restored"; return; }
+  for a in "$@"; do
+    ip -n "$NS" route replace "$a/32" via "$NET_H" || { echo fail; echo "route to $a in $NS not restored"; return; }
+  done
   echo "---- heal $(date -u +%T.%N | cut -c1-12)" >> "$SH/gw$n.log"
-  d=$(( $(grep -c "$DEMOTED_LINE" "$SH/gw$n.log") - DEMOTIONS_BEFORE ))
+  d=$(( $(grep -c "$line" "$SH/gw$n.log") - LINES_BEFORE ))
   if [ "$d" -ge 1 ]; then echo ok; else echo fail; fi
-  echo "gw$n's route to $NET_C back; self-demotions logged during the partition: $d"
+  echo "gw$n's routes to $* back; '$line' logged since the $what: $d time(s)"
 }
+# partition: gw$CUT cut from Ceph and the replicas; it must demote itself (lease)
+act_partition_gw() { act_blackhole_gw "$1" "$2" partition "$DEMOTED_LINE" "$NET_C" "$NET_R"; }
+# Ceph cut: gw$CUT cut from Ceph only, still beaconing; it must report the cluster stalled
+act_ceph_cut_gw() { act_blackhole_gw "$1" "$2" "cut from Ceph" "$STALLED_LINE" "$NET_C"; }
 gw_state() { # N: the control plane's availability of gwN
   ctl -o json gateway list 2>/dev/null | python3 -c '
 import json, sys
@@ -483,6 +500,8 @@ handle() { # reads one request line, prints the answer
     restore-gw) gw_ok "${1:-}" && act_link_gw "$1" up || { echo fail; echo "bad request '$line'"; } ;;
     partition-gw) gw_ok "${1:-}" && act_partition_gw "$1" on || { echo fail; echo "bad request '$line'"; } ;;
     heal-gw) gw_ok "${1:-}" && act_partition_gw "$1" off || { echo fail; echo "bad request '$line'"; } ;;
+    ceph-cut-gw) gw_ok "${1:-}" && act_ceph_cut_gw "$1" on || { echo fail; echo "bad request '$line'"; } ;;
+    ceph-heal-gw) gw_ok "${1:-}" && act_ceph_cut_gw "$1" off || { echo fail; echo "bad request '$line'"; } ;;
     freeze-gw) gw_ok "${1:-}" && act_signal_gw "$1" STOP || { echo fail; echo "bad request '$line'"; } ;;
     thaw-gw) gw_ok "${1:-}" && act_signal_gw "$1" CONT || { echo fail; echo "bad request '$line'"; } ;;
     kill-leader) act_kill_leader ;;
