@@ -57,7 +57,8 @@ pub fn render(cp: &ControlPlane) -> String {
         &mut out,
         "nvmeof_control_gateway_info",
         "gauge",
-        "A gateway of the group, its ANA group and availability (always 1).",
+        "A gateway of the group, its ANA group, availability and whether it reaches Ceph, as its \
+         last beacon said (always 1).",
     );
     for g in &gateways {
         let group = g.ana_group.to_string();
@@ -66,6 +67,7 @@ pub fn render(cp: &ControlPlane) -> String {
                 ("gateway", &g.name),
                 ("ana_group", &group),
                 ("availability", &g.availability),
+                ("cluster", &g.cluster),
             ],
             1,
         );

@@ -45,7 +45,18 @@ async fn start() -> Fixture {
     Fixture { backend, addr, cp }
 }
 
+/// A beacon from `gw`, which reaches the cluster.
 async fn beacon(c: &mut GatewayControlClient<Channel>, gw: &str, group: u32, epoch: u64) {
+    beacon_saying(c, gw, group, epoch, proto::ClusterReach::Reachable).await
+}
+
+async fn beacon_saying(
+    c: &mut GatewayControlClient<Channel>,
+    gw: &str,
+    group: u32,
+    epoch: u64,
+    cluster: proto::ClusterReach,
+) {
     c.send_beacon(proto::Beacon {
         gateway: gw.into(),
         ana_group: group,
@@ -62,7 +73,7 @@ async fn beacon(c: &mut GatewayControlClient<Channel>, gw: &str, group: u32, epo
             io_queues: 4,
             secure: false,
         }],
-        cluster: 0,
+        cluster: cluster as i32,
     })
     .await
     .expect("beacon");
@@ -277,7 +288,7 @@ async fn assignments_follow_a_fenced_failover() {
     let metrics = render(&f.cp);
     for line in [
         "nvmeof_control_leader 1",
-        "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"available\"} 1",
+        "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"available\",cluster=\"reachable\"} 1",
         "nvmeof_control_ana_group_info{ana_group=\"2\",owner=\"gw2\",holder=\"gw2\",phase=\"active\"} 1",
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
@@ -303,11 +314,56 @@ async fn assignments_follow_a_fenced_failover() {
     // the metrics tell the same story: gw2 fenced, its group held by gw1
     let metrics = render(&f.cp);
     for line in [
-        "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"fenced\"} 1",
+        "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"fenced\",cluster=\"reachable\"} 1",
         "nvmeof_control_ana_group_info{ana_group=\"2\",owner=\"gw2\",holder=\"gw1\",phase=\"active\"} 1",
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     }
+    beacons.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_beaconing_that_it_cannot_reach_the_cluster_is_fenced_and_its_group_moves() {
+    let f = start().await;
+    let mut g = GatewayControlClient::new(plain_channel(&f.addr).await);
+    beacon(&mut g, "gw1", 1, 0).await;
+    beacon(&mut g, "gw2", 2, 0).await;
+    let mut s1 = g
+        .join(proto::JoinRequest {
+            gateway: "gw1".into(),
+            incarnation: 1,
+            presence_only: false,
+        })
+        .await
+        .expect("join")
+        .into_inner();
+    let last = tokio::time::timeout(Duration::from_secs(5), s1.message())
+        .await
+        .expect("in time")
+        .expect("stream")
+        .expect("assignment");
+    assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
+    // Both keep beaconing; gw2's Ceph network is gone.
+    let beacons = {
+        let mut g = g.clone();
+        tokio::spawn(async move {
+            loop {
+                beacon(&mut g, "gw1", 1, 0).await;
+                beacon_saying(&mut g, "gw2", 2, 0, proto::ClusterReach::Stalled).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let last = test_support::until_optimized(&mut s1, last, 2, Duration::from_secs(10)).await;
+    assert_eq!(
+        f.backend.fenced.lock().expect("fenced").clone(),
+        vec!["127.0.0.1:0/2".to_string()],
+        "fenced before the push"
+    );
+    assert_eq!(ana_state_of(&last, 1), Some(AnaState::Optimized));
+    let metrics = render(&f.cp);
+    let line = "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"fenced\",cluster=\"stalled\"} 1";
+    assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     beacons.abort();
 }
 
