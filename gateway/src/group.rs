@@ -147,7 +147,18 @@ pub struct GroupClientsState {
     /// This gateway reports the cluster stalled (`crate::stall`): a group taken away does not
     /// wait for its stuck commands.
     cluster_stalled: AtomicBool,
+    /// An osdmap refresh that outlived [`OSDMAP_REFRESH_BOUND`] (it blocks in librados until
+    /// the monitors answer): the next one waits for it rather than block a second thread.
+    stuck_osdmap_refresh: tokio::sync::Mutex<Option<OsdmapRefresh>>,
 }
+
+type OsdmapRefresh = tokio::task::JoinHandle<Result<usize, rbd_backend::rados::RadosError>>;
+
+/// How long an assignment waits for the osdmap refresh before turning groups optimized. Past
+/// it the groups stay as they are and the assignment is applied again a second later; newer
+/// assignments are taken in between (a gateway whose monitors do not answer would otherwise
+/// be stuck here, deaf to the control plane).
+const OSDMAP_REFRESH_BOUND: Duration = Duration::from_secs(5);
 
 impl GroupClientsState {
     pub fn new(ceph: Option<rbd_backend::rbd::CephSettings>) -> Self {
@@ -159,6 +170,41 @@ impl GroupClientsState {
 
     fn pool(&self) -> Option<Arc<ClusterPool>> {
         self.ceph.clone().map(ClusterPool::shared)
+    }
+
+    /// Runs `refresh` (every client of this process fetching the latest osdmap:
+    /// `rados::wait_for_latest_osdmap_all`) on a blocking thread, waiting at most `bound`.
+    /// At most one refresh blocks at a time: one still stuck from an earlier call is waited
+    /// for first (within the same bound), and does not count (its osdmap may predate the
+    /// fence this call must see). Returns the clients refreshed.
+    async fn refresh_osdmap(
+        &self,
+        bound: Duration,
+        refresh: fn() -> Result<usize, rbd_backend::rados::RadosError>,
+    ) -> Result<usize, String> {
+        let mut stuck = self.stuck_osdmap_refresh.lock().await;
+        if let Some(earlier) = stuck.as_mut() {
+            if tokio::time::timeout(bound, earlier).await.is_err() {
+                return Err(format!(
+                    "an earlier osdmap refresh has waited more than {} ms for the monitors",
+                    bound.as_millis()
+                ));
+            }
+            *stuck = None;
+        }
+        let mut refresh = tokio::task::spawn_blocking(refresh);
+        match tokio::time::timeout(bound, &mut refresh).await {
+            Ok(Ok(Ok(n))) => Ok(n),
+            Ok(Ok(Err(e))) => Err(e.to_string()),
+            Ok(Err(e)) => Err(format!("osdmap refresh task failed: {e}")),
+            Err(_) => {
+                *stuck = Some(refresh);
+                Err(format!(
+                    "the monitors did not answer within {} ms",
+                    bound.as_millis()
+                ))
+            }
+        }
     }
 
     fn lost(&self) -> std::sync::MutexGuard<'_, BTreeSet<u32>> {
@@ -1654,23 +1700,25 @@ pub async fn apply_with_clients(
     }
     if a.wait_for_osdmap {
         let started = std::time::Instant::now();
-        match tokio::task::spawn_blocking(rbd_backend::rados::wait_for_latest_osdmap_all).await {
-            Ok(Ok(n)) => tracing::info!(
+        match clients
+            .refresh_osdmap(
+                OSDMAP_REFRESH_BOUND,
+                rbd_backend::rados::wait_for_latest_osdmap_all,
+            )
+            .await
+        {
+            Ok(n) => tracing::info!(
                 clients = n,
                 ms = started.elapsed().as_millis() as u64,
                 "osdmap refreshed before turning groups optimized"
             ),
-            Ok(Err(e)) => {
+            Err(e) => {
                 // Our own clients cannot reach the cluster: serving would fail anyway, and
                 // the previous holder's fence may not be visible here. Stay as we are; the
-                // next assignment (or a reconnect) retries.
+                // assignment is applied again (or a newer one) a second later.
                 tracing::error!(
                     "cannot refresh the osdmap ({e}); groups {promote:?} stay as they are"
                 );
-                return false;
-            }
-            Err(e) => {
-                tracing::error!("osdmap refresh task failed: {e}");
                 return false;
             }
         }
@@ -2350,6 +2398,42 @@ ana_group = 2
             .subsystem("nqn.2016-06.io.test:group")
             .expect("subsystem");
         (target, s)
+    }
+
+    /// How many slow refreshes run at once, and the most that ever did.
+    static SLOW_REFRESHES: AtomicU64 = AtomicU64::new(0);
+    static MOST_SLOW_REFRESHES: AtomicU64 = AtomicU64::new(0);
+
+    /// A refresh whose monitors answer after 400 ms.
+    fn slow_refresh() -> Result<usize, rbd_backend::rados::RadosError> {
+        let now = SLOW_REFRESHES.fetch_add(1, Ordering::SeqCst) + 1;
+        MOST_SLOW_REFRESHES.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(400));
+        SLOW_REFRESHES.fetch_sub(1, Ordering::SeqCst);
+        Ok(1)
+    }
+
+    fn quick_refresh() -> Result<usize, rbd_backend::rados::RadosError> {
+        Ok(2)
+    }
+
+    #[tokio::test]
+    async fn an_osdmap_refresh_is_bounded_and_never_blocks_two_threads() {
+        let clients = GroupClientsState::default();
+        let bound = Duration::from_millis(100);
+        let started = Instant::now();
+        // The monitors do not answer in time: refused after the bound, not after the answer.
+        let first = clients.refresh_osdmap(bound, slow_refresh).await;
+        assert!(first.is_err_and(|e| e.contains("did not answer within 100 ms")));
+        assert!(started.elapsed() < Duration::from_millis(350));
+        // Retried while the first still blocks: no second blocking call.
+        let second = clients.refresh_osdmap(bound, slow_refresh).await;
+        assert!(second.is_err_and(|e| e.contains("an earlier osdmap refresh")));
+        assert_eq!(MOST_SLOW_REFRESHES.load(Ordering::SeqCst), 1);
+        // Once the stuck one is done, a fresh refresh runs (the stuck one does not count).
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(clients.refresh_osdmap(bound, quick_refresh).await, Ok(2));
+        assert_eq!(MOST_SLOW_REFRESHES.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
