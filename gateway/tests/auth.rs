@@ -63,6 +63,7 @@ async fn spawn(name: &str, gateway_lines: &str) -> (GatewayProcess, u16, u16) {
     );
     let gateway = GatewayProcess::spawn(&dir, name, port, &config);
     gateway.wait_for_metrics(metrics_port).await;
+    gateway.wait_for_listener().await;
     (gateway, port, metrics_port)
 }
 

@@ -77,6 +77,7 @@ conf = "{conf}"
     let gw = GatewayProcess::spawn(&dir, "gw", port, &config);
     eprintln!("gateway log: {}", gw.log.display());
     gw.wait_for_metrics(metrics_port).await;
+    gw.wait_for_listener().await;
     let pid = gw.child.id();
 
     let mut hosts: Vec<HostQueues> = Vec::new();

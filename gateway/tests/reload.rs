@@ -130,6 +130,7 @@ impl Gateway {
         let process =
             GatewayProcess::spawn(&dir, "gateway", port, &config(port, metrics_port, layout));
         process.wait_for_metrics(metrics_port).await;
+        process.wait_for_listener().await;
         Gateway {
             process,
             path: dir.join("gateway.toml"),
@@ -391,6 +392,7 @@ async fn a_namespace_that_does_not_open_refuses_the_whole_reload() {
     let start = config(port, metrics_port, &first) + &no_cluster;
     let process = GatewayProcess::spawn(&dir, "gateway", port, &start);
     process.wait_for_metrics(metrics_port).await;
+    process.wait_for_listener().await;
     let gw = Gateway {
         process,
         path: dir.join("gateway.toml"),

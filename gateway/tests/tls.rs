@@ -107,6 +107,7 @@ async fn spawn(name: &str, gateway: &str) -> (GatewayProcess, u16, u16, u16) {
     );
     let gateway = GatewayProcess::spawn(&dir, "tls", plain, &config);
     gateway.wait_for_metrics(metrics).await;
+    gateway.wait_for_listener().await;
     (gateway, secure, plain, metrics)
 }
 

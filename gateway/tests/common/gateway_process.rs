@@ -81,6 +81,28 @@ impl GatewayProcess {
     }
 
     /// Waits until it has exited and returns how; panics with `failure` after `within`.
+    /// Waits until the process says its NVMe/TCP listener on `self.port` is bound. A
+    /// standalone gateway's metrics endpoint comes up before its listeners, so a test that
+    /// connects must wait for this, not for the metrics.
+    pub async fn wait_for_listener(&self) {
+        let port = format!(":{}", self.port);
+        poll_until(
+            Duration::from_secs(20),
+            Duration::from_millis(20),
+            async || {
+                let ready = self.log_text().lines().any(|l| {
+                    l.contains("NVMe/TCP listener ready") && l.trim_end().ends_with(&port)
+                });
+                if ready {
+                    Ok(())
+                } else {
+                    Err(format!("no NVMe/TCP listener on port {}", self.port))
+                }
+            },
+        )
+        .await
+    }
+
     /// Waits until the process says its metrics endpoint on 127.0.0.1:`port` is up.
     pub async fn wait_for_metrics(&self, port: u16) {
         self.wait_for_log(
@@ -107,6 +129,7 @@ impl GatewayProcess {
         );
         let gateway = GatewayProcess::spawn(dir, "gateway", port, &config);
         gateway.wait_for_metrics(metrics_port).await;
+        gateway.wait_for_listener().await;
         (gateway, port, metrics_port)
     }
 
