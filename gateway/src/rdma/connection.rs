@@ -13,7 +13,7 @@
 //! signaled SEND of the CQE (inline), with Invalidate when the host's SGL asked for it; the
 //! buffer returns to the pool with the SEND's completion.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,6 +28,7 @@ use tracing::Instrument;
 
 use super::close::{CloseSequence, CloseStep, Observed};
 use super::{rdma_caps, stats, Device, RECV_LEN};
+use crate::core::cid_map::CidMap;
 use crate::core::command::SQE_LEN;
 use crate::core::{
     Action, BufferSource, Command, Completion, Queue, Status, Target, TransportType,
@@ -128,8 +129,8 @@ pub struct RdmaConnection {
     /// Keyed SGL commands waiting for a registered buffer, in arrival order.
     backlog: VecDeque<Command>,
     /// Commands whose data is being RDMA READ.
-    reading: HashMap<u16, Command>,
-    host_data: HashMap<u16, HostData>,
+    reading: CidMap<Command>,
+    host_data: CidMap<HostData>,
     wcs: Vec<WorkCompletion>,
     actions: Vec<Action>,
     keep_alive: Option<tokio::time::Interval>,
@@ -184,8 +185,8 @@ impl RdmaConnection {
             stash,
             recv_len,
             backlog: VecDeque::new(),
-            reading: HashMap::new(),
-            host_data: HashMap::new(),
+            reading: CidMap::default(),
+            host_data: CidMap::default(),
             wcs: Vec::with_capacity(64),
             actions: Vec::new(),
             keep_alive: None,
