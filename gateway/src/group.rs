@@ -767,29 +767,30 @@ async fn stall_loop(
             });
         }
         if let Some(reach) = polled.changed {
-            if reach == Reach::Stalled {
-                tracing::error!(
-                    in_flight,
-                    "commands at the cluster have made no progress and the monitors do not \
-                     answer: this gateway is cut off from Ceph; the control plane moves its \
-                     groups while another gateway reaches the cluster"
-                );
-            }
             reach_changed(reach, &clients, &beacon_now);
         }
     }
 }
 
+/// What the gateway reports changed (after a look at the commands, or a probe's answer):
+/// logged, and beaconed at once when it turns stalled or back.
 fn reach_changed(reach: Reach, clients: &GroupClientsState, beacon_now: &tokio::sync::Notify) {
     let stalled = reach == Reach::Stalled;
     let was = clients.cluster_stalled.swap(stalled, Ordering::SeqCst);
     CLUSTER_STALLED_NOW.store(stalled, Ordering::Relaxed);
-    if was && !stalled {
+    if was == stalled {
+        return;
+    }
+    if stalled {
+        tracing::error!(
+            "commands at the cluster have made no progress and the monitors do not answer: \
+             this gateway is cut off from Ceph; the control plane moves its groups while \
+             another gateway reaches the cluster"
+        );
+    } else {
         tracing::info!(reach = ?reach, "the cluster answers this gateway again");
     }
-    if was != stalled {
-        beacon_now.notify_one();
-    }
+    beacon_now.notify_one();
 }
 
 /// Closes the host controllers of `subsystems` that have commands of `groups` at the cluster
