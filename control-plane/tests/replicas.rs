@@ -139,6 +139,7 @@ fn beacons(gw: &'static str, group: u32, addrs: Vec<String>) -> tokio::task::Joi
                         client_addrs: vec![format!("127.0.0.1:0/{}", 900_000 + group)],
                         applied_version: 0,
                         connections: vec![],
+                        ..Default::default()
                     })
                     .await;
             }
