@@ -600,6 +600,10 @@ async fn beacon_loop(
                 let mut lease = lease.lock().unwrap_or_else(|e| e.into_inner());
                 lease.set_grace_ms(reply.get_ref().grace_ms);
                 lease.beacon_accepted(sent);
+                stall
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .set_grace_ms(reply.get_ref().grace_ms);
             }
             match result {
                 Ok(reply) if reply.get_ref().fenced => {

@@ -9,10 +9,11 @@
 //! leader fails it over while another gateway reports the cluster reachable
 //! (`control_plane::ana`).
 //!
-//! - **Stalled**: commands have been at the cluster for the stall window with none of them
-//!   completing, no monitor probe (an osdmap refresh) has answered since then, and one failed
-//!   or has been waiting for half the window. Both, so a slow OSD (the monitors answer) or a monitor
-//!   election (commands complete) is not taken for a cut.
+//! - **Stalled**: commands have been at the cluster for the stall window (half the leader's
+//!   beacon grace) with none of them completing, no monitor probe (an osdmap refresh) has
+//!   answered since then, and one failed or has been waiting for half the window. Both, so a
+//!   slow OSD (the monitors answer) or a monitor election (commands complete) is not taken
+//!   for a cut.
 //! - **Reachable**: a command completed, or a probe answered, within two windows. An idle
 //!   gateway probes once per window to keep saying so.
 //! - **Unknown**: neither (an idle gateway before its first probe, or with no connection).
@@ -22,9 +23,12 @@
 
 use std::time::{Duration, Instant};
 
-/// The stall window when the group does not say: half the control plane's default grace, so
-/// a cut gateway is reported and moved about when a frozen one would be.
+/// The stall window until the leader says its beacon grace: half the control plane's default
+/// grace. With the grace known it is half of that ([`StallWatch::set_grace_ms`]), so a cut
+/// gateway is reported and moved about when a frozen one would be.
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(1_000);
+/// The shortest window, whatever the grace: a few probe intervals.
+const MIN_WINDOW: Duration = Duration::from_millis(400);
 /// Probes start no more often than this.
 const MIN_PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -86,6 +90,18 @@ impl StallWatch {
 
     pub fn reach(&self) -> Reach {
         self.reach
+    }
+
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The leader's beacon grace (`BeaconReply.grace_ms`; 0: not said, the window stays):
+    /// the window becomes half of it.
+    pub fn set_grace_ms(&mut self, grace_ms: u64) {
+        if grace_ms > 0 {
+            self.window = Duration::from_millis(grace_ms / 2).max(MIN_WINDOW);
+        }
     }
 
     /// Looks at the commands now: `in_flight` at the cluster, `completed` the total ever
@@ -238,6 +254,27 @@ mod tests {
         assert_eq!(
             run(&mut w, &mut clock, TICK, 0, &mut || n + 4, None),
             vec![Reach::Reachable]
+        );
+    }
+
+    #[test]
+    fn the_window_is_half_the_leaders_grace() {
+        let mut w = StallWatch::default();
+        w.set_grace_ms(0);
+        assert_eq!(w.window(), DEFAULT_WINDOW);
+        w.set_grace_ms(1_500);
+        assert_eq!(w.window(), Duration::from_millis(750));
+        w.set_grace_ms(100);
+        assert_eq!(w.window(), MIN_WINDOW);
+        // With a 1.5 s grace, stuck commands and silent monitors are a stall after 0.75 s.
+        let mut w = StallWatch::default();
+        w.set_grace_ms(1_500);
+        let mut clock = Instant::now();
+        let ms = Duration::from_millis;
+        assert!(run(&mut w, &mut clock, ms(700), 4, &mut || 0, None).is_empty());
+        assert_eq!(
+            run(&mut w, &mut clock, ms(150), 4, &mut || 0, None),
+            vec![Reach::Stalled]
         );
     }
 
