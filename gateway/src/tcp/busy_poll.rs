@@ -32,8 +32,12 @@ pub const MAX_IN_FLIGHT: usize = 2;
 /// few enough that a wrong mode costs little (128 QD1 reads: 10-40 ms here).
 const EPOCH_SAMPLES: usize = 128;
 /// Epochs in the chosen mode before the other one is measured again: the price of checking
-/// is one epoch in this many + 1 spent in the (so far) slower mode.
-pub const EPOCHS_BETWEEN_PROBES: u32 = 15;
+/// is one epoch in this many + 1 spent in the (so far) slower mode. At 15, a QD1 queue that
+/// chose polling took ~6% of its reads through wake-ups (the sleeping probe epochs), which
+/// cost it a few % of its IOPS against always polling (docs/performance.md, "Adaptive
+/// against always polling"); an epoch of QD1 reads lasts a few ms, so re-checking every 64
+/// still follows a change within a second.
+pub const EPOCHS_BETWEEN_PROBES: u32 = 63;
 /// How much faster polling must be to be chosen (its median at most 1/(1 + this) of
 /// sleeping's): it costs a CPU, so a draw goes to sleeping.
 pub const POLL_MARGIN: f64 = 0.05;
@@ -313,9 +317,10 @@ mod tests {
     const SLOW: Duration = Duration::from_micros(100);
 
     #[test]
-    fn polling_is_kept_where_it_is_faster_and_the_other_mode_rechecked_once_in_16() {
+    fn polling_is_kept_where_it_is_faster_and_the_other_mode_rechecked_once_a_period() {
+        const PERIOD: usize = EPOCHS_BETWEEN_PROBES as usize + 1;
         let mut chooser = adaptive();
-        let epochs = run(&mut chooser, 2 + 16 * 2, FAST, SLOW);
+        let epochs = run(&mut chooser, 2 + PERIOD * 2, FAST, SLOW);
         assert_eq!(epochs[0].0, Mode::Poll, "tries polling first");
         assert_eq!(epochs[1].0, Mode::Sleep, "then sleeping");
         for (_, decision) in &epochs[1..] {
@@ -324,7 +329,11 @@ mod tests {
         let slept: Vec<usize> = (0..epochs.len())
             .filter(|&i| epochs[i].0 == Mode::Sleep)
             .collect();
-        assert_eq!(slept, [1, 2 + 15, 2 + 15 + 16], "probes every 16th epoch");
+        assert_eq!(
+            slept,
+            [1, 1 + PERIOD, 1 + 2 * PERIOD],
+            "probes once a period"
+        );
         assert_eq!(epochs[1].1.poll_median, FAST);
         assert_eq!(epochs[1].1.sleep_median, SLOW);
     }
@@ -338,18 +347,19 @@ mod tests {
         assert!(!chooser.polls());
         // Conditions change (wake-ups got expensive): the next probe sees it, and after
         // one more epoch of sleeping, a second probe confirms it.
-        let epochs = run(&mut chooser, 18, FAST, SLOW);
-        assert!(epochs[..15].iter().all(|(mode, _)| *mode == Mode::Sleep));
-        assert_eq!(epochs[15].0, Mode::Poll, "the probe");
-        assert_eq!(epochs[15].1.chosen, Mode::Sleep, "one win does not switch");
+        let n = EPOCHS_BETWEEN_PROBES as usize;
+        let epochs = run(&mut chooser, n + 3, FAST, SLOW);
+        assert!(epochs[..n].iter().all(|(mode, _)| *mode == Mode::Sleep));
+        assert_eq!(epochs[n].0, Mode::Poll, "the probe");
+        assert_eq!(epochs[n].1.chosen, Mode::Sleep, "one win does not switch");
         assert_eq!(
-            epochs[16].0,
+            epochs[n + 1].0,
             Mode::Sleep,
             "a fresh epoch of the chosen mode"
         );
-        assert_eq!(epochs[17].0, Mode::Poll, "the confirming probe");
-        assert_eq!(epochs[17].1.chosen, Mode::Poll);
-        assert!(epochs[17].1.switched);
+        assert_eq!(epochs[n + 2].0, Mode::Poll, "the confirming probe");
+        assert_eq!(epochs[n + 2].1.chosen, Mode::Poll);
+        assert!(epochs[n + 2].1.switched);
         assert!(chooser.polls());
     }
 
