@@ -250,7 +250,10 @@ fn a_replica_becomes_ready_when_its_keyring_appears() {
         ],
     );
     let reason = missing_keyring_reason(&keyring);
-    let body = r.until("/readyz", Duration::from_secs(20), |c, _| c == 503);
+    // Its first answers may still say it is connecting: wait for the reason itself.
+    let body = r.until("/readyz", Duration::from_secs(20), |c, b| {
+        c == 503 && b.contains(&reason)
+    });
     assert!(body.contains(&reason), "{body}");
     std::thread::sleep(Duration::from_secs(2));
     r.still_running();
