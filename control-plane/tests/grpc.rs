@@ -262,8 +262,14 @@ async fn admin_requests_and_their_refusals() {
     drop(f.cp);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn assignments_follow_a_fenced_failover() {
+/// gw1 and gw2 beacon (both reaching the cluster), gw1 joins its assignment stream: the
+/// fixture, gw1's client, its stream and the current assignment, which comes at once.
+async fn two_gateways_gw1_joined() -> (
+    Fixture,
+    GatewayControlClient<Channel>,
+    tonic::Streaming<proto::Assignment>,
+    proto::Assignment,
+) {
     let f = start().await;
     let mut g = GatewayControlClient::new(plain_channel(&f.addr).await);
     beacon(&mut g, "gw1", 1, 0).await;
@@ -277,12 +283,17 @@ async fn assignments_follow_a_fenced_failover() {
         .await
         .expect("join")
         .into_inner();
-    // The current assignment comes at once.
     let last = tokio::time::timeout(Duration::from_secs(5), s1.message())
         .await
         .expect("in time")
         .expect("stream")
         .expect("assignment");
+    (f, g, s1, last)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assignments_follow_a_fenced_failover() {
+    let (f, g, mut s1, last) = two_gateways_gw1_joined().await;
     assert_eq!(ana_state_of(&last, 1), Some(AnaState::Optimized));
     assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
     let metrics = render(&f.cp);
@@ -324,24 +335,7 @@ async fn assignments_follow_a_fenced_failover() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_beaconing_that_it_cannot_reach_the_cluster_is_fenced_and_its_group_moves() {
-    let f = start().await;
-    let mut g = GatewayControlClient::new(plain_channel(&f.addr).await);
-    beacon(&mut g, "gw1", 1, 0).await;
-    beacon(&mut g, "gw2", 2, 0).await;
-    let mut s1 = g
-        .join(proto::JoinRequest {
-            gateway: "gw1".into(),
-            incarnation: 1,
-            presence_only: false,
-        })
-        .await
-        .expect("join")
-        .into_inner();
-    let last = tokio::time::timeout(Duration::from_secs(5), s1.message())
-        .await
-        .expect("in time")
-        .expect("stream")
-        .expect("assignment");
+    let (f, g, mut s1, last) = two_gateways_gw1_joined().await;
     assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
     // Both keep beaconing; gw2's Ceph network is gone.
     let beacons = {

@@ -720,7 +720,8 @@ fn cluster_reach_wire(reach: Reach) -> i32 {
     }
 }
 
-/// How often the commands at the cluster are looked at: a tenth of the stall window.
+/// How often the commands at the cluster are looked at: a tenth of the default stall window
+/// (`stall::DEFAULT_WINDOW`), well under the shortest.
 const STALL_POLL: Duration = Duration::from_millis(100);
 
 /// 1 while this gateway reports the cluster stalled: a metric.
