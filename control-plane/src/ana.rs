@@ -144,15 +144,6 @@ impl ClusterReach {
             ClusterReach::Stalled => "stalled",
         }
     }
-
-    /// From the wire (`proto::ClusterReach`); an unknown value is [`ClusterReach::Unknown`].
-    pub fn from_wire(v: i32) -> ClusterReach {
-        match v {
-            1 => ClusterReach::Reachable,
-            2 => ClusterReach::Stalled,
-            _ => ClusterReach::Unknown,
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

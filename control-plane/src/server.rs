@@ -967,7 +967,7 @@ impl ControlPlane {
             addrs: b.client_addrs,
             group_addrs,
             applied_epoch: b.applied_version,
-            cluster: ana::ClusterReach::from_wire(b.cluster),
+            cluster: cluster_reach(b.cluster),
             now_ms: now,
         })
         .await?;
@@ -1051,6 +1051,16 @@ impl ControlPlane {
                 }
             })
             .collect()
+    }
+}
+
+/// A beacon's `cluster` field (`proto::ClusterReach`) in the group model's terms; a value
+/// this replica does not know is unknown.
+fn cluster_reach(wire: i32) -> ana::ClusterReach {
+    match proto::ClusterReach::try_from(wire) {
+        Ok(proto::ClusterReach::Reachable) => ana::ClusterReach::Reachable,
+        Ok(proto::ClusterReach::Stalled) => ana::ClusterReach::Stalled,
+        Ok(proto::ClusterReach::Unknown) | Err(_) => ana::ClusterReach::Unknown,
     }
 }
 
