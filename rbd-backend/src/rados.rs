@@ -368,33 +368,32 @@ pub fn client_addrs_by_group() -> BTreeMap<u32, Vec<String>> {
     out
 }
 
+/// The connections of this process that still serve: neither found blocklisted nor retired.
+fn usable_clients() -> impl Iterator<Item = Arc<ffi::Rados>> {
+    live_clients().into_iter().filter_map(|(c, h)| {
+        h.as_ref()
+            .is_none_or(|h| !h.is_blocklisted() && !h.is_retired())
+            .then_some(c)
+    })
+}
+
 /// Refreshes the osdmap of every usable connection of this process (blocking): afterwards,
 /// every blocklist committed before the call is known to all of them. Connections found
 /// blocklisted or retired are skipped: they serve nothing any more.
 pub fn wait_for_latest_osdmap_all() -> Result<usize, RadosError> {
-    let clients: Vec<_> = live_clients()
-        .into_iter()
-        .filter(|(_, h)| {
-            h.as_ref()
-                .is_none_or(|h| !h.is_blocklisted() && !h.is_retired())
-        })
-        .collect();
-    for (c, _) in &clients {
+    let clients: Vec<_> = usable_clients().collect();
+    for c in &clients {
         c.wait_for_latest_osdmap()?;
     }
     Ok(clients.len())
 }
 
-/// Asks the monitors for the latest osdmap through one connection of this process that is
-/// neither blocklisted nor retired (blocks while they do not answer): whether the cluster's
-/// monitors reach this process. `Ok(false)`: no such connection to ask.
+/// Asks the monitors for the latest osdmap through one usable connection of this process
+/// (blocks while they do not answer): whether the cluster's monitors reach this process.
+/// `Ok(false)`: no such connection to ask.
 pub fn probe_monitors() -> Result<bool, RadosError> {
-    let client = live_clients().into_iter().find(|(_, h)| {
-        h.as_ref()
-            .is_none_or(|h| !h.is_blocklisted() && !h.is_retired())
-    });
-    match client {
-        Some((c, _)) => Ok(c.wait_for_latest_osdmap().map(|()| true)?),
+    match usable_clients().next() {
+        Some(c) => Ok(c.wait_for_latest_osdmap().map(|()| true)?),
         None => Ok(false),
     }
 }
