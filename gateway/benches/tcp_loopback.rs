@@ -10,6 +10,12 @@
 //! `--gateway-bin PATH` runs another build of `nvmeof-gateway` (to compare two builds on the
 //! same machine state).
 //!
+//! After the table (or alone, with `--qd1-only`), 4K random reads at QD1 through the gateway
+//! against two busy-polling targets, with the host on CPU 0 and the targets on CPU 1: the
+//! null responder and an SPDK-like RAM target (docs/performance.md, "Busy polling by
+//! default"). On this 2-core VM, many short rounds (`--seconds 1 --rounds 15`) gave steadier
+//! medians than a few long ones.
+//!
 //! `--qos` measures per-namespace QoS instead (docs/performance.md, "QoS limits"): 4K QD32
 //! on a namespace without limits against one whose every limit is far above what it can
 //! reach (the throttle's check runs, it never waits), alternating over `--rounds` (default
@@ -417,10 +423,14 @@ fn polling_off_vs_default(binary: &str, duration: Duration, rounds: usize) {
     }
 }
 
-/// 4K random reads at QD1 through the gateway against a null responder that busy-polls its
-/// socket (the SPDK way: the target never sleeps, so a command never waits for it to wake),
-/// alternating over `rounds`: the polling target's IOPS, the gateway's IOPS and CPU per I/O,
-/// and the ratio gateway / polling target (median, min-max).
+/// 4K random reads at QD1 through the gateway against two targets that busy-poll their
+/// socket (the SPDK way: the target never sleeps, so a command never waits for it to wake):
+/// the null responder, which sends a static buffer, and the same responder with a RAM disk
+/// as large as the gateway's namespace, which copies each read from it at the command's LBA
+/// (SPDK's malloc bdev does that copy; the gateway's in-memory namespace does too, and from
+/// memory that a random read finds cold, unlike the null responder's buffer). The three run
+/// in turn over `rounds`, the order rotating each round. Prints each one's IOPS, the
+/// gateway's CPU per I/O, and its ratio to each polling target (median, min-max).
 fn qd1_against_polling(
     gateway: &Child,
     gw_addr: SocketAddr,
@@ -429,7 +439,15 @@ fn qd1_against_polling(
     duration: Duration,
     rounds: usize,
 ) {
-    let polling_addr = common::spawn_polling_null_responder();
+    // Host and targets on CPUs of their own, as SPDK's perf and nvmf_tgt are run (each with
+    // its core mask), and as they are in use (the host is another machine). Unpinned, the
+    // scheduler put the host's thread on the polling target's CPU in some runs and not in
+    // others, and the same target's IOPS moved by up to 1.7x between runs.
+    let pinned = Pinning::apply(gateway.id());
+    let null_addr = common::spawn_polling_null_responder();
+    let ram_addr =
+        common::spawn_polling_ram_responder(NS_BYTES as usize, u64::from(REGION.block_size));
+    pinned.host_thread();
     let w = &WORKLOADS[0];
     assert_eq!(
         (w.queue_depth, w.write),
@@ -437,44 +455,49 @@ fn qd1_against_polling(
         "the QD1 read workload"
     );
     println!(
-        "QD1 against a polling target: the null responder spinning on a non-blocking socket \
-         (a CPU at 100%), {rounds} rounds"
+        "QD1 against polling targets (each spins a CPU at 100% on a non-blocking socket): \
+         the null responder (static buffer) and a RAM target (copies each read from a 1 GiB \
+         RAM disk, as a malloc bdev does), {rounds} rounds, {}",
+        pinned.describe()
     );
-    let (mut polling, mut gw) = (Vec::new(), Vec::new());
-    let run_polling = || {
-        let mut q = queue(polling_addr, 1, 1);
+    let (mut null, mut ram, mut gw) = (Vec::new(), Vec::new(), Vec::new());
+    let run_polling = |addr: SocketAddr| {
+        let mut q = queue(addr, 1, 1);
         q.run(w, &REGION, duration)
             .expect("polling responder run")
             .iops()
     };
     let counters_before = Polling::counters(metrics);
     for round in 0..rounds {
-        // Each first in every other round, so neither always runs right after the other.
-        if round % 2 == 0 {
-            polling.push(run_polling());
-            gw.push(measure(
-                gateway, gw_addr, SUBNQN, cntlid, w, &REGION, duration,
-            ));
-        } else {
-            gw.push(measure(
-                gateway, gw_addr, SUBNQN, cntlid, w, &REGION, duration,
-            ));
-            polling.push(run_polling());
+        // The order rotates, so none always runs right after another.
+        for turn in 0..3 {
+            match (round + turn) % 3 {
+                0 => null.push(run_polling(null_addr)),
+                1 => ram.push(run_polling(ram_addr)),
+                _ => gw.push(measure(
+                    gateway, gw_addr, SUBNQN, cntlid, w, &REGION, duration,
+                )),
+            }
         }
     }
     let ios: f64 = gw.iter().map(|r| r.ios as f64).sum();
     let polled = counters_before
         .zip(Polling::counters(metrics))
         .map(|(before, after)| Polling::between(before, after, ios as u64));
-    let ratios: Vec<f64> = gw.iter().zip(&polling).map(|(g, p)| g.iops / p).collect();
-    let (lo, hi) = min_max(&ratios);
+    let ratio_to = |target: &[f64]| {
+        let ratios: Vec<f64> = gw.iter().zip(target).map(|(g, t)| g.iops / t).collect();
+        let (lo, hi) = min_max(&ratios);
+        format!("{:.3} [{lo:.3}-{hi:.3}]", median(ratios))
+    };
     println!(
-        "{:<20} {:>13} {:>12} {:>11} {:>21} {:>10} {:>10}",
+        "{:<16} {:>9} {:>9} {:>9} {:>8} {:>21} {:>21} {:>9} {:>10}",
         "workload",
-        "polling IOPS",
-        "gateway IOPS",
+        "null IOPS",
+        "RAM IOPS",
+        "gw IOPS",
         "gw us/IO",
-        "ratio [min-max]",
+        "gw/null [min-max]",
+        "gw/RAM [min-max]",
         "polled/IO",
         "chose poll"
     );
@@ -487,14 +510,14 @@ fn qd1_against_polling(
         None => ("?".into(), "?".into()),
     };
     println!(
-        "{:<20} {:>13.0} {:>12.0} {:>11.2} {:>7.3} [{:.3}-{:.3}] {:>10} {:>10}",
+        "{:<16} {:>9.0} {:>9.0} {:>9.0} {:>8.2} {:>21} {:>21} {:>9} {:>10}",
         w.name,
-        median(polling),
+        median(null.clone()),
+        median(ram.clone()),
         median(gw.iter().map(|r| r.iops).collect()),
         median(gw.iter().map(|r| r.cpu_us_per_io).collect()),
-        median(ratios.clone()),
-        lo,
-        hi,
+        ratio_to(&null),
+        ratio_to(&ram),
         polled_per_io,
         chose_poll
     );
@@ -502,6 +525,74 @@ fn qd1_against_polling(
         "(polled/IO: commands read while a polling window was open, i.e. without a wake-up; \
          chose poll: share of the adaptive epochs that chose polling)"
     );
+    pinned.undo(gateway.id());
+}
+
+/// Where the QD1 comparison runs: the bench's thread (the host) on one CPU, the targets (the
+/// gateway's threads, the responders' threads) on another, set with util-linux's `taskset`.
+/// Without it, or with one CPU, nothing is pinned and the header says so.
+struct Pinning {
+    cpus: Option<(usize, usize)>,
+    all: usize,
+}
+
+impl Pinning {
+    /// Pins the gateway's threads and, until [`Pinning::host_thread`], the bench's own
+    /// thread to the targets' CPU, so the responder threads it spawns start there.
+    fn apply(gateway: u32) -> Pinning {
+        let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (host, target) = (0, 1);
+        let ok = all >= 2
+            && taskset(&["-a", "-p", "-c", &target.to_string(), &gateway.to_string()])
+            && taskset(&[
+                "-p",
+                "-c",
+                &target.to_string(),
+                &std::process::id().to_string(),
+            ]);
+        Pinning {
+            cpus: ok.then_some((host, target)),
+            all,
+        }
+    }
+
+    /// Moves the bench's thread (the host side) to its own CPU.
+    fn host_thread(&self) {
+        if let Some((host, _)) = self.cpus {
+            taskset(&[
+                "-p",
+                "-c",
+                &host.to_string(),
+                &std::process::id().to_string(),
+            ]);
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self.cpus {
+            Some((host, target)) => format!("host on CPU {host}, targets on CPU {target}"),
+            None => "not pinned (one CPU, or taskset failed)".into(),
+        }
+    }
+
+    /// Lets the bench's thread and the gateway run on every CPU again.
+    fn undo(&self, gateway: u32) {
+        if self.cpus.is_some() {
+            let every = format!("0-{}", self.all - 1);
+            taskset(&["-p", "-c", &every, &std::process::id().to_string()]);
+            taskset(&["-a", "-p", "-c", &every, &gateway.to_string()]);
+        }
+    }
+}
+
+/// Runs `taskset ARGS` quietly; whether it succeeded.
+fn taskset(args: &[&str]) -> bool {
+    Command::new("taskset")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// The gateway's CPU while a host is connected and sends nothing: the admin queue and an
