@@ -524,17 +524,45 @@ impl Connection {
         self.serve(shutdown).instrument(span).await
     }
 
-    async fn serve(mut self, mut shutdown: watch::Receiver<bool>) {
+    async fn serve(mut self, shutdown: watch::Receiver<bool>) {
         tracing::debug!("connection accepted");
         let stats = super::stats();
         stats.accepted.fetch_add(1, Ordering::Relaxed);
         stats.live.fetch_add(1, Ordering::Relaxed);
+        self.serve_until_closed(shutdown).await;
+        {
+            let mut state = self.shared.lock();
+            state.task_only = true;
+            state.queue.close();
+            let held = std::mem::take(&mut state.held);
+            state.budget.note_resumed(held.len());
+        }
+        // The writer sends FIN when the last `Shared` goes: now, or, if a completing thread
+        // holds it for a moment (it does nothing once `task_only` is set), when it lets go.
+        drop(self.shared);
+        stats.live.fetch_sub(1, Ordering::Relaxed);
+        tracing::debug!("connection closed");
+    }
+
+    /// The connection's loop: commands, completions, timers and busy polling, until the host
+    /// leaves, a fatal error, or `shutdown` fires (after a drain). What it keeps registered
+    /// between turns is dropped when it returns, before the connection lets go of `Shared`.
+    async fn serve_until_closed(&mut self, mut shutdown: watch::Receiver<bool>) {
+        let stats = super::stats();
         let mut span_recorded = false;
         let mut idle_release = tokio::time::interval_at(
             tokio::time::Instant::now() + IDLE_RELEASE_PERIOD,
             IDLE_RELEASE_PERIOD,
         );
         idle_release.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The shutdown signal and the task's wake-up stay registered from one turn of the
+        // loop to the next, instead of being made, registered and dropped again in every
+        // `select!` (each a lock of a waiter list or two): that was ~1 000 instructions of a
+        // QD1 read's ~9 000 (docs/performance.md). `signals` is the wake-up's own handle on
+        // the shared state, so the wake-up does not borrow `self`.
+        let signals = Arc::clone(&self.shared);
+        let mut shutdown_signal = std::pin::pin!(shutdown.changed());
+        let mut woken = std::pin::pin!(signals.notify.notified());
         loop {
             let shared = &*self.shared;
             let polling = self.busy_poll.as_mut().and_then(|p| {
@@ -542,13 +570,18 @@ impl Connection {
                 Some((&p.probe, &mut p.scratch[..], until))
             });
             let is_polling = polling.is_some();
+            let mut shutting_down = false;
+            let mut was_woken = false;
             let flow = tokio::select! {
                 biased;
-                _ = shutdown.changed() => {
-                    self.drain().await;
+                _ = shutdown_signal.as_mut() => {
+                    shutting_down = true;
                     Flow::Close
                 }
-                _ = shared.notify.notified() => shared.lock().on_signals(shared),
+                _ = woken.as_mut() => {
+                    was_woken = true;
+                    shared.lock().on_signals(shared)
+                }
                 _ = crate::keep_alive::tick(&mut self.keep_alive) => shared.lock().on_keep_alive_tick(),
                 _ = idle_release.tick() => shared.lock().on_idle_tick(),
                 read = std::future::poll_fn(|cx| shared.poll_read(&mut self.reader, cx)) => {
@@ -576,6 +609,14 @@ impl Connection {
                     }
                 },
             };
+            if was_woken || shutting_down {
+                // A completed wake-up is not polled again: a fresh one takes its place. It is
+                // not registered until polled, so it leaves the drain's own wake-ups alone.
+                woken.set(signals.notify.notified());
+            }
+            if shutting_down {
+                self.drain().await;
+            }
             {
                 let state = self.shared.lock();
                 if !span_recorded {
@@ -600,18 +641,6 @@ impl Connection {
                 break;
             }
         }
-        {
-            let mut state = self.shared.lock();
-            state.task_only = true;
-            state.queue.close();
-            let held = std::mem::take(&mut state.held);
-            state.budget.note_resumed(held.len());
-        }
-        // The writer sends FIN when the last `Shared` goes: now, or, if a completing thread
-        // holds it for a moment (it does nothing once `task_only` is set), when it lets go.
-        drop(self.shared);
-        stats.live.fetch_sub(1, Ordering::Relaxed);
-        tracing::debug!("connection closed");
     }
 
     /// A read's outcome: bytes handled, or the connection closes. Bytes open (or extend) the
