@@ -127,7 +127,8 @@ print("    %s listed on ports %s" % (nqn, ", ".join(sorted(seen))))' "$NQN" "$2"
 fio_run() {
   local label=$1; shift
   local out=$WORK/fio-$label.log
-  (cd /tmp && timeout -k 10 300 fio --name="$label" --filename="$DEV" --direct=1 --ioengine=libaio \
+  # SIGPIPE ignored: see load_start in guest-load.sh.
+  (cd /tmp && trap '' PIPE && timeout -k 10 300 fio --name="$label" --filename="$DEV" --direct=1 --ioengine=libaio \
      --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 --group_reporting "$@") > "$out" 2>&1
   local rc=$?
   cp "$out" "$LOGDIR/" 2>/dev/null
