@@ -1,10 +1,9 @@
 //! Shared by the benchmarks: the null responder, the baseline an NVMe/TCP target is measured
 //! against (what the exchange over loopback costs with no target behind it).
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nvmeof_gateway::host::cmd as hcmd;
@@ -42,13 +41,14 @@ enum Wait {
 /// spins on the socket as [`spawn_polling_null_responder`]'s does, and a read is copied from
 /// RAM at the command's LBA into the PDU that carries it, as the malloc bdev copies from its
 /// buffer (one copy, from memory a random read finds cold, where the null responder sends a
-/// static buffer that stays in cache). Writes are copied into RAM. The disk is written whole
-/// first, so no page is left unmapped (an unwritten page reads from the kernel's one zero
-/// page, which stays in cache).
+/// static buffer that stays in cache). Only reads use the disk, the one workload it serves
+/// (the QD1 comparison): writes are answered as the null responder answers them. The disk
+/// is written whole first, so no page is left unmapped (an unwritten page reads from the
+/// kernel's one zero page, which stays in cache).
 #[allow(dead_code)]
 pub fn spawn_polling_ram_responder(bytes: usize, block_size: u64) -> SocketAddr {
     let ram = Arc::new(RamDisk {
-        data: Mutex::new(vec![0xa5; bytes]),
+        data: vec![0xa5; bytes],
         block_size,
     });
     spawn_with(Wait::Spin, Some(ram))
@@ -56,21 +56,16 @@ pub fn spawn_polling_ram_responder(bytes: usize, block_size: u64) -> SocketAddr 
 
 /// The RAM disk of [`spawn_polling_ram_responder`], shared by its connections.
 struct RamDisk {
-    data: Mutex<Vec<u8>>,
+    data: Vec<u8>,
     block_size: u64,
 }
 
 impl RamDisk {
-    /// The byte offset of the command's SLBA (CDW10-11) when `len` bytes from there lie
-    /// within the disk.
-    fn offset(&self, sqe: &[u8; 64], len: usize, disk_len: usize) -> Option<usize> {
+    /// The `len` bytes at the command's SLBA (CDW10-11), when they lie within the disk.
+    fn at(&self, sqe: &[u8; 64], len: usize) -> Option<&[u8]> {
         let slba = u64::from_le_bytes(sqe[40..48].try_into().ok()?);
         let at = usize::try_from(slba.checked_mul(self.block_size)?).ok()?;
-        (at.checked_add(len)? <= disk_len).then_some(at)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
-        self.data.lock().unwrap_or_else(|e| e.into_inner())
+        self.data.get(at..at.checked_add(len)?)
     }
 }
 
@@ -86,15 +81,12 @@ fn spawn_with(wait: Wait, ram: Option<Arc<RamDisk>>) -> SocketAddr {
 }
 
 /// The baseline target: answers Connect, reads (C2HData from a static buffer, or from `ram`)
-/// and writes (in-capsule or by R2T; into `ram` if there is one) with the same PDU codec and
-/// no protocol core.
+/// and writes (in-capsule or by R2T) with the same PDU codec and no protocol core.
 fn null_responder(listener: TcpListener, wait: Wait, ram: Option<Arc<RamDisk>>) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
         let ram = ram.clone();
         std::thread::spawn(move || {
-            // Where each R2T write's data goes on the RAM disk, by CID.
-            let mut write_at: HashMap<u16, usize> = HashMap::new();
             stream.set_nodelay(true).ok();
             if let Wait::Spin = wait {
                 if stream.set_nonblocking(true).is_err() {
@@ -146,36 +138,12 @@ fn null_responder(listener: TcpListener, wait: Wait, ram: Option<Arc<RamDisk>>) 
                             match c.opcode() {
                                 hcmd::io::READ => {
                                     let len = len as usize;
-                                    let disk = ram.as_ref().map(|r| (r, r.lock()));
-                                    let data = match &disk {
-                                        Some((r, data)) => match r.offset(c.sqe, len, data.len()) {
-                                            Some(at) => &data[at..at + len],
-                                            None => &zeros[..len],
-                                        },
-                                        None => &zeros[..len],
-                                    };
-                                    enc.c2h_data(&mut tx, cid, 0, data, true, false);
-                                    drop(disk);
-                                    respond(&mut tx, &enc, cid);
-                                }
-                                hcmd::io::WRITE if ram.is_some() => {
-                                    let len = len as usize;
-                                    let disk = ram.as_ref().map(|r| (r, r.lock()));
-                                    let at = disk
+                                    let data = ram
                                         .as_ref()
-                                        .and_then(|(r, data)| r.offset(c.sqe, len, data.len()));
-                                    if c.data.is_empty() && len > 0 {
-                                        if let Some(at) = at {
-                                            write_at.insert(cid, at);
-                                        }
-                                        enc.r2t(&mut tx, cid, cid, 0, len as u32);
-                                    } else {
-                                        if let (Some((_, mut data)), Some(at)) = (disk, at) {
-                                            let n = c.data.len().min(len);
-                                            data[at..at + n].copy_from_slice(&c.data[..n]);
-                                        }
-                                        respond(&mut tx, &enc, cid);
-                                    }
+                                        .and_then(|r| r.at(c.sqe, len))
+                                        .unwrap_or(&zeros[..len]);
+                                    enc.c2h_data(&mut tx, cid, 0, data, true, false);
+                                    respond(&mut tx, &enc, cid);
                                 }
                                 _ if c.sqe[0] & 1 == 1 && c.data.is_empty() && len > 0 => {
                                     enc.r2t(&mut tx, cid, cid, 0, len)
@@ -184,16 +152,7 @@ fn null_responder(listener: TcpListener, wait: Wait, ram: Option<Arc<RamDisk>>) 
                             }
                         }
                         Pdu::H2CData(d) => {
-                            if let (Some(r), Some(&base)) = (ram.as_ref(), write_at.get(&d.cccid)) {
-                                let mut data = r.lock();
-                                let at = base.saturating_add(d.datao as usize);
-                                if let Some(dst) = data.get_mut(at..at.saturating_add(d.data.len()))
-                                {
-                                    dst.copy_from_slice(d.data);
-                                }
-                            }
                             if d.last {
-                                write_at.remove(&d.cccid);
                                 respond(&mut tx, &enc, d.cccid);
                             }
                         }
