@@ -671,6 +671,16 @@ impl Connection {
                 let mut state = shared.lock();
                 let commands_before = state.commands_received;
                 let flow = state.on_bytes(shared);
+                // The responses leave now, before the bookkeeping below and the way back
+                // through the loop's `select!`, which the host would otherwise wait for at
+                // low depth. Whatever the socket does not take, the loop's flush waits for.
+                let flow = match state.try_flush(&shared.writer) {
+                    Ok(_) => flow,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "write failed");
+                        Flow::Close
+                    }
+                };
                 if let Some(p) = busy_poll.as_mut() {
                     let low_depth = state.queue.in_flight() <= busy_poll::MAX_IN_FLIGHT;
                     let now = Instant::now();
