@@ -35,10 +35,17 @@ const EPOCH_SAMPLES: usize = 128;
 /// is one epoch in this many + 1 spent in the (so far) slower mode. At 15, a QD1 queue that
 /// chose polling took ~6% of its reads through wake-ups (the sleeping probe epochs); at 63,
 /// 3-4%, and its IOPS went from ~0.81 to ~0.90 of the polling target (docs/performance.md,
-/// "Adaptive against always polling"). The price: a change is followed 4x later. An epoch of in-memory
-/// QD1 reads lasts a few ms (a switch, two winning probes, within ~0.5 s); of RBD ops at
-/// ~0.5 ms, ~64 ms (~8 s).
+/// "Adaptive against always polling"). The price: a change is followed 4x later. An epoch of
+/// RBD ops at ~0.5 ms lasts ~64 ms (a switch, two winning probes, within ~8 s); of in-memory
+/// QD1 reads a few ms, where [`MIN_PROBE_SPACING`] sets the pace instead.
 pub const EPOCHS_BETWEEN_PROBES: u32 = 63;
+/// The least time from the end of one probe to the start of the next (besides
+/// [`EPOCHS_BETWEEN_PROBES`]). Where epochs are short, counting epochs alone probed several
+/// times a second: a QD1 queue of in-memory reads (~3 ms epochs) that chose polling still
+/// took 1.5% of its reads through wake-ups, and those were 60% of the reads its polling
+/// missed (docs/performance.md, "Where polling still misses"). At 0.5 s that queue probes
+/// once in ~170 epochs and follows a change within ~1 s; slower queues are unchanged.
+pub const MIN_PROBE_SPACING: Duration = Duration::from_millis(500);
 /// How much faster polling must be to be chosen (its median at most 1/(1 + this) of
 /// sleeping's): it costs a CPU, so a draw goes to sleeping.
 pub const POLL_MARGIN: f64 = 0.05;
@@ -95,6 +102,9 @@ pub struct Chooser {
     epochs_since_probe: Option<u32>,
     /// Probes in a row the other mode has won (see [`WINS_TO_SWITCH`]).
     other_wins: u32,
+    /// When the last probe (or the first try of both modes) ended: the next waits
+    /// [`MIN_PROBE_SPACING`] from here.
+    last_probe_end: Option<Instant>,
     samples: Vec<Duration>,
     last_arrival: Option<Instant>,
     /// The latest epoch median of each mode.
@@ -120,6 +130,7 @@ impl Chooser {
             measuring: Mode::Poll,
             epochs_since_probe: None,
             other_wins: 0,
+            last_probe_end: None,
             samples: Vec::with_capacity(EPOCH_SAMPLES),
             last_arrival: None,
             poll_median: None,
@@ -153,10 +164,10 @@ impl Chooser {
         if self.samples.len() < EPOCH_SAMPLES {
             return None;
         }
-        Some(self.end_epoch())
+        Some(self.end_epoch(now))
     }
 
-    fn end_epoch(&mut self) -> Decision {
+    fn end_epoch(&mut self, now: Instant) -> Decision {
         let median = median(&mut self.samples);
         self.samples.clear();
         // The first gap of an epoch spans the switch of mode: not one of its cycles.
@@ -178,10 +189,12 @@ impl Chooser {
                 None => {
                     self.chosen = faster;
                     self.epochs_since_probe = Some(0);
+                    self.last_probe_end = Some(now);
                 }
                 // A probe of the other mode ended.
                 Some(n) if self.measuring != self.chosen => {
                     *n = 0;
+                    self.last_probe_end = Some(now);
                     if faster == self.measuring {
                         self.other_wins += 1;
                         if self.other_wins >= WINS_TO_SWITCH {
@@ -200,7 +213,14 @@ impl Chooser {
             None => self.measuring.other(),
             // Confirming a win: after one fresh epoch of the chosen mode.
             Some(n) if self.other_wins > 0 && n >= 1 => self.chosen.other(),
-            Some(n) if n >= EPOCHS_BETWEEN_PROBES => self.chosen.other(),
+            Some(n)
+                if n >= EPOCHS_BETWEEN_PROBES
+                    && self.last_probe_end.is_none_or(|end| {
+                        now.saturating_duration_since(end) >= MIN_PROBE_SPACING
+                    }) =>
+            {
+                self.chosen.other()
+            }
             Some(_) => self.chosen,
         };
         Decision {
@@ -337,6 +357,49 @@ mod tests {
         );
         assert_eq!(epochs[1].1.poll_median, FAST);
         assert_eq!(epochs[1].1.sleep_median, SLOW);
+    }
+
+    #[test]
+    fn where_epochs_are_short_probes_wait_the_least_spacing() {
+        // 10 µs cycles polling (an epoch lasts ~1.3 ms, 63 of them ~81 ms), 20 µs sleeping.
+        const QUICK: Duration = Duration::from_micros(10);
+        let epoch_of = |cycle: Duration| cycle * EPOCH_SAMPLES as u32;
+        let mut chooser = adaptive();
+        let mut clock = Instant::now();
+        let start = clock;
+        // (start, end) of every sleeping epoch after the first try of both modes.
+        let mut probes = Vec::new();
+        let mut epochs = 0;
+        while clock.duration_since(start) < MIN_PROBE_SPACING * 3 {
+            let polls = chooser.polls();
+            let begun = clock;
+            let decision = run_epoch(
+                &mut chooser,
+                &mut clock,
+                if polls { QUICK } else { QUICK * 2 },
+            );
+            assert_eq!(decision.chosen, Mode::Poll);
+            if !polls && epochs > 1 {
+                probes.push((begun, clock));
+            }
+            epochs += 1;
+        }
+        assert!(
+            epochs > 3 * EPOCHS_BETWEEN_PROBES as usize,
+            "enough epochs for 3 probes by count: {epochs}"
+        );
+        assert_eq!(probes.len(), 2, "one probe per spacing, not per 64 epochs");
+        // The first try of both modes ended after its sleeping epoch (the second).
+        let first_try_end = start + epoch_of(QUICK) + epoch_of(QUICK * 2);
+        let mut last_end = first_try_end;
+        for (begun, end) in probes {
+            let waited = begun.duration_since(last_end);
+            assert!(
+                waited >= MIN_PROBE_SPACING && waited <= MIN_PROBE_SPACING + epoch_of(QUICK),
+                "a probe starts with the first epoch after the spacing: waited {waited:?}"
+            );
+            last_end = end;
+        }
     }
 
     #[test]
