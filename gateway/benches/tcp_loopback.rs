@@ -14,7 +14,8 @@
 //! against two busy-polling targets, with the host on CPU 0 and the targets on CPU 1: the
 //! null responder and an SPDK-like RAM target (docs/performance.md, "Busy polling by
 //! default"). On this 2-core VM, many short rounds (`--seconds 1 --rounds 15`) gave steadier
-//! medians than a few long ones.
+//! medians than a few long ones. `--share-cpu` puts the host on the targets' CPU instead (a
+//! polling target that never yields starves it there: compare gateway builds, not ratios).
 //!
 //! `--qos` measures per-namespace QoS instead (docs/performance.md, "QoS limits"): 4K QD32
 //! on a namespace without limits against one whose every limit is far above what it can
@@ -303,7 +304,8 @@ fn main() {
         tls_bench(binary, duration, rounds);
     } else {
         let table = !args.iter().any(|a| a == "--qd1-only");
-        default_bench(binary, &gateway_lines, duration, rounds, table);
+        let share_cpu = args.iter().any(|a| a == "--share-cpu");
+        default_bench(binary, &gateway_lines, duration, rounds, table, share_cpu);
     }
 }
 
@@ -313,6 +315,7 @@ fn default_bench(
     duration: Duration,
     rounds: usize,
     table: bool,
+    share_cpu: bool,
 ) {
     let port = free_port();
     let metrics_port = free_port();
@@ -377,7 +380,9 @@ fn default_bench(
             iops / null.iops().max(1.0),
         );
     }
-    qd1_against_polling(&gateway, gw_addr, metrics, cntlid, duration, rounds);
+    qd1_against_polling(
+        &gateway, gw_addr, metrics, cntlid, duration, rounds, share_cpu,
+    );
     idle_cpu(&gateway, gw_addr, cntlid, duration);
     let _ = gateway.kill();
     let _ = gateway.wait();
@@ -438,12 +443,13 @@ fn qd1_against_polling(
     cntlid: u16,
     duration: Duration,
     rounds: usize,
+    share_cpu: bool,
 ) {
     // Host and targets on CPUs of their own, as SPDK's perf and nvmf_tgt are run (each with
     // its core mask), and as they are in use (the host is another machine). Unpinned, the
     // scheduler put the host's thread on the polling target's CPU in some runs and not in
     // others, and the same target's IOPS moved by up to 1.7x between runs.
-    let pinned = Pinning::apply(gateway.id());
+    let pinned = Pinning::apply(gateway.id(), share_cpu);
     let null_addr = common::spawn_polling_null_responder();
     let ram_addr =
         common::spawn_polling_ram_responder(NS_BYTES as usize, u64::from(REGION.block_size));
@@ -539,9 +545,11 @@ struct Pinning {
 impl Pinning {
     /// Pins the gateway's threads and, until [`Pinning::host_thread`], the bench's own
     /// thread to the targets' CPU, so the responder threads it spawns start there.
-    fn apply(gateway: u32) -> Pinning {
+    /// `share_cpu`: the host goes on the targets' CPU too (a host and its gateway on one
+    /// busy machine, where a poller that never gives up its CPU starves the host).
+    fn apply(gateway: u32, share_cpu: bool) -> Pinning {
         let all = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let (host, target) = (0, 1);
+        let (host, target) = (if share_cpu { 1 } else { 0 }, 1);
         let ok = all >= 2
             && taskset(&["-a", "-p", "-c", &target.to_string(), &gateway.to_string()])
             && taskset(&[
@@ -570,6 +578,9 @@ impl Pinning {
 
     fn describe(&self) -> String {
         match self.cpus {
+            Some((host, target)) if host == target => {
+                format!("host and targets all on CPU {target}")
+            }
             Some((host, target)) => format!("host on CPU {host}, targets on CPU {target}"),
             None => "not pinned (one CPU, or taskset failed)".into(),
         }
