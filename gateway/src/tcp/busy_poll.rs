@@ -42,8 +42,8 @@ pub const EPOCHS_BETWEEN_PROBES: u32 = 63;
 /// The least time from the end of one probe to the start of the next (besides
 /// [`EPOCHS_BETWEEN_PROBES`]). Where epochs are short, counting epochs alone probed several
 /// times a second: a QD1 queue of in-memory reads (~3 ms epochs) that chose polling still
-/// took 1.5% of its reads through wake-ups, and those were 60% of the reads its polling
-/// missed (docs/performance.md, "Where polling still misses"). At 0.5 s that queue probes
+/// took 1.5% of its reads through wake-ups, 60% of the reads it saw more than 5 µs late
+/// (docs/performance.md, "Where a QD1 read's cycle goes"). At 0.5 s that queue probes
 /// once in ~170 epochs and follows a change within ~1 s; slower queues are unchanged.
 pub const MIN_PROBE_SPACING: Duration = Duration::from_millis(500);
 /// How much faster polling must be to be chosen (its median at most 1/(1 + this) of
