@@ -12,7 +12,8 @@
 //! the queue in epochs, one mode each, compares the median time between the host's
 //! commands, and keeps the faster mode, trying the other one epoch in
 //! [`EPOCHS_BETWEEN_PROBES`] + 1 (no sooner than [`MIN_PROBE_SPACING`] after the last try)
-//! and switching when it wins [`WINS_TO_SWITCH`] probes in a row. Polling has to win by [`POLL_MARGIN`] to be chosen, because it costs a CPU.
+//! and switching when it wins [`WINS_TO_SWITCH`] probes in a row. Polling has to win by
+//! [`POLL_MARGIN`] to be chosen, because it costs a CPU.
 //!
 //! On by default (adaptive, a 50 µs window, `config::DEFAULT_TCP_BUSY_POLL_US`): a window
 //! only opens when the host's bytes came in, so a queue whose host sends nothing spins
