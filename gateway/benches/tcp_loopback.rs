@@ -549,7 +549,8 @@ impl Pinning {
     /// busy machine, where a poller that never gives up its CPU starves the host).
     fn apply(gateway: u32, share_cpu: bool) -> Pinning {
         let all = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let (host, target) = (if share_cpu { 1 } else { 0 }, 1);
+        let target = 1;
+        let host = if share_cpu { target } else { 0 };
         let ok = all >= 2
             && taskset(&["-a", "-p", "-c", &target.to_string(), &gateway.to_string()])
             && taskset(&[
