@@ -112,6 +112,7 @@ gateway = obj({
     "workerThreads": nullable_int(minimum=1),
     "beaconIntervalMs": nullable_int(minimum=1, maximum=1000),
     "leaveTimeoutMs": integer(minimum=1, maximum=600000),
+    "stallWindowMs": nullable_int(minimum=400, maximum=600000),
     "tcpDataBudget": string(pattern=r"^$|^[0-9]+ ?([KMGT]i?[Bb]?|[kmgt]i?b?|[Bb])?$"),
     "cephConnections": nullable_int(minimum=1, maximum=64),
     "cephOptions": {"type": "object", "propertyNames": {"pattern": "^[A-Za-z0-9_]+$"},

@@ -65,6 +65,8 @@ pub struct GroupSettings {
     /// 0: the control plane assigns one.
     pub ana_group: u32,
     pub beacon_interval: Duration,
+    /// `[group] stall_window_ms`; None: half the leader's grace (`crate::stall`).
+    pub stall_window: Option<Duration>,
     /// The gateway's own configuration (Ceph settings, controller IDs): subsystems and
     /// namespaces the control plane pushes are opened with it. None: pushed configuration is
     /// not applied (ANA states only).
@@ -462,7 +464,11 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
     // interval to the hosts' I/O pause.
     let beacon_now = Arc::new(tokio::sync::Notify::new());
     let lease = Arc::new(Mutex::new(LeaseWatch::default()));
-    let stall = Arc::new(Mutex::new(StallWatch::default()));
+    let stall = Arc::new(Mutex::new(
+        settings
+            .stall_window
+            .map_or_else(StallWatch::default, StallWatch::with_fixed_window),
+    ));
     // The lease came back after a demotion: the assignment stream is joined afresh.
     let resync = Arc::new(tokio::sync::Notify::new());
     let beacons = tokio::spawn(beacon_loop(
@@ -1925,6 +1931,47 @@ ana_group = 2
             .expect_err("a string")
             .to_string();
         assert!(e.contains("leave_timeout_ms"), "{e}");
+    }
+
+    #[test]
+    fn the_stall_window_is_configurable_and_checked() {
+        let g = Config::from_toml_str(TOML)
+            .expect("config")
+            .group
+            .expect("group");
+        assert_eq!(
+            g.stall_window(),
+            None,
+            "the default: half the leader's grace"
+        );
+        let with = |line: &str| {
+            Config::from_toml_str(&TOML.replace(
+                "ana_group = 1\n[[listener]]",
+                &format!("ana_group = 1\n{line}\n[[listener]]"),
+            ))
+        };
+        for (line, ms) in [
+            ("stall_window_ms = 400", 400),
+            ("stall_window_ms = 5000", 5000),
+        ] {
+            let g = with(line).expect(line).group.expect("group");
+            assert_eq!(g.stall_window(), Some(Duration::from_millis(ms)));
+        }
+        for bad in [
+            "stall_window_ms = 399",
+            "stall_window_ms = 600001",
+            "stall_window_ms = 0",
+        ] {
+            let e = with(bad).expect_err(bad).to_string();
+            assert!(
+                e.starts_with("group.stall_window_ms: ") && e.contains("is not 400..=600000"),
+                "{e}"
+            );
+        }
+        let e = with("stall_window_ms = -1")
+            .expect_err("negative")
+            .to_string();
+        assert!(e.contains("stall_window_ms"), "{e}");
     }
 
     fn assignment(version: u64, states: &[(u32, u8)]) -> Assignment {

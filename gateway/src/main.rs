@@ -125,6 +125,7 @@ async fn serve(config: Config, path: PathBuf) -> Result<(), String> {
                 control_plane: g.control_plane.clone(),
                 ana_group: g.ana_group.unwrap_or(0),
                 beacon_interval: Duration::from_millis(g.beacon_interval_ms.unwrap_or(500)),
+                stall_window: g.stall_window(),
                 config: Some(config.clone()),
                 tls: group_tls.clone(),
             },

@@ -421,6 +421,7 @@ fn not_live_changes(old: &Config, new: &Config) -> Vec<String> {
                 control_plane,
                 ana_group,
                 beacon_interval_ms,
+                stall_window_ms,
                 tls_ca,
                 tls_cert,
                 tls_key,

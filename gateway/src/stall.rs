@@ -10,10 +10,10 @@
 //! (`control_plane::ana`).
 //!
 //! - **Stalled**: commands have been at the cluster for the stall window (half the leader's
-//!   beacon grace) with none of them completing, no monitor probe (an osdmap refresh) has
-//!   answered since then, and one failed or has been waiting for half the window. Both, so a
-//!   slow OSD (the monitors answer) or a monitor election (commands complete) is not taken
-//!   for a cut.
+//!   beacon grace, or `[group] stall_window_ms`) with none of them completing, no monitor
+//!   probe (an osdmap refresh) has answered since then, and one failed or has been waiting
+//!   for half the window. Both, so a slow OSD (the monitors answer) or a monitor election
+//!   (commands complete) is not taken for a cut.
 //! - **Reachable**: a command completed, or a probe answered, within two windows. An idle
 //!   gateway probes once per window to keep saying so.
 //! - **Unknown**: neither (an idle gateway before its first probe, or with no connection).
@@ -27,8 +27,9 @@ use std::time::{Duration, Instant};
 /// grace. With the grace known it is half of that ([`StallWatch::set_grace_ms`]), so a cut
 /// gateway is reported and moved about when a frozen one would be.
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(1_000);
-/// The shortest window, whatever the grace: a few probe intervals.
-const MIN_WINDOW: Duration = Duration::from_millis(400);
+/// The shortest window, whatever the grace: a few probe intervals. Also the least
+/// `[group] stall_window_ms` takes.
+pub const MIN_WINDOW: Duration = Duration::from_millis(400);
 /// Probes start no more often than this.
 const MIN_PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -53,6 +54,8 @@ pub struct StallPoll {
 #[derive(Debug, Clone)]
 pub struct StallWatch {
     window: Duration,
+    /// The window was configured (`[group] stall_window_ms`): the leader's grace leaves it.
+    fixed: bool,
     /// The completed-ops total at the last poll (None: no poll yet).
     completed: Option<u64>,
     last_completion: Option<Instant>,
@@ -77,6 +80,7 @@ impl StallWatch {
     pub fn new(window: Duration) -> Self {
         Self {
             window,
+            fixed: false,
             completed: None,
             last_completion: None,
             stuck_since: None,
@@ -92,14 +96,25 @@ impl StallWatch {
         self.reach
     }
 
+    /// A window of its own (`[group] stall_window_ms`), which the leader's grace does not
+    /// change: for a cluster whose monitors can be silent for a while (an election) while
+    /// commands wait on a slow OSD, where half the grace would fail a gateway over that the
+    /// cluster only kept waiting.
+    pub fn with_fixed_window(window: Duration) -> Self {
+        Self {
+            fixed: true,
+            ..Self::new(window)
+        }
+    }
+
     pub fn window(&self) -> Duration {
         self.window
     }
 
     /// The leader's beacon grace (`BeaconReply.grace_ms`; 0: not said, the window stays):
-    /// the window becomes half of it.
+    /// the window becomes half of it, unless it was configured.
     pub fn set_grace_ms(&mut self, grace_ms: u64) {
-        if grace_ms > 0 {
+        if grace_ms > 0 && !self.fixed {
             self.window = Duration::from_millis(grace_ms / 2).max(MIN_WINDOW);
         }
     }
@@ -254,6 +269,21 @@ mod tests {
         assert_eq!(
             run(&mut w, &mut clock, TICK, 0, &mut || n + 4, None),
             vec![Reach::Reachable]
+        );
+    }
+
+    #[test]
+    fn a_configured_window_stays_whatever_the_leaders_grace() {
+        let ms = Duration::from_millis;
+        let mut w = StallWatch::with_fixed_window(ms(3_000));
+        w.set_grace_ms(1_500);
+        assert_eq!(w.window(), ms(3_000));
+        // Stuck commands and silent monitors: still reachable at 2.9 s, stalled after 3 s.
+        let mut clock = Instant::now();
+        assert!(run(&mut w, &mut clock, ms(2_900), 4, &mut || 0, None).is_empty());
+        assert_eq!(
+            run(&mut w, &mut clock, ms(150), 4, &mut || 0, None),
+            vec![Reach::Stalled]
         );
     }
 

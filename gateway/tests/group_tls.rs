@@ -74,6 +74,7 @@ fn start_agent(toml: &str) -> group::GroupAgent {
             control_plane: g.control_plane.clone(),
             ana_group: g.ana_group.unwrap_or(0),
             beacon_interval: Duration::from_millis(200),
+            stall_window: g.stall_window(),
             config: None,
             tls,
         },

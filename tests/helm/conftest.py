@@ -55,7 +55,7 @@ VALUE_SETS = {
     "rook-mon-host-secret": {"ceph": {"monHostSecret": {"name": "rook-ceph-config"}}},
     "inline-keyring": merged({"ceph": {"keyringSecret": {"cephxKey": "AQBvaBFZAAAAABAA9VHgwCgQxwc4Wf8ddGsOeA=="}}}),
     "scaled": merged({"controlPlane": {"replicas": 3, "graceMs": 1500},
-                      "gateway": {"replicas": 4, "beaconIntervalMs": 250, "workerThreads": 4,
+                      "gateway": {"replicas": 4, "beaconIntervalMs": 250, "stallWindowMs": 3000, "workerThreads": 4,
                                   "tcpDataBudget": "512MiB", "cephConnections": 2,
                                   "cephOptions": {"rados_osd_op_timeout": 30, "ms_crc_data": False},
                                   "listeners": [{"transport": "tcp", "address": "0.0.0.0", "port": 4430}],

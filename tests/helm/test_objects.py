@@ -369,11 +369,13 @@ def test_optional_gateway_fields_are_rendered(rendered):
     assert t["gateway"]["worker_threads"] == 4
     assert t["gateway"]["tcp_data_budget"] == "512MiB"
     assert t["group"]["beacon_interval_ms"] == 250
+    assert t["group"]["stall_window_ms"] == 3000
     assert t["ceph"]["connections"] == 2
     assert t["ceph"]["options"] == {"rados_osd_op_timeout": 30, "ms_crc_data": False}
     assert t["listener"] == [{"transport": "tcp", "address": "0.0.0.0", "port": 4430}]
     d = gateway_tomls(rendered["defaults"])[f"{GATEWAY}-0.toml"]
     assert "worker_threads" not in d["gateway"] and "listener" not in d
+    assert "stall_window_ms" not in d["group"]
 
 
 @pytest.mark.parametrize("name", ALL)

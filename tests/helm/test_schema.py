@@ -29,6 +29,7 @@ def install_error(values):
     (merged({"gateway": {"replicas": 33}}), ["/gateway/replicas", "maximum"]),
     (merged({"gateway": {"beaconIntervalMs": 1001}}), ["/gateway/beaconIntervalMs"]),
     (merged({"gateway": {"leaveTimeoutMs": 0}}), ["/gateway/leaveTimeoutMs", "minimum"]),
+    (merged({"gateway": {"stallWindowMs": 399}}), ["/gateway/stallWindowMs"]),
     (merged({"gateway": {"ports": {"nvme": 70000}}}), ["/gateway/ports/nvme"]),
     # enums and patterns
     (merged({"image": {"pullPolicy": "Sometimes"}}), ["/image/pullPolicy"]),

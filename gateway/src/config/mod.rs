@@ -596,6 +596,12 @@ pub struct GroupSection {
     /// TimeoutStopSec) must be longer, with room for closing the images.
     #[serde(default)]
     pub leave_timeout_ms: Option<u64>,
+    /// How long commands may wait at the cluster, none completing, with the monitors silent
+    /// too, before the gateway reports its Ceph network cut and the leader moves its ANA
+    /// groups, in milliseconds (default: half the leader's `--grace-ms`, so a cut gateway
+    /// moves about when a frozen one would; 400..=600000).
+    #[serde(default)]
+    pub stall_window_ms: Option<u64>,
     /// mTLS to the control plane (its replicas run with `--tls-*`): the CA that signed the
     /// replicas' certificates (PEM). `tls_ca`, `tls_cert` and `tls_key` go together: all three
     /// or none (plain gRPC).
@@ -613,11 +619,18 @@ pub struct GroupSection {
 pub const DEFAULT_LEAVE_TIMEOUT_MS: u64 = 10_000;
 /// The largest `[group] leave_timeout_ms`: ten minutes.
 pub const MAX_LEAVE_TIMEOUT_MS: u64 = 600_000;
+/// The largest `[group] stall_window_ms`: ten minutes.
+pub const MAX_STALL_WINDOW_MS: u64 = 600_000;
 
 impl GroupSection {
     /// How long a planned leave waits for the groups to move away (`leave_timeout_ms`).
     pub fn leave_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.leave_timeout_ms.unwrap_or(DEFAULT_LEAVE_TIMEOUT_MS))
+    }
+
+    /// The configured stall window (`stall_window_ms`); None: half the leader's grace.
+    pub fn stall_window(&self) -> Option<std::time::Duration> {
+        self.stall_window_ms.map(std::time::Duration::from_millis)
     }
 
     /// The TLS files, for `control_plane::tls::client_tls_config` (empty: plain gRPC).

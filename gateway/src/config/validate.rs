@@ -151,6 +151,19 @@ impl Config {
                     ));
                 }
             }
+            if let Some(ms) = g.stall_window_ms {
+                let min = crate::stall::MIN_WINDOW.as_millis() as u64;
+                if !(min..=super::MAX_STALL_WINDOW_MS).contains(&ms) {
+                    return Err(invalid(
+                        "group.stall_window_ms",
+                        format!(
+                            "{ms} is not {min}..={} (milliseconds commands may wait at the \
+                             cluster, the monitors silent, before the gateway reports it cut)",
+                            super::MAX_STALL_WINDOW_MS
+                        ),
+                    ));
+                }
+            }
             if let Some(ms) = g.leave_timeout_ms {
                 if ms == 0 || ms > super::MAX_LEAVE_TIMEOUT_MS {
                     return Err(invalid(
