@@ -457,6 +457,7 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
         incarnation,
         control_plane = ?settings.control_plane,
         tls = settings.tls.is_some(),
+        stall_window = ?settings.stall_window,
         "joining the gateway group"
     );
     // An applied assignment is beaconed at once: a drain (planned move, failback) waits for
