@@ -1903,6 +1903,14 @@ ana_group = 2
         );
     }
 
+    /// `TOML` with one more line in its `[group]` section.
+    fn with_group_line(line: &str) -> Result<Config, crate::config::ConfigError> {
+        Config::from_toml_str(&TOML.replace(
+            "ana_group = 1\n[[listener]]",
+            &format!("ana_group = 1\n{line}\n[[listener]]"),
+        ))
+    }
+
     #[test]
     fn the_leave_timeout_is_configurable_and_checked() {
         let g = Config::from_toml_str(TOML)
@@ -1910,12 +1918,7 @@ ana_group = 2
             .group
             .expect("group");
         assert_eq!(g.leave_timeout(), Duration::from_secs(10), "the default");
-        let with = |line: &str| {
-            Config::from_toml_str(&TOML.replace(
-                "ana_group = 1\n[[listener]]",
-                &format!("ana_group = 1\n{line}\n[[listener]]"),
-            ))
-        };
+        let with = with_group_line;
         let g = with("leave_timeout_ms = 2500")
             .expect("config")
             .group
@@ -1945,12 +1948,7 @@ ana_group = 2
             None,
             "the default: half the leader's grace"
         );
-        let with = |line: &str| {
-            Config::from_toml_str(&TOML.replace(
-                "ana_group = 1\n[[listener]]",
-                &format!("ana_group = 1\n{line}\n[[listener]]"),
-            ))
-        };
+        let with = with_group_line;
         for (line, ms) in [
             ("stall_window_ms = 400", 400),
             ("stall_window_ms = 5000", 5000),
