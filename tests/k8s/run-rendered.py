@@ -11,7 +11,9 @@ Used by tests/vm/e2e-k8s.sh; each subcommand works on a state directory (--state
         address it gets on the test's docker network.
   network-up --subnet CIDR | network-down
         `docker network create` of the test's own bridge network (fixed subnet; its gateway
-        address, .1, is where the host's micro Ceph listens).
+        address, .1, is where the host's micro Ceph listens). A network of that name that
+        carries the test's label was left by a run killed before its cleanup: its containers
+        and it are removed first. One without the label is someone else's: refused.
   start POD | stop POD | kill POD | rm POD | logs POD | ready POD | wait-ready POD [--timeout S]
         start: (re)creates the pod's container from the rendered spec (an old container of the
         pod is removed first, its log saved: what the StatefulSet controller does when it
@@ -644,11 +646,30 @@ def ip(args):
     print(load_state(args.state)["pods"][args.pod]["ip"])
 
 
+def reclaim_leftover_network(network):
+    """Removes a network of this name that an earlier run made and never removed.
+
+    A run killed with SIGKILL (a CI job's time limit, a session's end) skips its cleanup, and
+    dockerd keeps its network and containers across runs; the next run would find the name
+    (and the bridge, and the subnet) taken. Only a network with the test's label is removed, and
+    the test's containers with it (any state directory: two runs cannot share the names anyway).
+    """
+    r = docker("network", "inspect", "-f", "{{json .Labels}}", network)
+    labels = json.loads(r.stdout.strip() or "null") or {}
+    if LABEL not in labels:
+        die(f"docker network {network} exists and is not this test's (no label {LABEL}): remove it or rename it")
+    stale = docker("ps", "-aq", "--filter", f"label={LABEL}").stdout.split()
+    for cid in stale:
+        docker("rm", "-f", cid)
+    docker("network", "rm", network)
+    print(f"network {network}: left by an earlier run that did not clean up; removed it and its {len(stale)} container(s)")
+
+
 def network_up(args):
     net = ipaddress.ip_network(args.subnet)
     gw = next(net.hosts())
     if docker("network", "inspect", args.network, check=False).returncode == 0:
-        die(f"docker network {args.network} exists already (a previous run left it? docker network rm {args.network})")
+        reclaim_leftover_network(args.network)
     for line in subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout.splitlines():
         dst = line.split()[0]
         if dst == "default":

@@ -137,8 +137,15 @@ netcut_setup() {
   local o=$(( $$ % 200 + 20 ))
   NS=egcut$$ VETH_H=egh$$ VETH_G=egg$$
   NET_C=10.251.$o.1 NET_R=10.251.$o.2 NET_H=10.251.$o.5 NET_G=10.251.$o.6
+  # A run killed before its cleanup (SIGKILL skips the trap) leaves its namespace, veth pair
+  # and lo addresses; one whose process is gone is removed (its veth pair goes with it), and
+  # the lo addresses are replaced rather than added, so its subnet cannot collide with ours.
+  local old
+  for old in $(ip netns list 2>/dev/null | awk '$1 ~ /^egcut[0-9]+$/ {print $1}'); do
+    kill -0 "${old#egcut}" 2>/dev/null || { ip netns del "$old" && say "removed namespace $old, left by a killed run"; }
+  done
   ip netns add "$NS" && ip -n "$NS" link set lo up &&
-    ip addr add "$NET_C/32" dev lo && ip addr add "$NET_R/32" dev lo &&
+    ip addr replace "$NET_C/32" dev lo && ip addr replace "$NET_R/32" dev lo &&
     ip link add "$VETH_H" type veth peer name "$VETH_G" && ip link set "$VETH_G" netns "$NS" &&
     ip addr add "$NET_H/30" dev "$VETH_H" && ip link set "$VETH_H" up &&
     ip -n "$NS" addr add "$NET_G/30" dev "$VETH_G" && ip -n "$NS" link set "$VETH_G" up &&
