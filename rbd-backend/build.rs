@@ -63,6 +63,7 @@ fn generate() {
         "rados_get_instance_id",
         "rados_wait_for_latest_osdmap",
         "rados_mon_command",
+        "rados_osd_command",
         "rados_create_write_op",
         "rados_release_write_op",
         "rados_write_op_create",

@@ -369,7 +369,7 @@ pub fn client_addrs_by_group() -> BTreeMap<u32, Vec<String>> {
 }
 
 /// The connections of this process that still serve: neither found blocklisted nor retired.
-fn usable_clients() -> impl Iterator<Item = Arc<ffi::Rados>> {
+pub(crate) fn usable_clients() -> impl Iterator<Item = Arc<ffi::Rados>> {
     live_clients().into_iter().filter_map(|(c, h)| {
         h.as_ref()
             .is_none_or(|h| !h.is_blocklisted() && !h.is_retired())

@@ -858,6 +858,10 @@ fn bench_4k_random_through_rbd_device() {
     }
 }
 
+/// Held by each test that stops the OSD, so that one test's SIGCONT does not end another's
+/// stop early.
+static OSD_STOPS: Mutex<()> = Mutex::new(());
+
 /// Sends `signal` to the micro cluster's OSD (PIDs from `$MICRO_CEPH_DIR/pids`).
 fn signal_osd(signal: &str) {
     let dir = std::env::var("MICRO_CEPH_DIR")
@@ -889,6 +893,7 @@ fn a_stopped_osd_is_a_pause_not_an_error() {
         eprintln!("skipped: set MICRO_CEPH_FAULT_TESTS=1 (stops the cluster's OSD for 4 s)");
         return;
     }
+    let _serial = OSD_STOPS.lock().unwrap_or_else(|e| e.into_inner());
     struct Resume;
     impl Drop for Resume {
         fn drop(&mut self) {
@@ -963,6 +968,71 @@ fn a_stopped_osd_is_a_pause_not_an_error() {
     assert!(ops > 100, "I/O before and after the pause");
 }
 
+/// The OSD probe (`rbd_backend::osd_probe`) tells an OSD that does not answer from one that
+/// does, while the monitors keep answering: with the OSD stopped, a probe that waits 2 s
+/// names it; a second probe while the first one's command still waits names it at once,
+/// without asking again; once the OSD runs, it answers again. Opt-in like the tests above.
+#[test]
+fn the_osd_probe_names_a_stopped_osd_while_the_monitors_answer() {
+    if std::env::var("MICRO_CEPH_FAULT_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set MICRO_CEPH_FAULT_TESTS=1 (stops the cluster's OSD)");
+        return;
+    }
+    use rbd_backend::osd_probe::probe_osds;
+    let _serial = OSD_STOPS.lock().unwrap_or_else(|e| e.into_inner());
+    struct Resume;
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            signal_osd("CONT");
+        }
+    }
+    let mut f = Fixture::new(1);
+    // An open image: a connection for the probe to ask through.
+    let _dev = f.open(MIB);
+    let wait = Duration::from_secs(2);
+    let running = probe_osds(wait).expect("probe").expect("a connection");
+    assert_eq!(
+        running.asked, 1,
+        "the micro cluster has one OSD: {running:?}"
+    );
+    assert!(running.unanswered.is_empty(), "{running:?}");
+
+    signal_osd("STOP");
+    let resume = Resume;
+    let t = Instant::now();
+    let stopped = probe_osds(wait).expect("probe").expect("a connection");
+    assert_eq!(stopped.unanswered, vec![0], "{stopped:?}");
+    assert!(t.elapsed() >= wait, "it waited for the answer");
+    assert_eq!(
+        rbd_backend::rados::probe_monitors().ok(),
+        Some(true),
+        "the monitors still answer"
+    );
+    let t = Instant::now();
+    let again = probe_osds(wait).expect("probe").expect("a connection");
+    assert_eq!(again.unanswered, vec![0], "{again:?}");
+    assert!(
+        t.elapsed() < wait,
+        "an OSD still owing an answer is not asked again ({:?})",
+        t.elapsed()
+    );
+
+    drop(resume);
+    let t = Instant::now();
+    loop {
+        let p = probe_osds(wait).expect("probe").expect("a connection");
+        if p.unanswered.is_empty() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the OSD answers again once it runs: {p:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("the OSD answered again {:?} after SIGCONT", t.elapsed());
+}
+
 /// librbd dispatches ops on the submitting thread (the gateway's default), so nothing on
 /// that path may wait for the cluster: with the OSD stopped, submitting more ops and bytes
 /// than the Objecter's default budget (1024 ops, 100 MiB) on one connection returns at once
@@ -974,6 +1044,7 @@ fn submitting_never_waits_for_a_stopped_osd() {
         eprintln!("skipped: set MICRO_CEPH_FAULT_TESTS=1 (stops the cluster's OSD)");
         return;
     }
+    let _serial = OSD_STOPS.lock().unwrap_or_else(|e| e.into_inner());
     struct Resume;
     impl Drop for Resume {
         fn drop(&mut self) {

@@ -256,6 +256,18 @@ pub struct CephLib {
         outs: *mut *mut ::std::os::raw::c_char,
         outslen: *mut usize,
     ) -> ::std::os::raw::c_int,
+    pub rados_osd_command: unsafe extern "C" fn(
+        cluster: rados_t,
+        osdid: ::std::os::raw::c_int,
+        cmd: *mut *const ::std::os::raw::c_char,
+        cmdlen: usize,
+        inbuf: *const ::std::os::raw::c_char,
+        inbuflen: usize,
+        outbuf: *mut *mut ::std::os::raw::c_char,
+        outbuflen: *mut usize,
+        outs: *mut *mut ::std::os::raw::c_char,
+        outslen: *mut usize,
+    ) -> ::std::os::raw::c_int,
     pub rados_buffer_free: unsafe extern "C" fn(buf: *mut ::std::os::raw::c_char),
     pub rbd_version: unsafe extern "C" fn(
         major: *mut ::std::os::raw::c_int,
@@ -425,6 +437,7 @@ impl CephLib {
         let rados_unlock = __library.get(b"rados_unlock\0").map(|sym| *sym)?;
         let rados_getaddrs = __library.get(b"rados_getaddrs\0").map(|sym| *sym)?;
         let rados_mon_command = __library.get(b"rados_mon_command\0").map(|sym| *sym)?;
+        let rados_osd_command = __library.get(b"rados_osd_command\0").map(|sym| *sym)?;
         let rados_buffer_free = __library.get(b"rados_buffer_free\0").map(|sym| *sym)?;
         let rbd_version = __library.get(b"rbd_version\0").map(|sym| *sym)?;
         let rbd_create = __library.get(b"rbd_create\0").map(|sym| *sym)?;
@@ -495,6 +508,7 @@ impl CephLib {
             rados_unlock,
             rados_getaddrs,
             rados_mon_command,
+            rados_osd_command,
             rados_buffer_free,
             rbd_version,
             rbd_create,
@@ -813,6 +827,23 @@ impl CephLib {
     ) -> ::std::os::raw::c_int {
         (self.rados_mon_command)(
             cluster, cmd, cmdlen, inbuf, inbuflen, outbuf, outbuflen, outs, outslen,
+        )
+    }
+    pub unsafe fn rados_osd_command(
+        &self,
+        cluster: rados_t,
+        osdid: ::std::os::raw::c_int,
+        cmd: *mut *const ::std::os::raw::c_char,
+        cmdlen: usize,
+        inbuf: *const ::std::os::raw::c_char,
+        inbuflen: usize,
+        outbuf: *mut *mut ::std::os::raw::c_char,
+        outbuflen: *mut usize,
+        outs: *mut *mut ::std::os::raw::c_char,
+        outslen: *mut usize,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_osd_command)(
+            cluster, osdid, cmd, cmdlen, inbuf, inbuflen, outbuf, outbuflen, outs, outslen,
         )
     }
     pub unsafe fn rados_buffer_free(&self, buf: *mut ::std::os::raw::c_char) {

@@ -24,7 +24,7 @@ fn take_buffer(lib: &CephLib, ptr: *mut c_char, len: usize) -> Vec<u8> {
     v
 }
 
-/// What a mon command answered.
+/// What a mon (or OSD) command answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MonReply {
     /// 0 or a negative errno.
@@ -83,6 +83,33 @@ impl Rados {
                 1,
                 input.as_ptr().cast::<c_char>(),
                 input.len(),
+                &mut out,
+                &mut out_len,
+                &mut st,
+                &mut st_len,
+            )
+        };
+        let out = take_buffer(self.lib, out, out_len);
+        let status = String::from_utf8_lossy(&take_buffer(self.lib, st, st_len)).into_owned();
+        Ok(MonReply { rc, out, status })
+    }
+
+    /// `rados_osd_command` with one JSON command to OSD `osd` (blocking; with no OSD op
+    /// timeout configured it waits as long as the OSD does not answer).
+    pub fn osd_command(&self, osd: i32, cmd: &str) -> Result<MonReply, FfiError> {
+        let c = cstring("rados_osd_command", cmd)?;
+        let mut cmds = [c.as_ptr()];
+        let (mut out, mut out_len): (*mut c_char, usize) = (null_mut(), 0);
+        let (mut st, mut st_len): (*mut c_char, usize) = (null_mut(), 0);
+        // SAFETY: one valid C string; no input; out-pointers to locals.
+        let rc = unsafe {
+            self.lib.rados_osd_command(
+                self.handle,
+                osd,
+                cmds.as_mut_ptr(),
+                1,
+                std::ptr::null(),
+                0,
                 &mut out,
                 &mut out_len,
                 &mut st,
