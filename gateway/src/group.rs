@@ -778,10 +778,65 @@ async fn stall_loop(
                 }
             });
         }
+        if let Some(wait) = polled.osd_probe {
+            let stall = stall.clone();
+            tokio::spawn(async move {
+                // Blocks while the monitors do not answer; waits at most `wait` for the OSDs.
+                let found = match tokio::task::spawn_blocking(move || {
+                    rbd_backend::osd_probe::probe_osds(wait)
+                })
+                .await
+                {
+                    Ok(Ok(Some(probe))) => Some(probe.unanswered),
+                    Ok(Ok(None)) => None,
+                    Ok(Err(e)) => {
+                        tracing::warn!("OSD probe: {e}");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::warn!("OSD probe: {e}");
+                        None
+                    }
+                };
+                let changed = stall
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .osd_probe_finished(now, found);
+                if let Some(osds) = changed {
+                    osds_unanswered_changed(&osds);
+                }
+            });
+        }
+        if let Some(osds) = polled.osds_changed {
+            osds_unanswered_changed(&osds);
+        }
         if let Some(reach) = polled.changed {
             reach_changed(reach, &clients, &beacon_now);
         }
     }
+}
+
+/// How many OSDs did not answer this gateway's last OSD probe, while its commands wait and
+/// the monitors answer (`crate::stall`): a metric.
+static OSDS_UNANSWERED_NOW: AtomicU64 = AtomicU64::new(0);
+
+/// The OSDs that do not answer this gateway changed: logged and counted. Nothing moves: the
+/// same OSD may not answer any gateway (a hung OSD process), which failing over cannot help.
+fn osds_unanswered_changed(osds: &[i32]) {
+    let was = OSDS_UNANSWERED_NOW.swap(osds.len() as u64, Ordering::Relaxed);
+    if osds.is_empty() {
+        if was > 0 {
+            tracing::info!("the OSDs answer this gateway again, or its commands complete");
+        }
+        return;
+    }
+    tracing::error!(
+        osds = ?osds,
+        "commands at the cluster have made no progress while the monitors answer, and these \
+         OSDs (up in the osdmap) do not answer this gateway: its network may reach the \
+         monitors but not their hosts; if other gateways reach them, stop this gateway (a \
+         planned leave moves its groups) or mend its network"
+    );
 }
 
 /// What the gateway reports changed (after a look at the commands, or a probe's answer):
@@ -886,6 +941,15 @@ pub fn render_lease_metrics(out: &mut String) {
          no progress and the monitors do not answer.",
     )
     .sample(&[], u64::from(CLUSTER_STALLED_NOW.load(Ordering::Relaxed)));
+    metrics_exposition::Family::new(
+        out,
+        "nvmeof_group_osds_unanswered",
+        "gauge",
+        "OSDs that did not answer this gateway's last OSD probe, made while its commands at \
+         Ceph made no progress and the monitors answered; 0 once commands complete or none \
+         wait.",
+    )
+    .sample(&[], OSDS_UNANSWERED_NOW.load(Ordering::Relaxed));
 }
 
 /// Holds a `Join` stream that carries no assignment (`presence_only`) open with the replica at

@@ -20,6 +20,12 @@
 //!
 //! Probes: one at a time, from half a window of commands stuck on, or once per window when
 //! nothing else showed the cluster answering.
+//!
+//! **OSDs that do not answer** (reported apart, in the log and a metric; not beaconed, no
+//! failover): commands stuck for the window while the monitors answer are either at a slow
+//! OSD or at one this gateway cannot reach (its network reaches the monitors, not that OSD
+//! host). An OSD probe (`rbd_backend::osd_probe`, at most one per window) tells which: the
+//! OSDs it names did not answer. Cleared when commands complete again or none wait.
 
 use std::time::{Duration, Instant};
 
@@ -42,13 +48,18 @@ pub enum Reach {
 }
 
 /// What the agent must do after [`StallWatch::poll`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StallPoll {
     /// Start a monitor probe now; report it with [`StallWatch::probe_finished`] and the same
     /// start time.
     pub probe: bool,
     /// What is reported changed to this (send a beacon now).
     pub changed: Option<Reach>,
+    /// Start an OSD probe now that waits this long for the OSDs' answers; report it with
+    /// [`StallWatch::osd_probe_finished`] and the same start time.
+    pub osd_probe: Option<Duration>,
+    /// The OSDs reported as not answering changed to these (empty: none any more).
+    pub osds_changed: Option<Vec<i32>>,
 }
 
 #[derive(Debug, Clone)]
@@ -68,6 +79,10 @@ pub struct StallWatch {
     /// When a probe last failed (or had no connection to ask).
     probe_failed: Option<Instant>,
     reach: Reach,
+    osd_probing: Option<Instant>,
+    last_osd_probe_start: Option<Instant>,
+    /// The OSDs the last OSD probe found not answering, while commands stay stuck.
+    osds_unanswered: Vec<i32>,
 }
 
 impl Default for StallWatch {
@@ -89,6 +104,9 @@ impl StallWatch {
             probe_answered: None,
             probe_failed: None,
             reach: Reach::Unknown,
+            osd_probing: None,
+            last_osd_probe_start: None,
+            osds_unanswered: Vec::new(),
         }
     }
 
@@ -145,10 +163,68 @@ impl StallWatch {
             self.probing = Some(now);
             self.last_probe_start = Some(now);
         }
+        let osds_changed = if self.stuck_since.is_none() || progressed {
+            self.set_osds_unanswered(Vec::new())
+        } else {
+            None
+        };
+        let osd_probe = self.wants_osd_probe(now).then_some(self.window / 2);
+        if osd_probe.is_some() {
+            self.osd_probing = Some(now);
+            self.last_osd_probe_start = Some(now);
+        }
         StallPoll {
             probe,
             changed: self.update(now),
+            osd_probe,
+            osds_changed,
         }
+    }
+
+    /// Commands stuck for the window while a monitor answered since they got stuck, and no
+    /// OSD probe in the last window. The probe waits half a window for the OSDs, so what it
+    /// finds is reported about one and a half windows into a stall.
+    fn wants_osd_probe(&self, now: Instant) -> bool {
+        let since = |t: Instant| now.saturating_duration_since(t);
+        let Some(stuck) = self.stuck_since else {
+            return false;
+        };
+        since(stuck) >= self.window
+            && self.probe_answered.is_some_and(|a| a >= stuck)
+            && self.osd_probing.is_none()
+            && self
+                .last_osd_probe_start
+                .is_none_or(|t| since(t) >= self.window)
+    }
+
+    /// The OSD probe started at `started` finished: `unanswered` the OSDs that did not
+    /// answer it (None: it could not ask, e.g. no connection or the monitors stopped
+    /// answering). Returns the OSDs to report now if that changed.
+    pub fn osd_probe_finished(
+        &mut self,
+        started: Instant,
+        unanswered: Option<Vec<i32>>,
+    ) -> Option<Vec<i32>> {
+        if self.osd_probing == Some(started) {
+            self.osd_probing = None;
+        }
+        // Commands completed since it started, or none wait: what it found is stale.
+        if self.stuck_since.is_none_or(|stuck| stuck > started) {
+            return None;
+        }
+        self.set_osds_unanswered(unanswered?)
+    }
+
+    pub fn osds_unanswered(&self) -> &[i32] {
+        &self.osds_unanswered
+    }
+
+    fn set_osds_unanswered(&mut self, osds: Vec<i32>) -> Option<Vec<i32>> {
+        if osds == self.osds_unanswered {
+            return None;
+        }
+        self.osds_unanswered = osds.clone();
+        Some(osds)
     }
 
     /// The probe started at `started` finished: `answered` if a monitor answered it.
@@ -385,5 +461,119 @@ mod tests {
         );
         // It answers at last: the monitors reach this gateway again.
         assert_eq!(w.probe_finished(clock, early, true), Some(Reach::Reachable));
+    }
+
+    /// Polls every 50 ms for `d` with `in_flight` commands and the `completed` total, the
+    /// monitors answering every probe; OSD probes are started and left waiting. Returns the
+    /// start of each OSD probe.
+    fn osd_probes_started(
+        w: &mut StallWatch,
+        clock: &mut Instant,
+        d: Duration,
+        in_flight: usize,
+        completed: u64,
+    ) -> Vec<Instant> {
+        let mut started = Vec::new();
+        let end = *clock + d;
+        while *clock < end {
+            *clock += TICK;
+            let p = w.poll(*clock, in_flight, completed);
+            assert_eq!(p.osds_changed, None);
+            if p.probe {
+                w.probe_finished(*clock, *clock, true);
+            }
+            if let Some(wait) = p.osd_probe {
+                assert_eq!(wait, w.window() / 2);
+                started.push(*clock);
+            }
+        }
+        started
+    }
+
+    #[test]
+    fn commands_stuck_with_the_monitors_answering_start_one_osd_probe_after_the_window() {
+        let mut w = StallWatch::default();
+        let mut clock = Instant::now();
+        let stuck = clock + TICK;
+        // Stuck for the window, less a tick: no OSD probe yet.
+        assert!(osd_probes_started(&mut w, &mut clock, W - TICK, 4, 0).is_empty());
+        // Then one, and no second while it waits, however long.
+        let started = osd_probes_started(&mut w, &mut clock, W * 5, 4, 0);
+        assert_eq!(started.len(), 1, "{started:?}");
+        assert!(started[0] - stuck >= W, "after the window");
+        assert_eq!(w.reach(), Reach::Reachable, "the monitors answer: no stall");
+        // It names osd.3: reported once.
+        assert_eq!(
+            w.osd_probe_finished(started[0], Some(vec![3])),
+            Some(vec![3])
+        );
+        assert_eq!(w.osds_unanswered(), &[3]);
+        // The next one comes a window after the first started (already due), and finding
+        // the same reports nothing new.
+        let next = osd_probes_started(&mut w, &mut clock, TICK, 4, 0);
+        assert_eq!(next.len(), 1);
+        assert_eq!(w.osd_probe_finished(next[0], Some(vec![3])), None);
+        // One that could not ask (None) changes nothing.
+        let next = osd_probes_started(&mut w, &mut clock, W, 4, 0);
+        assert_eq!(next.len(), 1);
+        assert_eq!(w.osd_probe_finished(next[0], None), None);
+        assert_eq!(w.osds_unanswered(), &[3]);
+        // All answer now (a slow OSD after all): cleared.
+        let next = osd_probes_started(&mut w, &mut clock, W, 4, 0);
+        assert_eq!(w.osd_probe_finished(next[0], Some(vec![])), Some(vec![]));
+    }
+
+    #[test]
+    fn commands_completing_or_none_waiting_clear_the_osds_reported() {
+        let mut w = StallWatch::default();
+        let mut clock = Instant::now();
+        let started = osd_probes_started(&mut w, &mut clock, W * 2, 4, 0);
+        assert_eq!(
+            w.osd_probe_finished(started[0], Some(vec![1, 2])),
+            Some(vec![1, 2])
+        );
+        // A command completes: the report is cleared at the next poll.
+        clock += TICK;
+        let p = w.poll(clock, 4, 1);
+        assert_eq!(p.osds_changed, Some(vec![]));
+        assert_eq!(p.osd_probe, None, "the commands are not stuck any more");
+        // Stuck again for the window: probed again; then none wait: cleared.
+        let started = osd_probes_started(&mut w, &mut clock, W * 2, 4, 1);
+        assert_eq!(started.len(), 1);
+        assert_eq!(
+            w.osd_probe_finished(started[0], Some(vec![2])),
+            Some(vec![2])
+        );
+        clock += TICK;
+        assert_eq!(w.poll(clock, 0, 1).osds_changed, Some(vec![]));
+    }
+
+    #[test]
+    fn an_osd_probe_overtaken_by_completions_reports_nothing() {
+        let mut w = StallWatch::default();
+        let mut clock = Instant::now();
+        let started = osd_probes_started(&mut w, &mut clock, W * 2, 4, 0);
+        // Commands complete (and others wait) while it waits: its answer is stale.
+        clock += TICK;
+        w.poll(clock, 4, 1);
+        assert_eq!(w.osd_probe_finished(started[0], Some(vec![0])), None);
+        assert!(w.osds_unanswered().is_empty());
+    }
+
+    #[test]
+    fn no_osd_probe_while_the_monitors_do_not_answer_either() {
+        // A cut from the whole cluster is a stall (beaconed); the OSDs are not asked.
+        let mut w = StallWatch::default();
+        let mut clock = Instant::now();
+        let end = clock + W * 5;
+        while clock < end {
+            clock += TICK;
+            let p = w.poll(clock, 4, 0);
+            assert_eq!(p.osd_probe, None);
+            if p.probe {
+                w.probe_finished(clock, clock, false);
+            }
+        }
+        assert_eq!(w.reach(), Reach::Stalled);
     }
 }

@@ -13,6 +13,8 @@
 #   - gateway/tests/osd_down_start.rs (gateway start with the OSD stopped: serves, RBD later)
 #   - gateway/tests/osd_stall_budget.rs (hosts writing into a stopped OSD: the data budget
 #                                  bounds the buffers, every write lands once it resumes)
+#   - gateway/tests/osd_unanswered.rs (a group gateway's commands at a stopped OSD while the
+#                                  monitors answer: the OSD probe names it, metric and log)
 #   - gateway/tests/fenced_group.rs (one ANA group's client blocklisted: only it stops)
 #   - gateway/tests/group_reservations.rs (reservations stored by the ANA owner, loaded by
 #                                  the next one: kill -9 of the owner and failback keep them)
@@ -65,6 +67,7 @@ bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test failover_kill -- --ignor
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_config -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_down_start -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_stall_budget -- --ignored "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_unanswered -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test fenced_group -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_reservations -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_removals -- --ignored "$@" || rc=1

@@ -1,0 +1,164 @@
+//! A group gateway whose commands wait at an OSD that does not answer it while the monitors
+//! do (here the micro cluster's only OSD stopped with SIGSTOP; over a network, an OSD host the
+//! gateway cannot reach): its OSD probe names the OSD, `nvmeof_group_osds_unanswered` says 1
+//! and the log says which, while the gateway does not report itself cut off from Ceph (its
+//! monitors answer, `nvmeof_group_cluster_stalled` stays 0); once the OSD runs, the write
+//! completes and the gauge returns to 0.
+//!
+//! Needs a cluster and stops its OSD, so it is `#[ignore]`d and also opt-in with
+//! `MICRO_CEPH_FAULT_TESTS=1` (which `rbd-backend/tests/ceph-tests.sh` sets):
+//!
+//! ```sh
+//! eval "$(scripts/micro-ceph.sh start)"
+//! MICRO_CEPH_FAULT_TESTS=1 cargo test -p nvmeof-gateway --test osd_unanswered -- --ignored --nocapture
+//! ```
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::ceph::{
+    ceph_settings, create_image, pool, remove_image_retrying, signal_osd, ResumeOsd,
+};
+use common::control::start_rados_control_plane;
+use common::gateway_process::{group_member_toml, GatewayProcess};
+use common::host::{connect_within, Attach};
+use common::{free_port, pattern, poll_until, scrape, scratch_dir, unique_tag};
+use nvmeof_gateway::host::cmd::{io, Sqe};
+use nvmeof_gateway::host::Xfer;
+use rbd_backend::rados::Client;
+
+const SUBNQN: &str = "nqn.2016-06.io.test:osd-unanswered";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000005d0";
+
+async fn gauge_reaches(port: u16, series: &str, value: f64, within: Duration) {
+    poll_until(within, Duration::from_millis(100), async || {
+        match scrape(port, series) {
+            Some(v) if v == value => Ok(()),
+            other => Err(format!("{series} is {other:?}, not {value}")),
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Ceph cluster: bash rbd-backend/tests/ceph-tests.sh"]
+async fn an_osd_that_does_not_answer_is_named_while_the_monitors_answer() {
+    if std::env::var("MICRO_CEPH_FAULT_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set MICRO_CEPH_FAULT_TESTS=1 (stops the cluster's OSD)");
+        return;
+    }
+    let name = format!("osd-unanswered-{}", unique_tag());
+    create_image(&name, "16M");
+    let dir = scratch_dir(&name);
+    let control = start_rados_control_plane(&name, 500).await;
+    let (port, metrics_port) = (free_port(), free_port());
+    let config = group_member_toml("gw1", None, &control.addr, 1, port).replacen(
+        "worker_threads = 1\n",
+        &format!("worker_threads = 1\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n"),
+        1,
+    ) + &format!(
+        r#"
+[[subsystem]]
+nqn = "{SUBNQN}"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "rbd"
+pool = "{pool}"
+image = "{name}"
+ana_group = 1
+"#,
+        pool = pool()
+    );
+    let gw = GatewayProcess::spawn(&dir, "gw1", port, &config);
+    eprintln!("gateway log: {}", gw.log.display());
+    gw.wait_for_metrics(metrics_port).await;
+    gw.wait_for_listener().await;
+    let host = connect_within(port, &Attach::new(HOSTNQN, SUBNQN), Duration::from_secs(30)).await;
+    // Written once the group is optimized here (and the image's lock this gateway's).
+    poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || {
+            host.io
+                .write(1, 0, pattern(4096, 1), 512)
+                .await
+                .map_err(|e| format!("a first write: {e}"))
+        },
+    )
+    .await;
+    assert_eq!(
+        scrape(metrics_port, "nvmeof_group_osds_unanswered"),
+        Some(0.0)
+    );
+
+    let resume = ResumeOsd;
+    signal_osd("STOP");
+    let stopped = Instant::now();
+    let write = host
+        .io
+        .start(
+            Sqe::rw(io::WRITE, 1, 8, 8),
+            Xfer::Write(pattern(4096, 2).into()),
+        )
+        .await
+        .expect("start a write");
+    gauge_reaches(
+        metrics_port,
+        "nvmeof_group_osds_unanswered",
+        1.0,
+        Duration::from_secs(15),
+    )
+    .await;
+    eprintln!(
+        "osd.0 reported unanswered {:?} after SIGSTOP",
+        stopped.elapsed()
+    );
+    assert_eq!(
+        scrape(metrics_port, "nvmeof_group_cluster_stalled"),
+        Some(0.0),
+        "the monitors answer: not reported cut off from Ceph"
+    );
+    let log = gw.log_text();
+    assert!(
+        log.contains("do not answer this gateway") && log.contains("osds=[0]"),
+        "the log names the OSD"
+    );
+
+    drop(resume);
+    let resumed = Instant::now();
+    gauge_reaches(
+        metrics_port,
+        "nvmeof_group_osds_unanswered",
+        0.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    eprintln!("cleared {:?} after SIGCONT", resumed.elapsed());
+    let done = write.wait().await.expect("the write the stop held");
+    assert!(
+        done.cqe.is_success(),
+        "write status {:#x}",
+        done.cqe.status()
+    );
+
+    drop(host);
+    let mut gw = gw;
+    let status = gw.terminate();
+    assert!(status.success(), "the gateway exited with {status}");
+    drop(gw);
+    let (s, p, oid) = (ceph_settings(), pool(), control.state_oid.clone());
+    tokio::task::spawn_blocking(move || {
+        if let Ok(c) = Client::connect(&s) {
+            if let Ok(pl) = c.pool(&p, None) {
+                let _ = pl.remove(&oid);
+            }
+        }
+    })
+    .await
+    .expect("cleanup");
+    remove_image_retrying(&name, Duration::from_secs(60)).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
