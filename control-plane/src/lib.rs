@@ -10,6 +10,7 @@ pub mod ceph_api;
 pub mod health;
 pub mod metrics;
 pub mod nqn;
+pub mod osd_reports;
 pub mod qos;
 pub mod server;
 pub mod state;

@@ -81,7 +81,12 @@ pub struct ControlPlane {
     /// Set when this replica's server stops: the gateways' streams it ends then say nothing
     /// about the gateways.
     stopping: AtomicBool,
+    /// The gateways' reports of OSDs that do not answer them, as the leader checked them.
+    osd_reports: Mutex<crate::osd_reports::OsdReports>,
 }
+
+/// How long the leader waits for the OSDs a gateway reports not answering it.
+const OSD_CHECK_WAIT: Duration = Duration::from_secs(1);
 
 fn status(e: StoreError) -> Status {
     match e {
@@ -158,6 +163,7 @@ impl ControlPlane {
             persisted: Mutex::new(Vec::new()),
             connections: Mutex::new(std::collections::BTreeMap::new()),
             applied_state: Mutex::new(std::collections::BTreeMap::new()),
+            osd_reports: Mutex::new(Default::default()),
             ending_moves: Mutex::new(std::collections::BTreeSet::new()),
             stopping: AtomicBool::new(false),
         });
@@ -650,6 +656,61 @@ impl ControlPlane {
         }
     }
 
+    /// The leader's verdict on the OSDs `gateway` reports not answering it (None: it reports
+    /// none, or this replica does not lead).
+    pub fn osd_report(&self, gateway: &str) -> Option<crate::osd_reports::Verdict> {
+        self.osd_reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .verdict(gateway)
+    }
+
+    /// Asks the OSDs `gateway` reports not answering it, in the background; the verdict
+    /// applies from its next beacon (`crate::osd_reports`).
+    fn spawn_osd_check(self: &Arc<Self>, gateway: String, osds: Vec<i32>) {
+        let backend = self.store.backend().clone();
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let ids = osds.clone();
+            let answer =
+                tokio::task::spawn_blocking(move || backend.probe_osds(&ids, OSD_CHECK_WAIT)).await;
+            let unanswered = match answer {
+                Ok(Ok(u)) => u,
+                Ok(Err(e)) => {
+                    tracing::warn!(gateway = %gateway, "cannot ask the OSDs it reports: {e}");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!("OSD check task failed: {e}");
+                    None
+                }
+            };
+            let Some(me) = me.upgrade() else { return };
+            let verdict = me
+                .osd_reports
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .probe_finished(&gateway, &osds, unanswered.as_deref());
+            match verdict {
+                Some(crate::osd_reports::Verdict::Confirmed) => tracing::warn!(
+                    gateway = %gateway,
+                    osds = ?osds,
+                    leader_unanswered = ?unanswered,
+                    "OSDs the gateway cannot reach answer the leader: it is cut off from them; \
+                     taken as cut off from the cluster (failed over while another gateway \
+                     reaches it)"
+                ),
+                Some(crate::osd_reports::Verdict::Shared) => tracing::warn!(
+                    gateway = %gateway,
+                    osds = ?osds,
+                    "OSDs the gateway cannot reach do not answer the leader either (a hung \
+                     OSD?): nothing moves"
+                ),
+                Some(crate::osd_reports::Verdict::Unchecked) | None => {}
+            }
+        });
+    }
+
     /// Blocklists a restarted gateway's previous clients in the background (logged; nothing
     /// waits for it).
     fn spawn_blocklist(&self, gateway: String, addrs: Vec<String>) {
@@ -960,6 +1021,18 @@ impl ControlPlane {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(name.clone(), conns);
+        // OSDs that do not answer the gateway but answer the leader: cut off from them, as
+        // good as cut off from the cluster (`crate::osd_reports`).
+        let osds_cut_off = self
+            .osd_reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .on_beacon(&name, &b.osds_unanswered);
+        let cluster = if osds_cut_off {
+            ana::ClusterReach::Stalled
+        } else {
+            cluster_reach(b.cluster)
+        };
         self.feed(Event::Beacon {
             gateway: b.gateway,
             ana_group: b.ana_group,
@@ -967,10 +1040,19 @@ impl ControlPlane {
             addrs: b.client_addrs,
             group_addrs,
             applied_epoch: b.applied_version,
-            cluster: cluster_reach(b.cluster),
+            cluster,
             now_ms: now,
         })
         .await?;
+        // Only the leader gets here (`feed` refuses otherwise): it checks the report.
+        let due = self
+            .osd_reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .probe_due(&name, now, self.opts.timing.grace_ms);
+        if let Some(osds) = due {
+            self.spawn_osd_check(name.clone(), osds);
+        }
         let (group, fenced) = self
             .live
             .lock()

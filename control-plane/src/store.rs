@@ -114,6 +114,9 @@ pub trait Backend: Send + Sync + 'static {
     fn lead(&self, id: &str, lease: Duration) -> Result<bool, StoreError>;
     /// Blocklists every address, then refreshes this client's osdmap.
     fn fence(&self, addrs: &[String]) -> Result<(), StoreError>;
+    /// Asks the OSDs `ids` for their version, waiting at most `wait` (blocking): those that
+    /// did not answer. `Ok(None)`: no cluster connection to ask through.
+    fn probe_osds(&self, ids: &[i32], wait: Duration) -> Result<Option<Vec<i32>>, StoreError>;
     /// Whether an RBD image exists.
     fn image_exists(&self, pool: &str, namespace: &str, image: &str) -> Result<bool, StoreError>;
     /// Grows an RBD image to `size` bytes; returns the old size. Shrinking is refused.
@@ -288,6 +291,10 @@ impl Backend for RadosBackend {
         Ok(())
     }
 
+    fn probe_osds(&self, ids: &[i32], wait: Duration) -> Result<Option<Vec<i32>>, StoreError> {
+        Ok(rbd_backend::osd_probe::probe_these_osds(ids, wait)?.map(|p| p.unanswered))
+    }
+
     fn grow_image(
         &self,
         pool: &str,
@@ -379,6 +386,9 @@ pub struct MemoryBackend {
     pub pools: Mutex<BTreeSet<String>>,
     /// Images `remove_image` finds open by a client.
     pub busy_images: Mutex<BTreeSet<String>>,
+    /// The OSDs that do not answer this replica (`probe_osds`); None: it has no cluster
+    /// connection to ask through.
+    pub osds_unanswered: Mutex<Option<Vec<i32>>>,
 }
 
 impl Backend for MemoryBackend {
@@ -445,6 +455,20 @@ impl Backend for MemoryBackend {
             .unwrap_or_else(|e| e.into_inner())
             .extend(addrs.iter().cloned());
         Ok(())
+    }
+
+    fn probe_osds(&self, ids: &[i32], _wait: Duration) -> Result<Option<Vec<i32>>, StoreError> {
+        Ok(self
+            .osds_unanswered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|none_answer| {
+                ids.iter()
+                    .copied()
+                    .filter(|i| none_answer.contains(i))
+                    .collect()
+            }))
     }
 
     fn grow_image(

@@ -91,6 +91,7 @@ async fn beacon_tls(c: &mut GatewayControlClient<Channel>, hosts: &[(&str, bool)
             })
             .collect(),
         cluster: 0,
+        osds_unanswered: vec![],
     })
     .await
     .expect("beacon");

@@ -56,6 +56,7 @@ async fn beacon(addr: &str, gw: &str, group: u32) {
                 secure: group == 1,
             }],
             cluster: 0,
+            osds_unanswered: vec![],
         })
         .await
         .expect("beacon");

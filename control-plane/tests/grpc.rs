@@ -57,6 +57,18 @@ async fn beacon_saying(
     epoch: u64,
     cluster: proto::ClusterReach,
 ) {
+    beacon_naming_osds(c, gw, group, epoch, cluster, &[]).await
+}
+
+/// A beacon that also names OSDs that do not answer the gateway.
+async fn beacon_naming_osds(
+    c: &mut GatewayControlClient<Channel>,
+    gw: &str,
+    group: u32,
+    epoch: u64,
+    cluster: proto::ClusterReach,
+    osds_unanswered: &[i32],
+) {
     c.send_beacon(proto::Beacon {
         gateway: gw.into(),
         ana_group: group,
@@ -74,6 +86,7 @@ async fn beacon_saying(
             secure: false,
         }],
         cluster: cluster as i32,
+        osds_unanswered: osds_unanswered.to_vec(),
     })
     .await
     .expect("beacon");
@@ -359,6 +372,61 @@ async fn a_gateway_beaconing_that_it_cannot_reach_the_cluster_is_fenced_and_its_
     let line = "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"fenced\",cluster=\"stalled\"} 1";
     assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     beacons.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_cut_off_from_osds_that_answer_the_leader_is_fenced_and_its_group_moves() {
+    let (f, g, mut s1, last) = two_gateways_gw1_joined().await;
+    assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
+    // The OSDs answer the leader.
+    *f.backend.osds_unanswered.lock().expect("osds") = Some(vec![]);
+    // Both keep beaconing and reach the monitors; osd.3 and osd.5 do not answer gw2.
+    let beacons = {
+        let mut g = g.clone();
+        tokio::spawn(async move {
+            loop {
+                beacon(&mut g, "gw1", 1, 0).await;
+                let reach = proto::ClusterReach::Reachable;
+                beacon_naming_osds(&mut g, "gw2", 2, 0, reach, &[5, 3]).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let last = test_support::until_optimized(&mut s1, last, 2, Duration::from_secs(10)).await;
+    assert_eq!(
+        f.backend.fenced.lock().expect("fenced").clone(),
+        vec!["127.0.0.1:0/2".to_string()],
+        "fenced before the push"
+    );
+    assert_eq!(ana_state_of(&last, 1), Some(AnaState::Optimized));
+    let metrics = render(&f.cp);
+    let line = "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"fenced\",cluster=\"stalled\"} 1";
+    assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    beacons.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn osds_that_answer_neither_the_gateway_nor_the_leader_move_nothing() {
+    let (f, g, _s1, last) = two_gateways_gw1_joined().await;
+    assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
+    // osd.3 answers nobody (a hung OSD); another probe would not answer either.
+    *f.backend.osds_unanswered.lock().expect("osds") = Some(vec![3]);
+    let mut g = g.clone();
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        beacon(&mut g, "gw1", 1, 0).await;
+        beacon_naming_osds(&mut g, "gw2", 2, 0, proto::ClusterReach::Reachable, &[3]).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        f.backend.fenced.lock().expect("fenced").is_empty(),
+        "nothing fenced"
+    );
+    let metrics = render(&f.cp);
+    let line = "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"available\",cluster=\"reachable\"} 1";
+    assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    let line = "nvmeof_control_ana_group_info{ana_group=\"2\",owner=\"gw2\",holder=\"gw2\",phase=\"active\"} 1";
+    assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -72,6 +72,7 @@ async fn beacon(g: &mut GatewayControlClient<Channel>, connected: bool) {
             Vec::new()
         },
         cluster: 0,
+        osds_unanswered: vec![],
     })
     .await
     .expect("beacon");

@@ -149,6 +149,8 @@ pub struct GroupClientsState {
     /// This gateway reports the cluster stalled (`crate::stall`): a group taken away does not
     /// wait for its stuck commands.
     cluster_stalled: AtomicBool,
+    /// This gateway reports OSDs that do not answer it (`crate::stall`): the same.
+    osds_unanswered: AtomicBool,
     /// An osdmap refresh that outlived [`OSDMAP_REFRESH_BOUND`] (it blocks in librados until
     /// the monitors answer): the next one waits for it rather than block a second thread.
     stuck_osdmap_refresh: tokio::sync::Mutex<Option<OsdmapRefresh>>,
@@ -575,6 +577,11 @@ async fn beacon_loop(
         })
         .await
         .unwrap_or_default();
+        // One lock: a guard taken inside the literal below would live to its end.
+        let (reach, osds_unanswered) = {
+            let stall = stall.lock().unwrap_or_else(|e| e.into_inner());
+            (stall.reach(), stall.osds_unanswered().to_vec())
+        };
         let beacon = GroupBeacon {
             beacon: Some(Beacon {
                 gateway: settings.gateway.clone(),
@@ -583,9 +590,8 @@ async fn beacon_loop(
                 client_addrs: addrs,
                 applied_version: applied.load(Ordering::SeqCst),
                 connections: connections(&target),
-                cluster: cluster_reach_wire(
-                    stall.lock().unwrap_or_else(|e| e.into_inner()).reach(),
-                ),
+                cluster: cluster_reach_wire(reach),
+                osds_unanswered,
             }),
             group_clients: per_group
                 .into_iter()
@@ -780,6 +786,7 @@ async fn stall_loop(
         }
         if let Some(wait) = polled.osd_probe {
             let stall = stall.clone();
+            let (clients, beacon_now) = (clients.clone(), beacon_now.clone());
             tokio::spawn(async move {
                 // Blocks while the monitors do not answer; waits at most `wait` for the OSDs.
                 let found = match tokio::task::spawn_blocking(move || {
@@ -803,12 +810,13 @@ async fn stall_loop(
                     .unwrap_or_else(|e| e.into_inner())
                     .osd_probe_finished(now, found);
                 if let Some(osds) = changed {
+                    clients
+                        .osds_unanswered
+                        .store(!osds.is_empty(), Ordering::SeqCst);
                     osds_unanswered_changed(&osds);
+                    beacon_now.notify_one();
                 }
             });
-        }
-        if let Some(osds) = polled.osds_changed {
-            osds_unanswered_changed(&osds);
         }
         if let Some(reach) = polled.changed {
             reach_changed(reach, &clients, &beacon_now);
@@ -820,13 +828,14 @@ async fn stall_loop(
 /// the monitors answer (`crate::stall`): a metric.
 static OSDS_UNANSWERED_NOW: AtomicU64 = AtomicU64::new(0);
 
-/// The OSDs that do not answer this gateway changed: logged and counted. Nothing moves: the
-/// same OSD may not answer any gateway (a hung OSD process), which failing over cannot help.
+/// The OSDs that do not answer this gateway changed: logged and counted (and beaconed by
+/// the caller). The leader asks those OSDs itself before it fails this gateway over: a hung
+/// OSD process answers no one, and moving the groups would not help there.
 fn osds_unanswered_changed(osds: &[i32]) {
     let was = OSDS_UNANSWERED_NOW.swap(osds.len() as u64, Ordering::Relaxed);
     if osds.is_empty() {
         if was > 0 {
-            tracing::info!("the OSDs answer this gateway again, or its commands complete");
+            tracing::info!("the OSDs answer this gateway again");
         }
         return;
     }
@@ -834,8 +843,8 @@ fn osds_unanswered_changed(osds: &[i32]) {
         osds = ?osds,
         "commands at the cluster have made no progress while the monitors answer, and these \
          OSDs (up in the osdmap) do not answer this gateway: its network may reach the \
-         monitors but not their hosts; if other gateways reach them, stop this gateway (a \
-         planned leave moves its groups) or mend its network"
+         monitors but not their hosts; the control plane fails it over if they answer the \
+         leader"
     );
 }
 
@@ -946,8 +955,8 @@ pub fn render_lease_metrics(out: &mut String) {
         "nvmeof_group_osds_unanswered",
         "gauge",
         "OSDs that did not answer this gateway's last OSD probe, made while its commands at \
-         Ceph made no progress and the monitors answered; 0 once commands complete or none \
-         wait.",
+         Ceph made no progress and the monitors answered; 0 once a probe finds them all \
+         answering.",
     )
     .sample(&[], OSDS_UNANSWERED_NOW.load(Ordering::Relaxed));
 }
@@ -1740,10 +1749,12 @@ pub async fn apply_with_clients(
             }
         }
     }
-    if clients.cluster_stalled.load(Ordering::SeqCst) {
-        // Cut off from the cluster: a group taken away (inaccessible, not a drain) was
-        // fenced before it moved, and its commands here would wait for the hosts' I/O
-        // timeout. Hand them back to the hosts now.
+    if clients.cluster_stalled.load(Ordering::SeqCst)
+        || clients.osds_unanswered.load(Ordering::SeqCst)
+    {
+        // Cut off from the cluster, or from some of its OSDs: a group taken away
+        // (inaccessible, not a drain) was fenced before it moved, and its commands here
+        // would wait for the hosts' I/O timeout. Hand them back to the hosts now.
         let moved: BTreeSet<u32> = draining
             .iter()
             .copied()
@@ -1762,9 +1773,9 @@ pub async fn apply_with_clients(
             tracing::warn!(
                 groups = ?moved,
                 controllers_closed = closed,
-                "groups moved away while this gateway is cut off from the cluster: \
-                 controllers with commands stuck there closed, so hosts re-send them on the \
-                 new path"
+                "groups moved away while this gateway is cut off from the cluster (or from \
+                 OSDs): controllers with commands stuck there closed, so hosts re-send them \
+                 on the new path"
             );
             draining.retain(|g| !moved.contains(g));
         }

@@ -21,11 +21,14 @@
 //! Probes: one at a time, from half a window of commands stuck on, or once per window when
 //! nothing else showed the cluster answering.
 //!
-//! **OSDs that do not answer** (reported apart, in the log and a metric; not beaconed, no
-//! failover): commands stuck for the window while the monitors answer are either at a slow
-//! OSD or at one this gateway cannot reach (its network reaches the monitors, not that OSD
-//! host). An OSD probe (`rbd_backend::osd_probe`, at most one per window) tells which: the
-//! OSDs it names did not answer. Cleared when commands complete again or none wait.
+//! **OSDs that do not answer** (reported apart: `Beacon.osds_unanswered`, the log, a metric):
+//! commands stuck for the window while the monitors answer are either at a slow OSD or at one
+//! this gateway cannot reach (its network reaches the monitors, not that OSD host). An OSD
+//! probe (`rbd_backend::osd_probe`, at most one per window) tells which: the OSDs it names
+//! did not answer. While some are named, a probe runs every window, stuck commands or not,
+//! and only one that finds them all answering clears the report: commands completing through
+//! other OSDs say nothing of these. The leader checks the OSDs itself before it acts on it
+//! (`control_plane::osd_reports`).
 
 use std::time::{Duration, Instant};
 
@@ -58,8 +61,6 @@ pub struct StallPoll {
     /// Start an OSD probe now that waits this long for the OSDs' answers; report it with
     /// [`StallWatch::osd_probe_finished`] and the same start time.
     pub osd_probe: Option<Duration>,
-    /// The OSDs reported as not answering changed to these (empty: none any more).
-    pub osds_changed: Option<Vec<i32>>,
 }
 
 #[derive(Debug, Clone)]
@@ -163,11 +164,6 @@ impl StallWatch {
             self.probing = Some(now);
             self.last_probe_start = Some(now);
         }
-        let osds_changed = if self.stuck_since.is_none() || progressed {
-            self.set_osds_unanswered(Vec::new())
-        } else {
-            None
-        };
         let osd_probe = self.wants_osd_probe(now).then_some(self.window / 2);
         if osd_probe.is_some() {
             self.osd_probing = Some(now);
@@ -177,20 +173,19 @@ impl StallWatch {
             probe,
             changed: self.update(now),
             osd_probe,
-            osds_changed,
         }
     }
 
-    /// Commands stuck for the window while a monitor answered since they got stuck, and no
-    /// OSD probe in the last window. The probe waits half a window for the OSDs, so what it
-    /// finds is reported about one and a half windows into a stall.
+    /// Commands stuck for the window while a monitor answered since they got stuck, or OSDs
+    /// named by the last probe; and no OSD probe in the last window. The probe waits half a
+    /// window for the OSDs, so what it finds is reported about one and a half windows into a
+    /// stall.
     fn wants_osd_probe(&self, now: Instant) -> bool {
         let since = |t: Instant| now.saturating_duration_since(t);
-        let Some(stuck) = self.stuck_since else {
-            return false;
-        };
-        since(stuck) >= self.window
-            && self.probe_answered.is_some_and(|a| a >= stuck)
+        let stuck_with_monitors_answering = self.stuck_since.is_some_and(|stuck| {
+            since(stuck) >= self.window && self.probe_answered.is_some_and(|a| a >= stuck)
+        });
+        (stuck_with_monitors_answering || !self.osds_unanswered.is_empty())
             && self.osd_probing.is_none()
             && self
                 .last_osd_probe_start
@@ -199,7 +194,7 @@ impl StallWatch {
 
     /// The OSD probe started at `started` finished: `unanswered` the OSDs that did not
     /// answer it (None: it could not ask, e.g. no connection or the monitors stopped
-    /// answering). Returns the OSDs to report now if that changed.
+    /// answering; the report stays). Returns the OSDs to report now if that changed.
     pub fn osd_probe_finished(
         &mut self,
         started: Instant,
@@ -207,10 +202,6 @@ impl StallWatch {
     ) -> Option<Vec<i32>> {
         if self.osd_probing == Some(started) {
             self.osd_probing = None;
-        }
-        // Commands completed since it started, or none wait: what it found is stale.
-        if self.stuck_since.is_none_or(|stuck| stuck > started) {
-            return None;
         }
         self.set_osds_unanswered(unanswered?)
     }
@@ -478,7 +469,6 @@ mod tests {
         while *clock < end {
             *clock += TICK;
             let p = w.poll(*clock, in_flight, completed);
-            assert_eq!(p.osds_changed, None);
             if p.probe {
                 w.probe_finished(*clock, *clock, true);
             }
@@ -524,7 +514,7 @@ mod tests {
     }
 
     #[test]
-    fn commands_completing_or_none_waiting_clear_the_osds_reported() {
+    fn named_osds_are_probed_every_window_until_a_probe_finds_them_answering() {
         let mut w = StallWatch::default();
         let mut clock = Instant::now();
         let started = osd_probes_started(&mut w, &mut clock, W * 2, 4, 0);
@@ -532,32 +522,29 @@ mod tests {
             w.osd_probe_finished(started[0], Some(vec![1, 2])),
             Some(vec![1, 2])
         );
-        // A command completes: the report is cleared at the next poll.
-        clock += TICK;
-        let p = w.poll(clock, 4, 1);
-        assert_eq!(p.osds_changed, Some(vec![]));
-        assert_eq!(p.osd_probe, None, "the commands are not stuck any more");
-        // Stuck again for the window: probed again; then none wait: cleared.
+        // Commands complete (through other OSDs), then none wait: the report stays, and
+        // the OSDs are asked again every window.
         let started = osd_probes_started(&mut w, &mut clock, W * 2, 4, 1);
-        assert_eq!(started.len(), 1);
+        assert!(!started.is_empty());
         assert_eq!(
             w.osd_probe_finished(started[0], Some(vec![2])),
             Some(vec![2])
         );
-        clock += TICK;
-        assert_eq!(w.poll(clock, 0, 1).osds_changed, Some(vec![]));
-    }
-
-    #[test]
-    fn an_osd_probe_overtaken_by_completions_reports_nothing() {
-        let mut w = StallWatch::default();
-        let mut clock = Instant::now();
-        let started = osd_probes_started(&mut w, &mut clock, W * 2, 4, 0);
-        // Commands complete (and others wait) while it waits: its answer is stale.
-        clock += TICK;
-        w.poll(clock, 4, 1);
-        assert_eq!(w.osd_probe_finished(started[0], Some(vec![0])), None);
-        assert!(w.osds_unanswered().is_empty());
+        let mut probes = 0;
+        let end = clock + W * 3;
+        while clock < end {
+            clock += TICK;
+            if let Some(_wait) = w.poll(clock, 0, 1).osd_probe {
+                probes += 1;
+                assert_eq!(w.osd_probe_finished(clock, Some(vec![2])), None);
+            }
+        }
+        assert_eq!(probes, 3, "one per window, none waiting");
+        assert_eq!(w.osds_unanswered(), &[2]);
+        // All answer: cleared, and an idle gateway stops asking.
+        let started = osd_probes_started(&mut w, &mut clock, W, 0, 1);
+        assert_eq!(w.osd_probe_finished(started[0], Some(vec![])), Some(vec![]));
+        assert!(osd_probes_started(&mut w, &mut clock, W * 3, 0, 1).is_empty());
     }
 
     #[test]

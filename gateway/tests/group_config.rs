@@ -190,6 +190,7 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
                         applied_version: u64::MAX,
                         connections: vec![],
                         cluster: 0,
+                        osds_unanswered: vec![],
                     })
                     .await;
                 tokio::time::sleep(Duration::from_millis(200)).await;

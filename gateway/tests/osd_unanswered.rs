@@ -2,8 +2,9 @@
 //! do (here the micro cluster's only OSD stopped with SIGSTOP; over a network, an OSD host the
 //! gateway cannot reach): its OSD probe names the OSD, `nvmeof_group_osds_unanswered` says 1
 //! and the log says which, while the gateway does not report itself cut off from Ceph (its
-//! monitors answer, `nvmeof_group_cluster_stalled` stays 0); once the OSD runs, the write
-//! completes and the gauge returns to 0.
+//! monitors answer, `nvmeof_group_cluster_stalled` stays 0). The leader asks the OSD itself,
+//! finds it silent too (a hung OSD, not the gateway's network) and leaves the gateway
+//! available. Once the OSD runs, the write completes and the gauge returns to 0.
 //!
 //! Needs a cluster and stops its OSD, so it is `#[ignore]`d and also opt-in with
 //! `MICRO_CEPH_FAULT_TESTS=1` (which `rbd-backend/tests/ceph-tests.sh` sets):
@@ -20,10 +21,12 @@ use std::time::{Duration, Instant};
 use common::ceph::{
     ceph_settings, create_image, pool, remove_image_retrying, signal_osd, ResumeOsd,
 };
-use common::control::start_rados_control_plane;
+use common::control::{admin_client, start_rados_control_plane};
 use common::gateway_process::{group_member_toml, GatewayProcess};
 use common::host::{connect_within, Attach};
 use common::{free_port, pattern, poll_until, scrape, scratch_dir, unique_tag};
+use control_plane::osd_reports::Verdict;
+use control_plane::proto;
 use nvmeof_gateway::host::cmd::{io, Sqe};
 use nvmeof_gateway::host::Xfer;
 use rbd_backend::rados::Client;
@@ -125,6 +128,33 @@ ana_group = 1
     assert!(
         log.contains("do not answer this gateway") && log.contains("osds=[0]"),
         "the log names the OSD"
+    );
+    // The leader asks osd.0 itself (through its own RADOS client): it does not answer there
+    // either, so it is not this gateway's network, and nothing moves.
+    let cp = control.cp.clone();
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || match cp.osd_report("gw1") {
+            Some(Verdict::Shared) => Ok(()),
+            other => Err(format!("the leader's verdict on gw1's report: {other:?}")),
+        },
+    )
+    .await;
+    let infos: Vec<(String, String)> = admin_client(&control.addr)
+        .await
+        .gateway_list(proto::Empty {})
+        .await
+        .expect("gateway list")
+        .into_inner()
+        .gateways
+        .into_iter()
+        .map(|g| (g.name, g.availability))
+        .collect();
+    assert_eq!(
+        infos,
+        vec![("gw1".to_string(), "available".to_string())],
+        "a hung OSD is no reason to fail the gateway"
     );
 
     drop(resume);

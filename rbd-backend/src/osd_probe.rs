@@ -9,8 +9,8 @@
 //!
 //! Blocking, like all of librados' synchronous API: run it on a blocking thread. A command to
 //! an OSD that does not answer blocks its thread until the OSD answers or its connection
-//! fails; such an OSD is not asked again while it blocks, so a long cut holds at most one
-//! thread per OSD.
+//! fails; such an OSD is not asked again through that connection while it blocks, so a long
+//! cut holds at most one thread per OSD and connection.
 
 use std::collections::BTreeSet;
 use std::sync::mpsc;
@@ -26,8 +26,10 @@ const ENOENT: i32 = 2;
 const ENXIO: i32 = 6;
 const ETIMEDOUT: i32 = 110;
 
-/// OSDs a command of this process still waits on (they did not answer a probe yet).
-static WAITING_ON: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+/// (Client instance, OSD) pairs a command of this process still waits on: the OSD did not
+/// answer that client's probe yet. Per client, so a fresh connection (after a fence, whose
+/// old clients' commands may wait until the network heals) asks again.
+static WAITING_ON: Mutex<BTreeSet<(u64, i32)>> = Mutex::new(BTreeSet::new());
 
 /// What one probe found.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -75,6 +77,25 @@ pub fn probe_osds(wait: Duration) -> Result<Option<OsdProbe>, RadosError> {
     let Some(client) = usable_clients().next() else {
         return Ok(None);
     };
+    let ids = osd_ids(&client)?;
+    Ok(Some(ask(&client, ids, wait)))
+}
+
+/// Asks the OSDs `ids` (up to [`MAX_OSDS_ASKED`] of them) for their version, as
+/// [`probe_osds`] does: what the control plane's leader runs to check another process's
+/// report that these OSDs do not answer it. `Ok(None)`: no connection to ask.
+pub fn probe_these_osds(ids: &[i32], wait: Duration) -> Result<Option<OsdProbe>, RadosError> {
+    let Some(client) = usable_clients().next() else {
+        return Ok(None);
+    };
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(Some(ask(&client, ids, wait)))
+}
+
+/// Every OSD id of the cluster (`osd ls`), through `client`.
+fn osd_ids(client: &crate::ffi::Rados) -> Result<Vec<i32>, RadosError> {
     let cmd = r#"{"prefix":"osd ls","format":"json"}"#;
     let reply = client.mon_command(cmd, &[])?;
     if reply.rc < 0 {
@@ -91,8 +112,14 @@ pub fn probe_osds(wait: Duration) -> Result<Option<OsdProbe>, RadosError> {
         status: format!("not a list of OSD ids: {text:.80}"),
     })?;
     ids.sort_unstable();
-    ids.truncate(MAX_OSDS_ASKED);
+    Ok(ids)
+}
 
+/// Sends `version` to each OSD of `ids` (sorted; the first [`MAX_OSDS_ASKED`]) on a thread of
+/// its own and waits at most `wait` for the answers.
+fn ask(client: &Arc<crate::ffi::Rados>, mut ids: Vec<i32>, wait: Duration) -> OsdProbe {
+    ids.truncate(MAX_OSDS_ASKED);
+    let instance = client.instance_id();
     let deadline = Instant::now() + wait;
     let (tx, rx) = mpsc::channel();
     let mut unanswered = BTreeSet::new();
@@ -102,12 +129,12 @@ pub fn probe_osds(wait: Duration) -> Result<Option<OsdProbe>, RadosError> {
         if !WAITING_ON
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id)
+            .insert((instance, id))
         {
             unanswered.insert(id);
             continue;
         }
-        let (client, tx) = (Arc::clone(&client), tx.clone());
+        let (client, tx) = (Arc::clone(client), tx.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("osd-probe-{id}"))
             .spawn(move || {
@@ -117,7 +144,7 @@ pub fn probe_osds(wait: Duration) -> Result<Option<OsdProbe>, RadosError> {
                 WAITING_ON
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
+                    .remove(&(instance, id));
                 let _ = tx.send((id, answer));
             });
         match spawned {
@@ -126,7 +153,7 @@ pub fn probe_osds(wait: Duration) -> Result<Option<OsdProbe>, RadosError> {
                 WAITING_ON
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
+                    .remove(&(instance, id));
                 tracing::warn!(osd = id, "cannot start an OSD probe thread: {e}");
             }
         }
@@ -154,10 +181,10 @@ pub fn probe_osds(wait: Duration) -> Result<Option<OsdProbe>, RadosError> {
         }
     }
     unanswered.extend(waiting);
-    Ok(Some(OsdProbe {
+    OsdProbe {
         asked: ids.len(),
         unanswered: unanswered.into_iter().collect(),
-    }))
+    }
 }
 
 #[cfg(test)]

@@ -1008,6 +1008,11 @@ fn the_osd_probe_names_a_stopped_osd_while_the_monitors_answer() {
         Some(true),
         "the monitors still answer"
     );
+    // What the control plane's leader asks to check another process's report: the same.
+    let these = rbd_backend::osd_probe::probe_these_osds(&[0], wait)
+        .expect("probe")
+        .expect("a connection");
+    assert_eq!(these.unanswered, vec![0], "{these:?}");
     let t = Instant::now();
     let again = probe_osds(wait).expect("probe").expect("a connection");
     assert_eq!(again.unanswered, vec![0], "{again:?}");

@@ -87,8 +87,9 @@ pub enum TeardownReason {
     /// The gateway lost its lease with the group and the cluster (`crate::lease`): commands
     /// stuck at the cluster are given back to the host, which retries them on another path.
     LeaseLost,
-    /// The gateway is cut off from the cluster (`crate::stall`) and the group was moved away:
-    /// commands stuck at the cluster are given back to the host, as for `LeaseLost`.
+    /// The gateway is cut off from the cluster, or from OSDs (`crate::stall`), and the group
+    /// was moved away: commands stuck at the cluster are given back to the host, as for
+    /// `LeaseLost`.
     ClusterStalled,
 }
 
