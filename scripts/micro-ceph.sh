@@ -29,6 +29,8 @@
 #   MICRO_CEPH_KEEP=1 (on a failed start, leave the daemons and DIR for debugging),
 #   MICRO_CEPH_IP (the local IPv4 address every daemon binds, default 127.0.0.1; e.g. a docker
 #   network's gateway address, so that containers on that network reach the cluster),
+#   MICRO_CEPH_OSD_IP (the OSD's own local IPv4 address, default MICRO_CEPH_IP: so a test can
+#   cut a client off the OSD and not the monitor),
 #   MICRO_CEPH_FIRST_PORT (the port the first attempt tries instead of a picked one, as if
 #   it had been taken after the pick; tests/micro-ceph-ports.sh checks the retry with it).
 #
@@ -78,6 +80,8 @@ mon_bound_or_failed() { mon_bind_failed || ss -Hltnp "sport = :$2" | grep -q "pi
 # the address every daemon binds; only a local IPv4 address makes sense
 IP=${MICRO_CEPH_IP:-127.0.0.1}
 [[ $IP =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "MICRO_CEPH_IP must be an IPv4 address, not '$IP'"
+OSD_IP=${MICRO_CEPH_OSD_IP:-$IP}
+[[ $OSD_IP =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "MICRO_CEPH_OSD_IP must be an IPv4 address, not '$OSD_IP'"
 
 default_dir() { echo "${MICRO_CEPH_DIR:-${TMPDIR:-/tmp}/nvmeof-micro-ceph}"; }
 
@@ -295,6 +299,8 @@ keyring = $DIR/mon/keyring
 mgr_initial_modules = iostat
 
 [osd]
+public_addr = $OSD_IP
+cluster_addr = $OSD_IP
 osd_data = $DIR/osd
 keyring = $DIR/osd/keyring
 osd_objectstore = $store

@@ -750,6 +750,27 @@ async fn stall_loop(
 ) {
     let mut tick = tokio::time::interval(STALL_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let probe_client = Arc::new(Mutex::new(None));
+    // Connected now, while the cluster answers, so that its address is in the beacons from
+    // the start: one that first appears during an outage changes the group map, whose write
+    // then waits for the cluster too. (If this fails, the first probe connects.)
+    if let Some(ceph) = clients.ceph.clone() {
+        let kept = probe_client.clone();
+        tokio::task::spawn_blocking(move || match rbd_backend::rados::Client::connect(&ceph) {
+            Ok(c) => {
+                tracing::info!(
+                    client = c.instance_id(),
+                    "cluster connection for OSD probes"
+                );
+                kept.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(c);
+            }
+            Err(e) => {
+                tracing::warn!("cluster connection for OSD probes: {e}; retried at the first probe")
+            }
+        });
+    }
     loop {
         tick.tick().await;
         let (mut in_flight, mut completed) = (0usize, 0u64);
@@ -787,15 +808,16 @@ async fn stall_loop(
         if let Some(wait) = polled.osd_probe {
             let stall = stall.clone();
             let (clients, beacon_now) = (clients.clone(), beacon_now.clone());
+            let probe_client = probe_client.clone();
             tokio::spawn(async move {
+                let ceph = clients.ceph.clone();
                 // Blocks while the monitors do not answer; waits at most `wait` for the OSDs.
                 let found = match tokio::task::spawn_blocking(move || {
-                    rbd_backend::osd_probe::probe_osds(wait)
+                    probe_osds_blocking(ceph.as_ref(), &probe_client, wait)
                 })
                 .await
                 {
-                    Ok(Ok(Some(probe))) => Some(probe.unanswered),
-                    Ok(Ok(None)) => None,
+                    Ok(Ok(found)) => found,
                     Ok(Err(e)) => {
                         tracing::warn!("OSD probe: {e}");
                         None
@@ -822,6 +844,38 @@ async fn stall_loop(
             reach_changed(reach, &clients, &beacon_now);
         }
     }
+}
+
+/// An OSD probe (blocking) through the agent's own cluster connection, made when the agent
+/// starts (or at the first probe) and kept: the ANA groups' connections are retired when a group is fenced, and a
+/// gateway fenced for unanswered OSDs has none until it gets a group back, which it does only
+/// once its probe finds the OSDs answering. Not in any group's fence (it serves no image).
+/// `Ok(None)`: no Ceph settings (a memory-only gateway).
+fn probe_osds_blocking(
+    ceph: Option<&rbd_backend::rbd::CephSettings>,
+    client: &Mutex<Option<rbd_backend::rados::Client>>,
+    wait: Duration,
+) -> Result<Option<Vec<i32>>, rbd_backend::rados::RadosError> {
+    let Some(ceph) = ceph else {
+        return Ok(None);
+    };
+    let client = {
+        let mut kept = client.lock().unwrap_or_else(|e| e.into_inner());
+        match kept.as_ref() {
+            Some(c) => c.clone(),
+            None => {
+                let c = rbd_backend::rados::Client::connect(ceph)?;
+                tracing::info!(
+                    client = c.instance_id(),
+                    "cluster connection for OSD probes"
+                );
+                kept.insert(c).clone()
+            }
+        }
+    };
+    Ok(Some(
+        rbd_backend::osd_probe::probe_osds_through(&client, wait)?.unanswered,
+    ))
 }
 
 /// How many OSDs did not answer this gateway's last OSD probe, while its commands wait and

@@ -17,7 +17,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::rados::{usable_clients, RadosError};
+use crate::rados::{usable_clients, Client, RadosError};
 
 /// The most OSDs one probe asks (the lowest ids): a bound on the threads a probe starts.
 pub const MAX_OSDS_ASKED: usize = 64;
@@ -79,6 +79,14 @@ pub fn probe_osds(wait: Duration) -> Result<Option<OsdProbe>, RadosError> {
     };
     let ids = osd_ids(&client)?;
     Ok(Some(ask(&client, ids, wait)))
+}
+
+/// [`probe_osds`] through `client`: a connection kept for probing, which no fence of an ANA
+/// group retires (a gateway whose group was fenced may have no other until it gets the group
+/// back, and must still find out when the OSDs answer it again).
+pub fn probe_osds_through(client: &Client, wait: Duration) -> Result<OsdProbe, RadosError> {
+    let ids = osd_ids(client.rados())?;
+    Ok(ask(client.rados(), ids, wait))
 }
 
 /// Asks the OSDs `ids` (up to [`MAX_OSDS_ASKED`] of them) for their version, as

@@ -69,6 +69,10 @@ impl Client {
         self.rados.instance_id()
     }
 
+    pub(crate) fn rados(&self) -> &Arc<ffi::Rados> {
+        &self.rados
+    }
+
     /// Fetches the latest osdmap from the monitors (after it, blocklists committed before
     /// the call are in force for this client).
     pub fn wait_for_latest_osdmap(&self) -> Result<(), RadosError> {

@@ -51,6 +51,13 @@
 #                  log has the stall
 #   ceph-cut-pauses  median and max of the Ceph-cut pauses (goal <= 3 s; printed; fails over
 #                  10 s: the stuck writes waited for the host's I/O timeout)
+#   osd-cut-K      (K = 1..OSD_CUT_ROUNDS, 2; with the network namespace) the same load on
+#                  nsid N: gwN cut from the OSD only, the monitor and the control plane still
+#                  answering it: gwN must name the OSD, which answers the leader, so the
+#                  leader fences gwN and moves the group; gwN hands its stuck writes back;
+#                  nsid N optimized on one survivor only; healed: failback; zero errors;
+#                  gwN's log names the OSD
+#   osd-cut-pauses   median and max of the OSD-cut pauses (printed; fails over 10 s)
 #   fence-cut      as fence below, with gwN's link taken down instead of SIGSTOP: once the
 #                  link is back, the host's python client's write through gwN fails
 #   leader-kill    kill -9 of the leading nvmeof-control replica: the other takes over
@@ -87,6 +94,7 @@ NETCUT_GW=$(cat "$SH/netcut" 2>/dev/null)  # the gateway the host can cut off (E
 CUT_ROUNDS=3
 PART_ROUNDS=2
 CEPH_CUT_ROUNDS=2
+OSD_CUT_ROUNDS=2
 FIO_RATE=200
 FIO_MIB=12            # per round: 3072 4K writes at FIO_RATE, ~15 s, then their verify
 WORK=/tmp/e2e-group
@@ -339,6 +347,19 @@ ceph_cut_pauses() {
   local max; max=$(printf '%s\n' "${CEPH_CUT_PAUSES[@]}" | sort -n | tail -n 1)
   awk -v m="$max" 'BEGIN{exit !(m <= 10.0)}' || { say "a Ceph-cut pause of ${max}s: stuck writes were not handed back"; return 1; }
 }
+OSD_CUT_PAUSES=()
+osd_cut_round() { # NAME
+  local rc; OUTAGE_PAUSE=""
+  outage_round "$1" "$NETCUT_GW" osd-cut-gw osd-heal-gw "cut from the OSD only"; rc=$?
+  [ -n "$OUTAGE_PAUSE" ] && OSD_CUT_PAUSES+=("$OUTAGE_PAUSE")
+  return $rc
+}
+osd_cut_pauses() {
+  [ ${#OSD_CUT_PAUSES[@]} -gt 0 ] || { say "no OSD-cut round measured"; return 1; }
+  echo "PAUSE OSD-cut failover over ${#OSD_CUT_PAUSES[@]} run(s): $(stats "${OSD_CUT_PAUSES[@]}") (the step fails over 10 s)"
+  local max; max=$(printf '%s\n' "${OSD_CUT_PAUSES[@]}" | sort -n | tail -n 1)
+  awk -v m="$max" 'BEGIN{exit !(m <= 10.0)}' || { say "an OSD-cut pause of ${max}s: stuck writes were not handed back"; return 1; }
+}
 part_pauses() {
   [ ${#PART_PAUSES[@]} -gt 0 ] || { say "no partition round measured"; return 1; }
   echo "PAUSE partition failover over ${#PART_PAUSES[@]} run(s): $(stats "${PART_PAUSES[@]}") (goal <= 3 s)"
@@ -447,6 +468,10 @@ if step setup "load nvme-tcp; native multipath on" multipath_setup "iopolicy def
       step "ceph-cut-$k" "gw$NETCUT_GW cut from Ceph only (still beaconing, still reached by this host) under fio verify + probe: it reports the stall; optimized on one survivor; healed; failback; zero errors" ceph_cut_round "ceph-cut-$k"
     done
     step ceph-cut-pauses "Ceph-cut failover pause over the rounds (printed)" ceph_cut_pauses
+    for k in $(seq "$OSD_CUT_ROUNDS"); do
+      step "osd-cut-$k" "gw$NETCUT_GW cut from the OSD only (the monitor and the control plane still answering it) under fio verify + probe: it names the OSD, which answers the leader; optimized on one survivor; healed; failback; zero errors" osd_cut_round "osd-cut-$k"
+    done
+    step osd-cut-pauses "OSD-cut failover pause over the rounds (printed)" osd_cut_pauses
     step fence-cut "gw$NETCUT_GW's link down past the grace, up again: its write fails, data intact, one optimized path" fence "$NETCUT_GW" cut
   fi
   if step leader-kill "kill -9 of the leading nvmeof-control replica: the other leads" leader_kill; then

@@ -33,6 +33,9 @@
 #   ceph-cut-gw N / ceph-heal-gw N  gateway N cut from Ceph only (its route to the replicas'
 #                          forwarders stays): it still beacons; ceph-heal answers fail unless
 #                          gateway N logged that it is cut off from Ceph since the cut
+#   osd-cut-gw N / osd-heal-gw N  gateway N cut from the OSD only (the monitor and the
+#                          replicas still reached); osd-heal answers fail unless gateway N
+#                          logged OSDs that do not answer it since the cut
 #   kill-leader            kill -9 the leading nvmeof-control replica (nvmeofctl says which);
 #                          answer once the other leads, after restarting the killed one
 #   check IMAGE {zero OFF LEN | cmp OFF FILE}...   rbd export IMAGE, compare ranges
@@ -128,15 +131,16 @@ trap 'exit 143' TERM
 
 # ---------------------------------------------------------- network cut --
 # gw$CUT lives in namespace $NS: a veth pair (root $VETH_H $NET_H, namespace $VETH_G $NET_G);
-# $NET_C, a second address of the root namespace's lo, where the micro Ceph binds
-# (MICRO_CEPH_IP); and $NET_R, a third, where the forwarders to the replicas listen (so Ceph
-# alone can be cut). Taking $VETH_H down cuts gw$CUT from all of them; every other process
-# keeps reaching $NET_C and $NET_R on lo.
-NS="" VETH_H="" VETH_G="" NET_H="" NET_G="" NET_C="" NET_R="" FWD_PIDS=()
+# $NET_C, a second address of the root namespace's lo, where the micro Ceph's monitor binds
+# (MICRO_CEPH_IP); $NET_O, where its OSD binds (MICRO_CEPH_OSD_IP, so the OSD alone can be
+# cut); and $NET_R, a fourth, where the forwarders to the replicas listen (so Ceph alone can
+# be cut). Taking $VETH_H down cuts gw$CUT from all of them; every other process keeps
+# reaching them on lo.
+NS="" VETH_H="" VETH_G="" NET_H="" NET_G="" NET_C="" NET_O="" NET_R="" FWD_PIDS=()
 netcut_setup() {
   local o=$(( $$ % 200 + 20 ))
   NS=egcut$$ VETH_H=egh$$ VETH_G=egg$$
-  NET_C=10.251.$o.1 NET_R=10.251.$o.2 NET_H=10.251.$o.5 NET_G=10.251.$o.6
+  NET_C=10.251.$o.1 NET_R=10.251.$o.2 NET_O=10.251.$o.3 NET_H=10.251.$o.5 NET_G=10.251.$o.6
   # A run killed before its cleanup (SIGKILL skips the trap) leaves its namespace, veth pair
   # and lo addresses; one whose process is gone is removed (its veth pair goes with it), and
   # the lo addresses are replaced rather than added, so its subnet cannot collide with ours.
@@ -146,17 +150,19 @@ netcut_setup() {
   done
   ip netns add "$NS" && ip -n "$NS" link set lo up &&
     ip addr replace "$NET_C/32" dev lo && ip addr replace "$NET_R/32" dev lo &&
+    ip addr replace "$NET_O/32" dev lo &&
     ip link add "$VETH_H" type veth peer name "$VETH_G" && ip link set "$VETH_G" netns "$NS" &&
     ip addr add "$NET_H/30" dev "$VETH_H" && ip link set "$VETH_H" up &&
     ip -n "$NS" addr add "$NET_G/30" dev "$VETH_G" && ip -n "$NS" link set "$VETH_G" up &&
-    ip -n "$NS" route add "$NET_C/32" via "$NET_H" && ip -n "$NS" route add "$NET_R/32" via "$NET_H" || { say "could not make namespace $NS (needs root and iproute2)"; return 1; }
+    ip -n "$NS" route add "$NET_C/32" via "$NET_H" && ip -n "$NS" route add "$NET_R/32" via "$NET_H" &&
+    ip -n "$NS" route add "$NET_O/32" via "$NET_H" || { say "could not make namespace $NS (needs root and iproute2)"; return 1; }
   # a TCP connect from the namespace to $NET_C (no ping on every machine)
   python3 -c 'import socket, subprocess, sys
 l = socket.create_server((sys.argv[1], 0)); port = l.getsockname()[1]
 sys.exit(subprocess.call(["ip", "netns", "exec", sys.argv[2], "python3", "-c",
     "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)", sys.argv[1], str(port)]))' \
     "$NET_C" "$NS" || { say "$NS cannot reach $NET_C"; return 1; }
-  export MICRO_CEPH_IP=$NET_C
+  export MICRO_CEPH_IP=$NET_C MICRO_CEPH_OSD_IP=$NET_O
   echo "$CUT" > "$SH/netcut"  # tells the guest which gateway it can cut off
   say "namespace $NS for gw$CUT: $VETH_G $NET_G <-> $VETH_H $NET_H; Ceph on lo $NET_C, the replicas' forwarders on lo $NET_R"
 }
@@ -166,6 +172,7 @@ netcut_teardown() {
   FWD_PIDS=()
   [ -n "$NS" ] || return 0
   ip link del "$VETH_H" 2>/dev/null; ip addr del "$NET_C/32" dev lo 2>/dev/null; ip addr del "$NET_R/32" dev lo 2>/dev/null
+  ip addr del "$NET_O/32" dev lo 2>/dev/null
   ip netns del "$NS" 2>/dev/null
   NS=""
 }
@@ -367,6 +374,7 @@ act_link_gw() { # N down|up: the network cut of gw$CUT (its namespace's link)
 }
 DEMOTED_LINE='this gateway gave up its ANA groups'
 STALLED_LINE='this gateway is cut off from Ceph'
+OSDS_LINE='do not answer this gateway'
 LINES_BEFORE=0
 # act_blackhole_gw N on|off WHAT LINE ADDRS...: gw$CUT's routes to ADDRS blackholed (on) or
 # back (off), not its route to the host; back, gw$CUT's log must have LINE since (what the
@@ -393,9 +401,12 @@ act_blackhole_gw() {
   echo "gw$n's routes to $* back; '$line' logged since the $what: $d time(s)"
 }
 # partition: gw$CUT cut from Ceph and the replicas; it must demote itself (lease)
-act_partition_gw() { act_blackhole_gw "$1" "$2" partition "$DEMOTED_LINE" "$NET_C" "$NET_R"; }
+act_partition_gw() { act_blackhole_gw "$1" "$2" partition "$DEMOTED_LINE" "$NET_C" "$NET_O" "$NET_R"; }
 # Ceph cut: gw$CUT cut from Ceph only, still beaconing; it must report the cluster stalled
-act_ceph_cut_gw() { act_blackhole_gw "$1" "$2" "cut from Ceph" "$STALLED_LINE" "$NET_C"; }
+act_ceph_cut_gw() { act_blackhole_gw "$1" "$2" "cut from Ceph" "$STALLED_LINE" "$NET_C" "$NET_O"; }
+# OSD cut: gw$CUT cut from the OSD only, the monitor and the replicas still answering it; it
+# must name the OSD, which answers the leader
+act_osd_cut_gw() { act_blackhole_gw "$1" "$2" "cut from the OSD" "$OSDS_LINE" "$NET_O"; }
 gw_state() { # N: the control plane's availability of gwN
   ctl -o json gateway list 2>/dev/null | python3 -c '
 import json, sys
@@ -509,6 +520,8 @@ handle() { # reads one request line, prints the answer
     heal-gw) gw_ok "${1:-}" && act_partition_gw "$1" off || { echo fail; echo "bad request '$line'"; } ;;
     ceph-cut-gw) gw_ok "${1:-}" && act_ceph_cut_gw "$1" on || { echo fail; echo "bad request '$line'"; } ;;
     ceph-heal-gw) gw_ok "${1:-}" && act_ceph_cut_gw "$1" off || { echo fail; echo "bad request '$line'"; } ;;
+    osd-cut-gw) gw_ok "${1:-}" && act_osd_cut_gw "$1" on || { echo fail; echo "bad request '$line'"; } ;;
+    osd-heal-gw) gw_ok "${1:-}" && act_osd_cut_gw "$1" off || { echo fail; echo "bad request '$line'"; } ;;
     freeze-gw) gw_ok "${1:-}" && act_signal_gw "$1" STOP || { echo fail; echo "bad request '$line'"; } ;;
     thaw-gw) gw_ok "${1:-}" && act_signal_gw "$1" CONT || { echo fail; echo "bad request '$line'"; } ;;
     kill-leader) act_kill_leader ;;
