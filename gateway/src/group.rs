@@ -756,18 +756,11 @@ async fn stall_loop(
     // then waits for the cluster too. (If this fails, the first probe connects.)
     if let Some(ceph) = clients.ceph.clone() {
         let kept = probe_client.clone();
-        tokio::task::spawn_blocking(move || match rbd_backend::rados::Client::connect(&ceph) {
-            Ok(c) => {
-                tracing::info!(
-                    client = c.instance_id(),
-                    "cluster connection for OSD probes"
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = kept_probe_client(&ceph, &kept) {
+                tracing::warn!(
+                    "cluster connection for OSD probes: {e}; retried at the first probe"
                 );
-                kept.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_or_insert(c);
-            }
-            Err(e) => {
-                tracing::warn!("cluster connection for OSD probes: {e}; retried at the first probe")
             }
         });
     }
@@ -846,36 +839,40 @@ async fn stall_loop(
     }
 }
 
-/// An OSD probe (blocking) through the agent's own cluster connection, made when the agent
-/// starts (or at the first probe) and kept: the ANA groups' connections are retired when a group is fenced, and a
-/// gateway fenced for unanswered OSDs has none until it gets a group back, which it does only
-/// once its probe finds the OSDs answering. Not in any group's fence (it serves no image).
+/// An OSD probe (blocking) through the agent's own cluster connection ([`kept_probe_client`]).
 /// `Ok(None)`: no Ceph settings (a memory-only gateway).
 fn probe_osds_blocking(
     ceph: Option<&rbd_backend::rbd::CephSettings>,
-    client: &Mutex<Option<rbd_backend::rados::Client>>,
+    kept: &Mutex<Option<rbd_backend::rados::Client>>,
     wait: Duration,
 ) -> Result<Option<Vec<i32>>, rbd_backend::rados::RadosError> {
     let Some(ceph) = ceph else {
         return Ok(None);
     };
-    let client = {
-        let mut kept = client.lock().unwrap_or_else(|e| e.into_inner());
-        match kept.as_ref() {
-            Some(c) => c.clone(),
-            None => {
-                let c = rbd_backend::rados::Client::connect(ceph)?;
-                tracing::info!(
-                    client = c.instance_id(),
-                    "cluster connection for OSD probes"
-                );
-                kept.insert(c).clone()
-            }
-        }
-    };
+    let client = kept_probe_client(ceph, kept)?;
     Ok(Some(
         rbd_backend::osd_probe::probe_osds_through(&client, wait)?.unanswered,
     ))
+}
+
+/// The agent's connection for OSD probes, connected if there is none yet (blocking), then
+/// kept: the ANA groups' connections are retired when a group is fenced, and a gateway fenced
+/// for unanswered OSDs has none until it gets a group back, which it does only once its probe
+/// finds the OSDs answering. It serves no image, so no group's fence takes it.
+fn kept_probe_client(
+    ceph: &rbd_backend::rbd::CephSettings,
+    kept: &Mutex<Option<rbd_backend::rados::Client>>,
+) -> Result<rbd_backend::rados::Client, rbd_backend::rados::RadosError> {
+    let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = kept.as_ref() {
+        return Ok(c.clone());
+    }
+    let c = rbd_backend::rados::Client::connect(ceph)?;
+    tracing::info!(
+        client = c.instance_id(),
+        "cluster connection for OSD probes"
+    );
+    Ok(kept.insert(c).clone())
 }
 
 /// How many OSDs did not answer this gateway's last OSD probe, while its commands wait and
