@@ -346,17 +346,24 @@ async fn assignments_follow_a_fenced_failover() {
     beacons.abort();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_beaconing_that_it_cannot_reach_the_cluster_is_fenced_and_its_group_moves() {
-    let (f, g, mut s1, last) = two_gateways_gw1_joined().await;
+/// gw1 and gw2 keep beaconing, gw2 saying `cluster` and naming `osds`: gw2 must be fenced
+/// before group 2 is pushed optimized to gw1, and the metrics must show gw2 fenced and taken
+/// as cut off from the cluster.
+async fn gw2_is_fenced_and_its_group_moves(
+    f: &Fixture,
+    g: &GatewayControlClient<Channel>,
+    mut s1: tonic::Streaming<proto::Assignment>,
+    last: proto::Assignment,
+    cluster: proto::ClusterReach,
+    osds: &'static [i32],
+) {
     assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
-    // Both keep beaconing; gw2's Ceph network is gone.
     let beacons = {
         let mut g = g.clone();
         tokio::spawn(async move {
             loop {
                 beacon(&mut g, "gw1", 1, 0).await;
-                beacon_saying(&mut g, "gw2", 2, 0, proto::ClusterReach::Stalled).await;
+                beacon_naming_osds(&mut g, "gw2", 2, 0, cluster, osds).await;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
@@ -375,34 +382,20 @@ async fn a_gateway_beaconing_that_it_cannot_reach_the_cluster_is_fenced_and_its_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_beaconing_that_it_cannot_reach_the_cluster_is_fenced_and_its_group_moves() {
+    let (f, g, s1, last) = two_gateways_gw1_joined().await;
+    // Both keep beaconing; gw2's Ceph network is gone.
+    gw2_is_fenced_and_its_group_moves(&f, &g, s1, last, proto::ClusterReach::Stalled, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_cut_off_from_osds_that_answer_the_leader_is_fenced_and_its_group_moves() {
-    let (f, g, mut s1, last) = two_gateways_gw1_joined().await;
-    assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
+    let (f, g, s1, last) = two_gateways_gw1_joined().await;
     // The OSDs answer the leader.
     *f.backend.osds_unanswered.lock().expect("osds") = Some(vec![]);
     // Both keep beaconing and reach the monitors; osd.3 and osd.5 do not answer gw2.
-    let beacons = {
-        let mut g = g.clone();
-        tokio::spawn(async move {
-            loop {
-                beacon(&mut g, "gw1", 1, 0).await;
-                let reach = proto::ClusterReach::Reachable;
-                beacon_naming_osds(&mut g, "gw2", 2, 0, reach, &[5, 3]).await;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
-    let last = test_support::until_optimized(&mut s1, last, 2, Duration::from_secs(10)).await;
-    assert_eq!(
-        f.backend.fenced.lock().expect("fenced").clone(),
-        vec!["127.0.0.1:0/2".to_string()],
-        "fenced before the push"
-    );
-    assert_eq!(ana_state_of(&last, 1), Some(AnaState::Optimized));
-    let metrics = render(&f.cp);
-    let line = "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"fenced\",cluster=\"stalled\"} 1";
-    assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
-    beacons.abort();
+    let reach = proto::ClusterReach::Reachable;
+    gw2_is_fenced_and_its_group_moves(&f, &g, s1, last, reach, &[5, 3]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

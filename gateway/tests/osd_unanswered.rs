@@ -22,7 +22,7 @@ use common::ceph::{
     ceph_settings, create_image, pool, remove_image_retrying, signal_osd, ResumeOsd,
 };
 use common::control::{admin_client, start_rados_control_plane};
-use common::gateway_process::{group_member_toml, GatewayProcess};
+use common::gateway_process::{group_member_toml, rbd_subsystem_toml, GatewayProcess};
 use common::host::{connect_within, Attach};
 use common::{free_port, pattern, poll_until, scrape, scratch_dir, unique_tag};
 use control_plane::osd_reports::Verdict;
@@ -60,21 +60,7 @@ async fn an_osd_that_does_not_answer_is_named_while_the_monitors_answer() {
         "worker_threads = 1\n",
         &format!("worker_threads = 1\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n"),
         1,
-    ) + &format!(
-        r#"
-[[subsystem]]
-nqn = "{SUBNQN}"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "rbd"
-pool = "{pool}"
-image = "{name}"
-ana_group = 1
-"#,
-        pool = pool()
-    );
+    ) + &rbd_subsystem_toml(SUBNQN, &[(&name, 1)]);
     let gw = GatewayProcess::spawn(&dir, "gw1", port, &config);
     eprintln!("gateway log: {}", gw.log.display());
     gw.wait_for_metrics(metrics_port).await;

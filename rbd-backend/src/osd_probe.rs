@@ -71,27 +71,26 @@ fn parse_osd_ids(json: &str) -> Option<Vec<i32>> {
 }
 
 /// Asks the cluster's OSDs (the monitors' `osd ls`, up to [`MAX_OSDS_ASKED`]) for their
-/// version through one usable connection of this process, and waits at most `wait` for their
-/// answers. `Ok(None)`: no connection to ask. Blocks while the monitors do not answer.
-pub fn probe_osds(wait: Duration) -> Result<Option<OsdProbe>, RadosError> {
-    let Some(client) = usable_clients().next() else {
-        return Ok(None);
-    };
-    let ids = osd_ids(&client)?;
-    Ok(Some(ask(&client, ids, wait)))
-}
-
-/// [`probe_osds`] through `client`: a connection kept for probing, which no fence of an ANA
+/// version through `client`, and waits at most `wait` for their answers. Blocks while the
+/// monitors do not answer. The gateway keeps a connection for this, which no fence of an ANA
 /// group retires (a gateway whose group was fenced may have no other until it gets the group
 /// back, and must still find out when the OSDs answer it again).
 pub fn probe_osds_through(client: &Client, wait: Duration) -> Result<OsdProbe, RadosError> {
-    let ids = osd_ids(client.rados())?;
+    let (out, _) = client.mon_command(r#"{"prefix":"osd ls","format":"json"}"#)?;
+    let text = String::from_utf8_lossy(&out);
+    let mut ids = parse_osd_ids(&text).ok_or_else(|| RadosError::MonCommand {
+        cmd: "osd ls".into(),
+        errno: 5,
+        status: format!("not a list of OSD ids: {text:.80}"),
+    })?;
+    ids.sort_unstable();
     Ok(ask(client.rados(), ids, wait))
 }
 
 /// Asks the OSDs `ids` (up to [`MAX_OSDS_ASKED`] of them) for their version, as
-/// [`probe_osds`] does: what the control plane's leader runs to check another process's
-/// report that these OSDs do not answer it. `Ok(None)`: no connection to ask.
+/// [`probe_osds_through`] does, through one usable connection of this process: what the
+/// control plane's leader runs to check another process's report that these OSDs do not
+/// answer it. `Ok(None)`: no connection to ask.
 pub fn probe_these_osds(ids: &[i32], wait: Duration) -> Result<Option<OsdProbe>, RadosError> {
     let Some(client) = usable_clients().next() else {
         return Ok(None);
@@ -100,27 +99,6 @@ pub fn probe_these_osds(ids: &[i32], wait: Duration) -> Result<Option<OsdProbe>,
     ids.sort_unstable();
     ids.dedup();
     Ok(Some(ask(&client, ids, wait)))
-}
-
-/// Every OSD id of the cluster (`osd ls`), through `client`.
-fn osd_ids(client: &crate::ffi::Rados) -> Result<Vec<i32>, RadosError> {
-    let cmd = r#"{"prefix":"osd ls","format":"json"}"#;
-    let reply = client.mon_command(cmd, &[])?;
-    if reply.rc < 0 {
-        return Err(RadosError::MonCommand {
-            cmd: "osd ls".into(),
-            errno: reply.rc.saturating_neg(),
-            status: reply.status,
-        });
-    }
-    let text = String::from_utf8_lossy(&reply.out);
-    let mut ids = parse_osd_ids(&text).ok_or_else(|| RadosError::MonCommand {
-        cmd: "osd ls".into(),
-        errno: 5,
-        status: format!("not a list of OSD ids: {text:.80}"),
-    })?;
-    ids.sort_unstable();
-    Ok(ids)
 }
 
 /// Sends `version` to each OSD of `ids` (sorted; the first [`MAX_OSDS_ASKED`]) on a thread of

@@ -862,6 +862,15 @@ fn bench_4k_random_through_rbd_device() {
 /// stop early.
 static OSD_STOPS: Mutex<()> = Mutex::new(());
 
+/// Resumes the OSD (SIGCONT) when dropped, however the test that stopped it ends.
+struct Resume;
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        signal_osd("CONT");
+    }
+}
+
 /// Sends `signal` to the micro cluster's OSD (PIDs from `$MICRO_CEPH_DIR/pids`).
 fn signal_osd(signal: &str) {
     let dir = std::env::var("MICRO_CEPH_DIR")
@@ -894,12 +903,6 @@ fn a_stopped_osd_is_a_pause_not_an_error() {
         return;
     }
     let _serial = OSD_STOPS.lock().unwrap_or_else(|e| e.into_inner());
-    struct Resume;
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            signal_osd("CONT");
-        }
-    }
     let mut f = Fixture::new(1);
     let dev = Arc::new(f.open(16 * MIB));
     let (tx, rx) = mpsc::channel::<IoDone>();
@@ -978,19 +981,16 @@ fn the_osd_probe_names_a_stopped_osd_while_the_monitors_answer() {
         eprintln!("skipped: set MICRO_CEPH_FAULT_TESTS=1 (stops the cluster's OSD)");
         return;
     }
-    use rbd_backend::osd_probe::probe_osds;
+    use rbd_backend::osd_probe::probe_osds_through;
+    use rbd_backend::rados::Client;
     let _serial = OSD_STOPS.lock().unwrap_or_else(|e| e.into_inner());
-    struct Resume;
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            signal_osd("CONT");
-        }
-    }
     let mut f = Fixture::new(1);
-    // An open image: a connection for the probe to ask through.
+    // An open image: a usable connection of this process, for probe_these_osds below.
     let _dev = f.open(MIB);
     let wait = Duration::from_secs(2);
-    let running = probe_osds(wait).expect("probe").expect("a connection");
+    let client = Client::connect(&settings(1)).expect("connect");
+    let probe_osds = |wait| probe_osds_through(&client, wait).expect("probe");
+    let running = probe_osds(wait);
     assert_eq!(
         running.asked, 1,
         "the micro cluster has one OSD: {running:?}"
@@ -1000,7 +1000,7 @@ fn the_osd_probe_names_a_stopped_osd_while_the_monitors_answer() {
     signal_osd("STOP");
     let resume = Resume;
     let t = Instant::now();
-    let stopped = probe_osds(wait).expect("probe").expect("a connection");
+    let stopped = probe_osds(wait);
     assert_eq!(stopped.unanswered, vec![0], "{stopped:?}");
     assert!(t.elapsed() >= wait, "it waited for the answer");
     assert_eq!(
@@ -1014,7 +1014,7 @@ fn the_osd_probe_names_a_stopped_osd_while_the_monitors_answer() {
         .expect("a connection");
     assert_eq!(these.unanswered, vec![0], "{these:?}");
     let t = Instant::now();
-    let again = probe_osds(wait).expect("probe").expect("a connection");
+    let again = probe_osds(wait);
     assert_eq!(again.unanswered, vec![0], "{again:?}");
     assert!(
         t.elapsed() < wait,
@@ -1025,7 +1025,7 @@ fn the_osd_probe_names_a_stopped_osd_while_the_monitors_answer() {
     drop(resume);
     let t = Instant::now();
     loop {
-        let p = probe_osds(wait).expect("probe").expect("a connection");
+        let p = probe_osds(wait);
         if p.unanswered.is_empty() {
             break;
         }
@@ -1050,12 +1050,6 @@ fn submitting_never_waits_for_a_stopped_osd() {
         return;
     }
     let _serial = OSD_STOPS.lock().unwrap_or_else(|e| e.into_inner());
-    struct Resume;
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            signal_osd("CONT");
-        }
-    }
     let mut f = Fixture::new(1);
     let size = 4 * OBJ;
     let dev = Arc::new(f.open(size));

@@ -339,14 +339,17 @@ ceph_cut_round() { # NAME
   [ -n "$OUTAGE_PAUSE" ] && CEPH_CUT_PAUSES+=("$OUTAGE_PAUSE")
   return $rc
 }
-ceph_cut_pauses() {
-  [ ${#CEPH_CUT_PAUSES[@]} -gt 0 ] || { say "no Ceph-cut round measured"; return 1; }
-  echo "PAUSE Ceph-cut failover over ${#CEPH_CUT_PAUSES[@]} run(s): $(stats "${CEPH_CUT_PAUSES[@]}") (goal <= 3 s; the step fails over 10 s)"
-  # Over 10 s, the writes stuck on gwN waited for this host's I/O timeout (30 s): gwN did
-  # not hand them back when the group moved away.
-  local max; max=$(printf '%s\n' "${CEPH_CUT_PAUSES[@]}" | sort -n | tail -n 1)
-  awk -v m="$max" 'BEGIN{exit !(m <= 10.0)}' || { say "a Ceph-cut pause of ${max}s: stuck writes were not handed back"; return 1; }
+# handed_back_pauses WHAT NOTE PAUSE...: the pauses' median and max, printed; over 10 s the
+# writes stuck on gwN waited for this host's I/O timeout (30 s): gwN did not hand them back
+# when the group moved away, and the step fails.
+handed_back_pauses() {
+  local what=$1 note=$2 max; shift 2
+  [ $# -gt 0 ] || { say "no $what round measured"; return 1; }
+  echo "PAUSE $what failover over $# run(s): $(stats "$@") (${note}the step fails over 10 s)"
+  max=$(printf '%s\n' "$@" | sort -n | tail -n 1)
+  awk -v m="$max" 'BEGIN{exit !(m <= 10.0)}' || { say "a $what pause of ${max}s: stuck writes were not handed back"; return 1; }
 }
+ceph_cut_pauses() { handed_back_pauses Ceph-cut "goal <= 3 s; " "${CEPH_CUT_PAUSES[@]}"; }
 OSD_CUT_PAUSES=()
 osd_cut_round() { # NAME
   local rc; OUTAGE_PAUSE=""
@@ -354,12 +357,7 @@ osd_cut_round() { # NAME
   [ -n "$OUTAGE_PAUSE" ] && OSD_CUT_PAUSES+=("$OUTAGE_PAUSE")
   return $rc
 }
-osd_cut_pauses() {
-  [ ${#OSD_CUT_PAUSES[@]} -gt 0 ] || { say "no OSD-cut round measured"; return 1; }
-  echo "PAUSE OSD-cut failover over ${#OSD_CUT_PAUSES[@]} run(s): $(stats "${OSD_CUT_PAUSES[@]}") (the step fails over 10 s)"
-  local max; max=$(printf '%s\n' "${OSD_CUT_PAUSES[@]}" | sort -n | tail -n 1)
-  awk -v m="$max" 'BEGIN{exit !(m <= 10.0)}' || { say "an OSD-cut pause of ${max}s: stuck writes were not handed back"; return 1; }
-}
+osd_cut_pauses() { handed_back_pauses OSD-cut "" "${OSD_CUT_PAUSES[@]}"; }
 part_pauses() {
   [ ${#PART_PAUSES[@]} -gt 0 ] || { say "no partition round measured"; return 1; }
   echo "PAUSE partition failover over ${#PART_PAUSES[@]} run(s): $(stats "${PART_PAUSES[@]}") (goal <= 3 s)"

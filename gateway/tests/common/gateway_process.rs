@@ -212,33 +212,31 @@ port = {port}
     )
 }
 
+/// A `[[subsystem]]` open to any host with one RBD namespace per `(image, ana_group)`, images
+/// in the test pool, NSIDs from 1.
+pub fn rbd_subsystem_toml(subnqn: &str, namespaces: &[(&str, u32)]) -> String {
+    let mut toml = format!("\n[[subsystem]]\nnqn = \"{subnqn}\"\nallow_any_host = true\n");
+    for (i, (image, ana_group)) in namespaces.iter().enumerate() {
+        toml += &format!(
+            r#"
+[[subsystem.namespace]]
+nsid = {nsid}
+backend = "rbd"
+pool = "{pool}"
+image = "{image}"
+ana_group = {ana_group}
+"#,
+            nsid = i + 1,
+            pool = pool(),
+        );
+    }
+    toml
+}
+
 /// A `[[subsystem]]` open to any host with namespace 1 on `images[0]` in ANA group 1 and
 /// namespace 2 on `images[1]` in ANA group 2 (images in the test pool).
 pub fn two_group_subsystem_toml(subnqn: &str, images: &[String; 2]) -> String {
-    format!(
-        r#"
-[[subsystem]]
-nqn = "{subnqn}"
-allow_any_host = true
-
-[[subsystem.namespace]]
-nsid = 1
-backend = "rbd"
-pool = "{pool}"
-image = "{img1}"
-ana_group = 1
-
-[[subsystem.namespace]]
-nsid = 2
-backend = "rbd"
-pool = "{pool}"
-image = "{img2}"
-ana_group = 2
-"#,
-        pool = pool(),
-        img1 = images[0],
-        img2 = images[1],
-    )
+    rbd_subsystem_toml(subnqn, &[(&images[0], 1), (&images[1], 2)])
 }
 
 /// gw1's and gw2's controller IDs in the two-gateway group tests: disjoint, as in any group.

@@ -33,6 +33,21 @@ pub struct MonReply {
     pub status: String,
 }
 
+impl MonReply {
+    /// The reply of a mon or OSD command: its return code and the two buffers librados
+    /// allocated for the output and the status text (released here).
+    fn take(
+        lib: &CephLib,
+        rc: c_int,
+        (out, out_len): (*mut c_char, usize),
+        (st, st_len): (*mut c_char, usize),
+    ) -> MonReply {
+        let out = take_buffer(lib, out, out_len);
+        let status = String::from_utf8_lossy(&take_buffer(lib, st, st_len)).into_owned();
+        MonReply { rc, out, status }
+    }
+}
+
 impl Rados {
     /// `rados_getaddrs`: this client's addresses, as `ceph osd blocklist add` takes them
     /// (e.g. `[v2:127.0.0.1:0/3021,v1:127.0.0.1:0/3021]`).
@@ -89,9 +104,7 @@ impl Rados {
                 &mut st_len,
             )
         };
-        let out = take_buffer(self.lib, out, out_len);
-        let status = String::from_utf8_lossy(&take_buffer(self.lib, st, st_len)).into_owned();
-        Ok(MonReply { rc, out, status })
+        Ok(MonReply::take(self.lib, rc, (out, out_len), (st, st_len)))
     }
 
     /// `rados_osd_command` with one JSON command to OSD `osd` (blocking; with no OSD op
@@ -116,9 +129,7 @@ impl Rados {
                 &mut st_len,
             )
         };
-        let out = take_buffer(self.lib, out, out_len);
-        let status = String::from_utf8_lossy(&take_buffer(self.lib, st, st_len)).into_owned();
-        Ok(MonReply { rc, out, status })
+        Ok(MonReply::take(self.lib, rc, (out, out_len), (st, st_len)))
     }
 
     /// `rados_watch_flush`: waits until no watch callback is running or queued.
