@@ -208,7 +208,11 @@ impl Controller {
 
     /// Records host traffic that counts as a keep alive.
     pub fn keep_alive(&self) {
-        self.keep_alive_seen.store(true, Ordering::SeqCst);
+        // Every command calls this: a load first, so that only the first command of a KATO
+        // period writes the shared line (a locked write per command cost every queue).
+        if !self.keep_alive_seen.load(Ordering::Relaxed) {
+            self.keep_alive_seen.store(true, Ordering::Relaxed);
+        }
     }
 
     /// The transport's timer calls this once per KATO period: false means nothing arrived
