@@ -162,6 +162,14 @@ impl MemoryDevice {
         }
     }
 
+    /// Runs `op` and counts it: every op completes on the calling thread.
+    fn run(&self, tag: u64, mut op: IoOp) -> IoDone {
+        let started = Instant::now();
+        let result = self.execute(&mut op);
+        self.stats.record(&op, started, &result);
+        IoDone { tag, op, result }
+    }
+
     fn execute(&self, op: &mut IoOp) -> Result<(), IoError> {
         match op {
             IoOp::Read { offset, buf } => {
@@ -216,11 +224,12 @@ impl BlockDevice for MemoryDevice {
         self.size.load(Ordering::SeqCst)
     }
 
-    fn submit(&self, tag: u64, mut op: IoOp, completion: &Arc<dyn IoCompletion>) {
-        let started = Instant::now();
-        let result = self.execute(&mut op);
-        self.stats.record(&op, started, &result);
-        completion.complete(IoDone { tag, op, result });
+    fn submit(&self, tag: u64, op: IoOp, completion: &Arc<dyn IoCompletion>) {
+        completion.complete(self.run(tag, op));
+    }
+
+    fn complete_now(&self, tag: u64, op: IoOp) -> Result<IoDone, IoOp> {
+        Ok(self.run(tag, op))
     }
 
     fn io_stats(&self) -> Option<IoStatsSnapshot> {

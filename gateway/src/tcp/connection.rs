@@ -2,9 +2,11 @@
 //!
 //! Everything protocol-shaped happens in [`crate::core::Queue`] and the PDU codec; this file
 //! only moves bytes. Per loop turn it reads what the socket has, decodes every complete PDU,
-//! runs the resulting actions, drains device completions that arrived meanwhile (the
-//! in-memory device completes inline), and writes all responses with one vectored write, so
-//! a burst of commands costs one read and one write system call.
+//! runs the resulting actions, drains device completions that arrived meanwhile, and writes
+//! all responses with one vectored write, so a burst of commands costs one read and one
+//! write system call. A device that can finish an op without waiting (the in-memory one)
+//! does so inside `run_actions` ([`rbd_backend::BlockDevice::complete_now`]), whose
+//! completion then runs at once, with no hand-over through the completion sink.
 //!
 //! Device completions take a shorter way when they can. A librbd completion arrives on a
 //! librbd callback thread; handing it to the task costs a cross-thread wake-up (futex, a
@@ -186,6 +188,9 @@ struct State {
     queue: Queue,
     /// Completions taken from `Shared::completed`, kept to reuse its allocation.
     completed: Vec<IoDone>,
+    /// Ops a device finished inside `run_actions` (see the module docs), waiting there for
+    /// the queue to complete them.
+    completed_inline: Vec<IoDone>,
     completion_sink: Arc<dyn IoCompletion>,
     decoder: PduDecoder,
     encoder: PduEncoder,
@@ -229,8 +234,9 @@ thread_local! {
 /// Marks, for the length of one `BlockDevice::submit`, that this thread holds the state of
 /// the connection owning `sink` and drains its completion list before it lets go (every
 /// path that submits ends in `State::drain_completions`, or closes the connection, which
-/// drops what the list holds as it did before). A device that completes inline
-/// (the in-memory one) then leaves its completion in that list without waking the task:
+/// drops what the list holds as it did before). A device that completes inside `submit`
+/// (the in-memory one behind a QoS limit) then leaves its completion in that list without
+/// waking the task:
 /// the wake-up would only cost the task one more loop turn after the response had gone.
 struct SubmitScope {
     previous: *const (),
@@ -463,6 +469,7 @@ impl Connection {
                         queue
                     },
                     completed: Vec::new(),
+                    completed_inline: Vec::new(),
                     completion_sink,
                     decoder: PduDecoder::new(cfg),
                     encoder: PduEncoder::new(false, false, 0),
@@ -1108,6 +1115,22 @@ impl State {
 
     fn run_actions(&mut self, actions: &mut Vec<Action>) -> Flow {
         let mut flow = Flow::Continue;
+        loop {
+            self.run_actions_once(actions, &mut flow);
+            if self.completed_inline.is_empty() {
+                return flow;
+            }
+            // Ops their device finished on this thread: their completions' actions (the
+            // responses) run now, before anything is written.
+            let mut done = std::mem::take(&mut self.completed_inline);
+            for d in done.drain(..) {
+                self.queue.complete_io(d, actions);
+            }
+            self.completed_inline = done;
+        }
+    }
+
+    fn run_actions_once(&mut self, actions: &mut Vec<Action>, flow: &mut Flow) {
         for action in actions.drain(..) {
             match action {
                 Action::Respond(resp) => {
@@ -1126,10 +1149,13 @@ impl State {
                         self.push_completion(completion);
                     }
                 }
-                Action::Submit { device, tag, op } => {
-                    let _scope = SubmitScope::enter(&self.completion_sink);
-                    device.submit(tag, op, &self.completion_sink)
-                }
+                Action::Submit { device, tag, op } => match device.complete_now(tag, op) {
+                    Ok(done) => self.completed_inline.push(done),
+                    Err(op) => {
+                        let _scope = SubmitScope::enter(&self.completion_sink);
+                        device.submit(tag, op, &self.completion_sink)
+                    }
+                },
                 Action::SubmitThrottled {
                     qos,
                     device,
@@ -1139,10 +1165,9 @@ impl State {
                     let _scope = SubmitScope::enter(&self.completion_sink);
                     crate::qos::submit(qos, device, tag, op, &self.completion_sink)
                 }
-                Action::Close => flow = Flow::Close,
+                Action::Close => *flow = Flow::Close,
             }
         }
-        flow
     }
 
     /// Queues `buf` as one C2HData PDU, with the SUCCESS flag if `success`; returns
@@ -1368,8 +1393,9 @@ impl OwnedPdu {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::queue::InFlight;
     use crate::core::TargetIdentity;
-    use rbd_backend::IoOp;
+    use rbd_backend::{BlockDevice, IoOp};
 
     static BUDGET: DataBudget = DataBudget::new(1 << 20);
 
@@ -1476,6 +1502,55 @@ mod tests {
         }
         assert!(!woken(shared), "no wake-up for an inline completion");
         assert!(shared.has_completed(), "left in the list for the drain");
+    }
+
+    #[tokio::test]
+    async fn a_read_the_device_completes_now_is_answered_without_the_completion_list() {
+        let (conn, _host) = connection().await;
+        let shared = &*conn.shared;
+        let device = Arc::new(rbd_backend::MemoryDevice::new("inline", 1 << 20));
+        let written: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        let wrote = device.complete_now(
+            0,
+            IoOp::Write {
+                offset: 8192,
+                buf: IoBuf::from_vec(written.clone()),
+                fua: false,
+            },
+        );
+        assert!(wrote.is_ok_and(|done| done.result.is_ok()));
+        let mut state = shared.lock();
+        state.queue.inflight.insert(7, InFlight::Read);
+        let mut actions = vec![Action::Submit {
+            device,
+            tag: 7,
+            op: IoOp::Read {
+                offset: 8192,
+                buf: IoBuf::zeroed(4096),
+            },
+        }];
+        assert!(matches!(state.run_actions(&mut actions), Flow::Continue));
+        assert_eq!(
+            state.queue.in_flight(),
+            0,
+            "the read completed in the queue"
+        );
+        let data: Vec<&[u8]> = state
+            .out
+            .segments
+            .iter()
+            .filter_map(|s| match s {
+                Segment::Data { buf, .. } => Some(buf.as_slice()),
+                Segment::Header { .. } => None,
+            })
+            .collect();
+        assert!(
+            data == [&written[..]],
+            "the response carries the device's bytes"
+        );
+        drop(state);
+        assert!(!shared.has_completed(), "nothing went through the list");
+        assert!(!woken(shared), "and nobody was woken");
     }
 
     #[tokio::test]
