@@ -70,6 +70,10 @@ pub struct ControlPlane {
     live: Mutex<Option<GroupMap>>,
     /// The leader's last persisted map, to write only changes.
     persisted: Mutex<Vec<u8>>,
+    /// The map's writes for beacons, in the background (see [`ControlPlane::beacon_with_groups`]).
+    background_persist: Mutex<BackgroundPersist>,
+    /// The last background write request whose write has ended.
+    background_written: tokio::sync::watch::Sender<u64>,
     /// Host connections per gateway, from the last beacon this replica received.
     connections: Mutex<std::collections::BTreeMap<String, Vec<proto::Connection>>>,
     /// The state version each gateway last reported applied (group beacons), per replica:
@@ -161,6 +165,8 @@ impl ControlPlane {
             lease_until: Mutex::new(None),
             live: Mutex::new(None),
             persisted: Mutex::new(Vec::new()),
+            background_persist: Mutex::new(BackgroundPersist::default()),
+            background_written: tokio::sync::watch::Sender::new(0),
             connections: Mutex::new(std::collections::BTreeMap::new()),
             applied_state: Mutex::new(std::collections::BTreeMap::new()),
             osd_reports: Mutex::new(Default::default()),
@@ -468,28 +474,96 @@ impl ControlPlane {
 
     /// Feeds one event to the leader's map, carries out its actions and persists changes.
     async fn feed(self: &Arc<Self>, event: Event) -> Result<Vec<Action>, Status> {
-        if !self.is_leader() {
-            return Err(Status::unavailable(format!(
+        let (actions, dirty) = self.feed_without_persisting(event).map_err(|e| *e)?;
+        if dirty {
+            self.persist_live_map().await;
+        }
+        Ok(actions)
+    }
+
+    /// [`ControlPlane::feed`] whose caller waits for the map's write at most `wait`; the
+    /// write goes on in the background past that. Writes asked for while one runs are made
+    /// as one more write of the map as it is then.
+    async fn feed_waiting_at_most(
+        self: &Arc<Self>,
+        event: Event,
+        wait: Duration,
+    ) -> Result<Vec<Action>, Status> {
+        let (actions, dirty) = self.feed_without_persisting(event).map_err(|e| *e)?;
+        if dirty {
+            let asked = self.persist_in_background();
+            let mut written = self.background_written.subscribe();
+            let done = tokio::time::timeout(wait, written.wait_for(|w| *w >= asked)).await;
+            if done.is_err() {
+                tracing::warn!(
+                    wait_ms = wait.as_millis() as u64,
+                    "the group map's write is slow (the cluster may be stalled): answered \
+                     before it, the write goes on"
+                );
+            }
+        }
+        Ok(actions)
+    }
+
+    /// Asks the background writer to write the live map: the number of this request, which
+    /// `background_written` reaches once a write that started after it has ended.
+    fn persist_in_background(self: &Arc<Self>) -> u64 {
+        let asked = {
+            let mut p = self
+                .background_persist
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            p.requested += 1;
+            if p.running {
+                return p.requested;
+            }
+            p.running = true;
+            p.requested
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut writing = asked;
+            loop {
+                me.persist_live_map().await;
+                me.background_written.send_replace(writing);
+                let mut p = me
+                    .background_persist
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if p.requested == writing {
+                    p.running = false;
+                    return;
+                }
+                writing = p.requested;
+            }
+        });
+        asked
+    }
+
+    /// Runs `event` through the live map and starts the fences it asks for: its actions, and
+    /// whether the map now differs from the one last persisted.
+    fn feed_without_persisting(
+        self: &Arc<Self>,
+        event: Event,
+    ) -> Result<(Vec<Action>, bool), Box<Status>> {
+        let not_leading = || {
+            Box::new(Status::unavailable(format!(
                 "replica {} does not lead the group",
                 self.id
-            )));
+            )))
+        };
+        if !self.is_leader() {
+            return Err(not_leading());
         }
-        let (actions, bytes, map) = {
+        let (actions, bytes) = {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
             let Some(map) = live.as_mut() else {
-                return Err(Status::unavailable(format!(
-                    "replica {} does not lead the group",
-                    self.id
-                )));
+                return Err(not_leading());
             };
             let actions = map
                 .handle(event)
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
-            (
-                actions,
-                serde_json::to_vec(&*map).unwrap_or_default(),
-                map.clone(),
-            )
+                .map_err(|e| Box::new(Status::invalid_argument(e.to_string())))?;
+            (actions, serde_json::to_vec(&*map).unwrap_or_default())
         };
         // Fencing first: it is what failover waits for; persisting the map can follow.
         for a in &actions {
@@ -516,34 +590,34 @@ impl ControlPlane {
                 false
             }
         };
-        if dirty {
-            // Concurrent feeds persist concurrently and their compare-and-set retries may land
-            // in any order: each writes the live map as it is when its write is (re)tried, so
-            // a slower writer never puts back an older map (a regressed map would un-promote a
-            // group that just failed over).
-            let (m, me) = (map.clone(), self.clone());
-            if let Err(e) = self
-                .update(move |st| {
-                    let live = me
-                        .live
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clone()
-                        .unwrap_or_else(|| m.clone());
+        Ok((actions, dirty))
+    }
+
+    /// Writes the live map to the group state.
+    async fn persist_live_map(self: &Arc<Self>) {
+        // Concurrent feeds persist concurrently and their compare-and-set retries may land
+        // in any order: each writes the live map as it is when its write is (re)tried, so
+        // a slower writer never puts back an older map (a regressed map would un-promote a
+        // group that just failed over).
+        let me = self.clone();
+        let written = self
+            .update(move |st| {
+                // None: no longer leading, and the new leader writes its own map.
+                let live = me.live.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                if let Some(live) = live {
                     st.map = Some(live);
-                    Ok(())
-                })
-                .await
-            {
-                tracing::error!("persisting the group map: {e}");
-                // Try again on the next change.
-                self.persisted
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clear();
-            }
+                }
+                Ok(())
+            })
+            .await;
+        if let Err(e) = written {
+            tracing::error!("persisting the group map: {e}");
+            // Try again on the next change.
+            self.persisted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
         }
-        Ok(actions)
     }
 
     /// The leader ends every namespace move that nobody on this replica is ending: the
@@ -1033,16 +1107,26 @@ impl ControlPlane {
         } else {
             cluster_reach(b.cluster)
         };
-        self.feed(Event::Beacon {
-            gateway: b.gateway,
-            ana_group: b.ana_group,
-            incarnation: b.incarnation,
-            addrs: b.client_addrs,
-            group_addrs,
-            applied_epoch: b.applied_version,
-            cluster,
-            now_ms: now,
-        })
+        // The reply waits for the map's write (a gateway that joins right after its first
+        // beacon finds itself in the state), but at most a quarter of the grace. A gateway
+        // sends its next beacon only once this one is answered, so a write waiting on a
+        // stalled cluster (the state object's PG peering, its OSD stopped) would otherwise
+        // silence every gateway whose beacon changed the map, and after the grace make
+        // them unavailable here though they serve. The write goes on in the background.
+        let wait = Duration::from_millis(self.opts.timing.grace_ms / 4);
+        self.feed_waiting_at_most(
+            Event::Beacon {
+                gateway: b.gateway,
+                ana_group: b.ana_group,
+                incarnation: b.incarnation,
+                addrs: b.client_addrs,
+                group_addrs,
+                applied_epoch: b.applied_version,
+                cluster,
+                now_ms: now,
+            },
+            wait,
+        )
         .await?;
         // Only the leader gets here (`feed` refuses otherwise): it checks the report.
         let due = self
@@ -1150,6 +1234,13 @@ fn cluster_reach(wire: i32) -> ana::ClusterReach {
 
 /// This replica ends the move of a namespace until dropped (unless it already did: then
 /// nothing is claimed or released).
+/// Whether a background write of the map runs, and the requests made so far.
+#[derive(Default)]
+struct BackgroundPersist {
+    running: bool,
+    requested: u64,
+}
+
 struct EndingClaim {
     cp: Arc<ControlPlane>,
     key: (String, u32),

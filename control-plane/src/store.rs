@@ -389,6 +389,9 @@ pub struct MemoryBackend {
     /// The OSDs that do not answer this replica (`probe_osds`); None: it has no cluster
     /// connection to ask through.
     pub osds_unanswered: Mutex<Option<Vec<i32>>>,
+    /// While set, writes (`compare_and_set`) wait, as on a cluster whose state object's PG
+    /// does not take writes.
+    pub writes_stalled: std::sync::atomic::AtomicBool,
 }
 
 impl Backend for MemoryBackend {
@@ -404,6 +407,12 @@ impl Backend for MemoryBackend {
         set: Vec<(String, Vec<u8>)>,
         remove: Vec<String>,
     ) -> Result<bool, StoreError> {
+        while self
+            .writes_stalled
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let mut m = self.omap.lock().unwrap_or_else(|e| e.into_inner());
         if m.get("version").cloned().unwrap_or_default() != version_bytes(expect) {
             return Ok(false);

@@ -3,6 +3,7 @@
 //! beacons and assignment streams through a failover, and the `nvmeofctl` binary's output and
 //! exit codes.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -379,6 +380,64 @@ async fn gw2_is_fenced_and_its_group_moves(
     let line = "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"fenced\",cluster=\"stalled\"} 1";
     assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     beacons.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beacons_are_answered_and_nobody_is_taken_for_dead_while_the_map_cannot_be_written() {
+    let (f, g, _s1, _last) = two_gateways_gw1_joined().await;
+    let mut g = g.clone();
+    /// Lets writes through again when dropped, so a failing assertion does not leave the
+    /// runtime waiting on a stalled write at its shutdown.
+    struct Unstall(Arc<MemoryBackend>);
+    impl Drop for Unstall {
+        fn drop(&mut self) {
+            self.0.writes_stalled.store(false, Ordering::SeqCst);
+        }
+    }
+    f.backend.writes_stalled.store(true, Ordering::SeqCst);
+    let unstall = Unstall(f.backend.clone());
+    // Each round both report a newer applied epoch: every beacon changes the map, whose
+    // write waits. Three graces (600 ms) long.
+    let until = Instant::now() + Duration::from_millis(1800);
+    let mut epoch = 0;
+    while Instant::now() < until {
+        epoch += 1;
+        for (gw, group) in [("gw1", 1), ("gw2", 2)] {
+            tokio::time::timeout(Duration::from_millis(300), beacon(&mut g, gw, group, epoch))
+                .await
+                .unwrap_or_else(|_| panic!("{gw}'s beacon answered while the map's write waits"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = render(&f.cp);
+    for gw in ["gw1", "gw2"] {
+        let group = &gw[2..];
+        let line = format!("nvmeof_control_gateway_info{{gateway=\"{gw}\",ana_group=\"{group}\",availability=\"available\",cluster=\"reachable\"}} 1");
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
+    assert!(
+        f.backend.fenced.lock().expect("fenced").is_empty(),
+        "nobody fenced"
+    );
+    // Once the cluster takes writes again, the map's last change is written.
+    drop(unstall);
+    let written = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stored = Store::new(f.backend.clone()).load().expect("load");
+        let applied = stored
+            .map
+            .as_ref()
+            .and_then(|m| m.gateways.get("gw2"))
+            .map(|g| g.applied_epoch);
+        if applied == Some(epoch) {
+            break;
+        }
+        assert!(
+            Instant::now() < written,
+            "gw2's applied epoch {epoch} written, stored {applied:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
