@@ -766,20 +766,25 @@ async fn stall_loop(
     }
     loop {
         tick.tick().await;
-        let (mut in_flight, mut completed) = (0usize, 0u64);
+        let now = Instant::now();
+        // The devices tell ages up to `op_ages::SPAN`: a longer window asks sooner.
+        let window = stall.lock().unwrap_or_else(|e| e.into_inner()).window();
+        let window = window.min(rbd_backend::op_ages::SPAN - rbd_backend::op_ages::SLICE);
+        let (mut in_flight, mut completed, mut old_command) = (0usize, 0u64, false);
         for s in target.subsystems().iter().filter(|s| !s.is_discovery()) {
             for ns in s.namespaces() {
                 in_flight += ns.device.in_flight();
                 if let Some(stats) = ns.device.io_stats() {
                     completed += stats.iter().map(|(_, t)| t.completed).sum::<u64>();
                 }
+                old_command = old_command || ns.device.has_op_older_than(now, window);
             }
         }
-        let now = Instant::now();
-        let polled = stall
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .poll(now, in_flight, completed);
+        let polled = {
+            let mut stall = stall.lock().unwrap_or_else(|e| e.into_inner());
+            stall.set_old_command(old_command);
+            stall.poll(now, in_flight, completed)
+        };
         if polled.probe {
             let stall = stall.clone();
             let (clients, beacon_now) = (clients.clone(), beacon_now.clone());

@@ -28,7 +28,10 @@
 //! did not answer. While some are named, a probe runs every window, stuck commands or not,
 //! and only one that finds them all answering clears the report: commands completing through
 //! other OSDs say nothing of these. The leader checks the OSDs itself before it acts on it
-//! (`control_plane::osd_reports`).
+//! (`control_plane::osd_reports`). One command older than the window starts a probe too,
+//! while the others complete (the devices count their ops by age, `rbd_backend::op_ages`):
+//! a gateway cut off from one OSD of many is found that way, not only once all of its
+//! commands wait.
 
 use std::time::{Duration, Instant};
 
@@ -84,6 +87,9 @@ pub struct StallWatch {
     last_osd_probe_start: Option<Instant>,
     /// The OSDs the last OSD probe found not answering, while commands stay stuck.
     osds_unanswered: Vec<i32>,
+    /// A command has been at the cluster for the window or longer, whatever completed since
+    /// ([`StallWatch::set_old_command`]).
+    old_command: bool,
 }
 
 impl Default for StallWatch {
@@ -108,7 +114,17 @@ impl StallWatch {
             osd_probing: None,
             last_osd_probe_start: None,
             osds_unanswered: Vec::new(),
+            old_command: false,
         }
+    }
+
+    /// Whether a command has been at the cluster for the window or longer (the devices'
+    /// `has_op_older_than`), told before each [`Self::poll`]. Commands completing through
+    /// other OSDs keep the gateway from being stuck as a whole; one such command alone asks
+    /// the OSDs (at most once per window), so an OSD this gateway cannot reach is found
+    /// while the rest of its I/O flows.
+    pub fn set_old_command(&mut self, old: bool) {
+        self.old_command = old;
     }
 
     pub fn reach(&self) -> Reach {
@@ -176,16 +192,19 @@ impl StallWatch {
         }
     }
 
-    /// Commands stuck for the window while a monitor answered since they got stuck, or OSDs
-    /// named by the last probe; and no OSD probe in the last window. The probe waits half a
-    /// window for the OSDs, so what it finds is reported about one and a half windows into a
-    /// stall.
+    /// Commands stuck for the window while a monitor answered since they got stuck, a
+    /// command older than the window while others complete, or OSDs named by the last
+    /// probe; and no OSD probe in the last window. The probe waits half a window for the
+    /// OSDs, so what it finds is reported about one and a half windows into a stall.
     fn wants_osd_probe(&self, now: Instant) -> bool {
         let since = |t: Instant| now.saturating_duration_since(t);
         let stuck_with_monitors_answering = self.stuck_since.is_some_and(|stuck| {
             since(stuck) >= self.window && self.probe_answered.is_some_and(|a| a >= stuck)
         });
-        (stuck_with_monitors_answering || !self.osds_unanswered.is_empty())
+        let old_command_among_completions = self.old_command && self.stuck_since.is_some();
+        (stuck_with_monitors_answering
+            || old_command_among_completions
+            || !self.osds_unanswered.is_empty())
             && self.osd_probing.is_none()
             && self
                 .last_osd_probe_start
@@ -545,6 +564,40 @@ mod tests {
         let started = osd_probes_started(&mut w, &mut clock, W, 0, 1);
         assert_eq!(w.osd_probe_finished(started[0], Some(vec![])), Some(vec![]));
         assert!(osd_probes_started(&mut w, &mut clock, W * 3, 0, 1).is_empty());
+    }
+
+    #[test]
+    fn one_old_command_among_completing_ones_starts_an_osd_probe_once_per_window() {
+        let mut w = StallWatch::default();
+        let mut clock = Instant::now();
+        // Commands complete all along (through the OSDs that answer), none is old yet.
+        assert!(osd_probes_started_completing(&mut w, &mut clock, 3 * W).is_empty());
+        // One has waited for the window: an OSD probe, then one per window at most.
+        w.set_old_command(true);
+        let started = osd_probes_started_completing(&mut w, &mut clock, 3 * W);
+        assert_eq!(started.len(), 3, "one probe per window: {started:?}");
+        // Nothing in flight: an old command cannot be.
+        assert!(osd_probes_started(&mut w, &mut clock, 2 * W, 0, 0).is_empty());
+    }
+
+    /// [`osd_probes_started`] with a command completing at every poll.
+    fn osd_probes_started_completing(
+        w: &mut StallWatch,
+        clock: &mut Instant,
+        d: Duration,
+    ) -> Vec<Instant> {
+        let mut started = Vec::new();
+        let end = *clock + d;
+        let mut done = 1_000;
+        while *clock < end {
+            *clock += TICK;
+            done += 1;
+            if let Some(_wait) = w.poll(*clock, 4, done).osd_probe {
+                w.osd_probe_finished(*clock, Some(Vec::new()));
+                started.push(*clock);
+            }
+        }
+        started
     }
 
     #[test]

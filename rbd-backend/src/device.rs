@@ -212,6 +212,13 @@ pub trait BlockDevice: Send + Sync {
         0
     }
 
+    /// Whether an op submitted at least `age` before `now` is still in flight (ages up to
+    /// [`crate::op_ages::SPAN`]). Devices that complete inside `submit` have none.
+    fn has_op_older_than(&self, now: std::time::Instant, age: std::time::Duration) -> bool {
+        let _ = (now, age);
+        false
+    }
+
     /// What the device has completed so far (ops, bytes, time per kind of op); `None` for a
     /// device that does not count.
     fn io_stats(&self) -> Option<crate::stats::IoStatsSnapshot> {

@@ -14,6 +14,7 @@
 mod device;
 mod ffi;
 mod memory;
+pub mod op_ages;
 pub mod osd_probe;
 pub mod rados;
 pub mod rbd;

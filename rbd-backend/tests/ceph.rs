@@ -20,6 +20,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use rbd_backend::op_ages;
 use rbd_backend::rbd::{CephSettings, ClusterPool, ImageSpec, PoolAdmin, RbdError};
 use rbd_backend::{
     BlockDevice, DeviceEvent, DeviceEventSink, IoBuf, IoCompletion, IoDone, IoError, IoOp, OpKind,
@@ -933,14 +934,24 @@ fn a_stopped_osd_is_a_pause_not_an_error() {
     let mut longest = Duration::ZERO;
     let mut ops = 0u64;
     let mut inflight = qd;
+    // The device's op ages (what the stall watch asks): none old before the stop, an op
+    // older than 2 s while the OSD is stopped, none at all once everything completed.
+    let (mut young_before, mut old_while_stopped) = (None, None);
     while inflight > 0 {
         let el = t0.elapsed();
+        if young_before.is_none() && el > Duration::from_millis(900) {
+            young_before = Some(!dev.has_op_older_than(Instant::now(), Duration::from_secs(1)));
+        }
         if stopped_at.is_none() && el > Duration::from_secs(1) {
             signal_osd("STOP");
             resume = Some(Resume);
             stopped_at = Some(Instant::now());
         }
         if let Some(at) = stopped_at {
+            if old_while_stopped.is_none() && at.elapsed() > Duration::from_millis(2500) {
+                old_while_stopped =
+                    Some(dev.has_op_older_than(Instant::now(), Duration::from_secs(2)));
+            }
             if resume.is_some() && at.elapsed() > Duration::from_secs(4) {
                 resume = None; // SIGCONT
             }
@@ -969,6 +980,21 @@ fn a_stopped_osd_is_a_pause_not_an_error() {
         "the pause was seen ({longest:?})"
     );
     assert!(ops > 100, "I/O before and after the pause");
+    assert_eq!(
+        young_before,
+        Some(true),
+        "no op older than 1 s before the stop"
+    );
+    assert_eq!(
+        old_while_stopped,
+        Some(true),
+        "an op older than 2 s while stopped"
+    );
+    assert_eq!(dev.in_flight(), 0);
+    assert!(
+        !dev.has_op_older_than(Instant::now(), op_ages::SLICE),
+        "no op counted once all completed"
+    );
 }
 
 /// The OSD probe (`rbd_backend::osd_probe`) tells an OSD that does not answer from one that

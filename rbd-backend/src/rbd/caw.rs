@@ -1,7 +1,6 @@
 //! Compare-and-write: natively where librbd 16.2 can, otherwise emulated (read, compare,
 //! write) behind the exclusive lock and the device's [`WriteGate`].
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -155,7 +154,7 @@ pub(super) fn spawn_caw(job: CawJob) {
                         "compare-and-write: could not start its worker thread".into(),
                     )),
                 );
-                job.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+                job.state.op_finished(job.started);
                 gate.caw_done();
             }
         }
@@ -181,7 +180,7 @@ pub(super) fn spawn_caw(job: CawJob) {
                     state.fenced();
                 }
                 state.deliver(started, &completion, tag, op, result);
-                state.in_flight.fetch_sub(1, Ordering::SeqCst);
+                state.op_finished(started);
                 state.gate.caw_done();
             }
         });

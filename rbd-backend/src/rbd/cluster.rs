@@ -475,6 +475,7 @@ impl ClusterPool {
             client: conn.health.clone(),
             fence_reported: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            ages: Default::default(),
             stats: IoStats::default(),
         });
         let weak = Arc::downgrade(&state);

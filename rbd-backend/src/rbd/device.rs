@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::caw::{native_compare_and_write, spawn_caw, CawJob, WriteGate};
 use super::cluster::{ClientHealth, ClusterPool, ShardLease};
@@ -32,11 +32,25 @@ pub struct DeviceState {
     pub(super) fence_reported: AtomicBool,
     /// Ops handed to librbd (or queued behind the write gate) and not completed yet.
     pub(super) in_flight: AtomicUsize,
+    /// The same ops by the slice of their start: whether one has waited too long.
+    pub(super) ages: crate::op_ages::OpAges,
     /// Every op's outcome, recorded just before its completion is delivered.
     pub(super) stats: IoStats,
 }
 
 impl DeviceState {
+    /// An op submitted at `started` is in flight (every path that ends it calls
+    /// [`Self::op_finished`] with the same instant once its completion is delivered).
+    pub(super) fn op_started(&self, started: Instant) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.ages.started(started);
+    }
+
+    pub(super) fn op_finished(&self, started: Instant) {
+        self.ages.finished(started);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// Counts the op and hands its result to the caller.
     pub(super) fn deliver(
         &self,
@@ -269,7 +283,7 @@ fn run_record_job(job: RecordJob) {
         _ => Err(IoError::Device("not a record store".into())),
     };
     state.deliver(started, &completion, tag, op, result);
-    state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    state.op_finished(started);
 }
 
 /// A record store's or load's librados error: a blocklisted client is the fence.
@@ -384,7 +398,7 @@ fn finish(req: Box<AioRequest>, result: Result<(), IoError>) {
         ..
     } = *req;
     device.deliver(started, &completion, tag, op, result);
-    device.in_flight.fetch_sub(1, Ordering::SeqCst);
+    device.op_finished(started);
     if let Some(gate) = gate {
         gate.write_done();
     }
@@ -446,7 +460,7 @@ impl BlockDevice for RbdDevice {
         }
         // Counted down when the completion has been delivered (`finish`, the caw worker,
         // the records thread).
-        self.state.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.state.op_started(started);
         if let IoOp::StoreRecord { .. } = &op {
             let job = RecordJob {
                 state: self.state.clone(),
@@ -472,7 +486,7 @@ impl BlockDevice for RbdDevice {
                     job.op,
                     Err(IoError::Device("no rbd-records thread".into())),
                 );
-                self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+                self.state.op_finished(started);
             }
             return;
         }
@@ -525,6 +539,10 @@ impl BlockDevice for RbdDevice {
 
     fn in_flight(&self) -> usize {
         self.state.in_flight.load(Ordering::SeqCst)
+    }
+
+    fn has_op_older_than(&self, now: Instant, age: Duration) -> bool {
+        self.state.ages.any_older_than(now, age)
     }
 
     fn io_stats(&self) -> Option<IoStatsSnapshot> {
