@@ -201,7 +201,11 @@ impl StallWatch {
         let stuck_with_monitors_answering = self.stuck_since.is_some_and(|stuck| {
             since(stuck) >= self.window && self.probe_answered.is_some_and(|a| a >= stuck)
         });
-        let old_command_among_completions = self.old_command && self.stuck_since.is_some();
+        // Others completing within the window: the cluster answers this gateway, in part.
+        // (Cut from it all, nothing completes: that is a stall, and the OSDs are not asked.)
+        let old_command_among_completions = self.old_command
+            && self.stuck_since.is_some()
+            && self.last_completion.is_some_and(|t| since(t) < self.window);
         (stuck_with_monitors_answering
             || old_command_among_completions
             || !self.osds_unanswered.is_empty())
@@ -602,12 +606,14 @@ mod tests {
 
     #[test]
     fn no_osd_probe_while_the_monitors_do_not_answer_either() {
-        // A cut from the whole cluster is a stall (beaconed); the OSDs are not asked.
+        // A cut from the whole cluster is a stall (beaconed); the OSDs are not asked, though
+        // a command soon is older than the window.
         let mut w = StallWatch::default();
         let mut clock = Instant::now();
         let end = clock + W * 5;
         while clock < end {
             clock += TICK;
+            w.set_old_command(w.stuck_since.is_some_and(|t| clock - t >= W));
             let p = w.poll(clock, 4, 0);
             assert_eq!(p.osd_probe, None);
             if p.probe {
