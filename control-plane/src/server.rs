@@ -1232,8 +1232,6 @@ fn cluster_reach(wire: i32) -> ana::ClusterReach {
 
 // ------------------------------------------------------------------ services
 
-/// This replica ends the move of a namespace until dropped (unless it already did: then
-/// nothing is claimed or released).
 /// Whether a background write of the map runs, and the requests made so far.
 #[derive(Default)]
 struct BackgroundPersist {
@@ -1241,6 +1239,8 @@ struct BackgroundPersist {
     requested: u64,
 }
 
+/// This replica ends the move of a namespace until dropped (unless it already did: then
+/// nothing is claimed or released).
 struct EndingClaim {
     cp: Arc<ControlPlane>,
     key: (String, u32),
