@@ -133,6 +133,9 @@ pub struct RdmaConnection {
     host_data: CidMap<HostData>,
     wcs: Vec<WorkCompletion>,
     actions: Vec<Action>,
+    /// Ops a device finished inside `run_actions` ([`rbd_backend::BlockDevice::complete_now`]),
+    /// waiting there for the queue to complete them.
+    completed_inline: Vec<IoDone>,
     keep_alive: Option<tokio::time::Interval>,
     /// More completions may be waiting (the budget ran out).
     more: bool,
@@ -189,6 +192,7 @@ impl RdmaConnection {
             host_data: CidMap::default(),
             wcs: Vec::with_capacity(64),
             actions: Vec::new(),
+            completed_inline: Vec::new(),
             keep_alive: None,
             more: false,
             disconnected: false,
@@ -585,24 +589,42 @@ impl RdmaConnection {
 
     fn run_actions(&mut self, actions: &mut Vec<Action>) -> Flow {
         let mut flow = Flow::Continue;
+        loop {
+            self.run_actions_once(actions, &mut flow);
+            if self.completed_inline.is_empty() {
+                return flow;
+            }
+            // Ops their device finished on this thread: their responses go out now, without
+            // a turn through the completion sink.
+            let mut done = std::mem::take(&mut self.completed_inline);
+            for d in done.drain(..) {
+                self.queue.complete_io(d, actions);
+            }
+            self.completed_inline = done;
+        }
+    }
+
+    fn run_actions_once(&mut self, actions: &mut Vec<Action>, flow: &mut Flow) {
         for action in actions.drain(..) {
             match action {
                 Action::Respond(resp) => {
                     if let Flow::Close = self.send_response(resp.completion, resp.data) {
-                        flow = Flow::Close;
+                        *flow = Flow::Close;
                     }
                 }
-                Action::Submit { device, tag, op } => device.submit(tag, op, &self.completion_sink),
+                Action::Submit { device, tag, op } => match device.complete_now(tag, op) {
+                    Ok(done) => self.completed_inline.push(done),
+                    Err(op) => device.submit(tag, op, &self.completion_sink),
+                },
                 Action::SubmitThrottled {
                     qos,
                     device,
                     tag,
                     op,
                 } => crate::qos::submit(qos, device, tag, op, &self.completion_sink),
-                Action::Close => flow = Flow::Close,
+                Action::Close => *flow = Flow::Close,
             }
         }
-        flow
     }
 
     fn respond_error(&mut self, cid: u16, status: Status) -> Flow {
