@@ -396,6 +396,13 @@ impl Queue {
         );
     }
 
+    /// [`Self::complete_io`] for each of `done`, which it leaves empty (its allocation kept).
+    pub fn complete_each(&mut self, done: &mut Vec<IoDone>, out: &mut Vec<Action>) {
+        for d in done.drain(..) {
+            self.complete_io(d, out);
+        }
+    }
+
     /// A device finished an op this queue submitted.
     pub fn complete_io(&mut self, done: IoDone, out: &mut Vec<Action>) {
         let cid = done.tag as u16;

@@ -1115,19 +1115,13 @@ impl State {
 
     fn run_actions(&mut self, actions: &mut Vec<Action>) -> Flow {
         let mut flow = Flow::Continue;
-        loop {
+        while !actions.is_empty() {
             self.run_actions_once(actions, &mut flow);
-            if self.completed_inline.is_empty() {
-                return flow;
-            }
-            // Ops their device finished on this thread: their completions' actions (the
-            // responses) run now, before anything is written.
-            let mut done = std::mem::take(&mut self.completed_inline);
-            for d in done.drain(..) {
-                self.queue.complete_io(d, actions);
-            }
-            self.completed_inline = done;
+            // Ops their device finished on this thread: their responses go out now.
+            self.queue
+                .complete_each(&mut self.completed_inline, actions);
         }
+        flow
     }
 
     fn run_actions_once(&mut self, actions: &mut Vec<Action>, flow: &mut Flow) {
