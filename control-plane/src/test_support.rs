@@ -304,6 +304,25 @@ pub fn ceph_settings() -> CephSettings {
     }
 }
 
+/// A loopback TCP port free at the time of the call, for a listener a test process starts
+/// later (a gateway's or a replica's). The kernel may hand out a port again once the probing
+/// listener is dropped, so two calls in a row could return the same one (seen: a gateway's
+/// NVMe/TCP and metrics ports equal, its configuration refused): never the same port twice
+/// in one process.
+pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
+}
+
 /// `GET path` on the HTTP endpoint at `addr` (a metrics port): the status code and body, or
 /// None when nothing answers (not listening, or closed without an answer). Blocking, with a
 /// 5 s timeout.

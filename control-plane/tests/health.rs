@@ -9,14 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use control_plane::test_support::http_get;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use control_plane::test_support::{free_port, http_get};
 
 /// A replica process, killed when dropped; its stderr in `log`.
 struct Replica {

@@ -14,7 +14,7 @@ use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::proto::{self, Assignment};
 use control_plane::server::Options;
 use control_plane::store::Store;
-use control_plane::test_support::{self, plain_channel};
+use control_plane::test_support::{self, free_port, plain_channel};
 use nvme_auth::{DhchapSecret, HashFunction};
 use tonic::Code;
 
@@ -675,13 +675,6 @@ async fn require_tls_is_changed_live_and_names_the_plain_hosts() {
     );
     let s = next_assignment(&mut stream, |s| !s.require_tls).await;
     assert!(!s.require_tls);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 struct Daemon(std::process::Child);

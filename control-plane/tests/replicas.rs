@@ -21,16 +21,9 @@ use control_plane::proto;
 use control_plane::proto::admin_client::AdminClient;
 use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::test_support::{
-    add_subsystem_open_to_any_host, ana_state_of, ceph_conf, ceph_pool, until_optimized,
+    add_subsystem_open_to_any_host, ana_state_of, ceph_conf, ceph_pool, free_port, until_optimized,
 };
 use tonic::transport::Channel;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 struct Replica {
     child: Child,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::proto::{self, admin_client::AdminClient};
-use control_plane::test_support::{serve_in_memory_over_tls, TestPki};
+use control_plane::test_support::{free_port, serve_in_memory_over_tls, TestPki};
 use control_plane::tls::{self, TlsFiles};
 
 mod common;
@@ -155,13 +155,6 @@ fn incomplete_or_contradictory_options_are_refused() {
     assert!(tls::client_endpoint("https://127.0.0.1:1", None).is_err());
     assert!(tls::client_endpoint("127.0.0.1:1", Some(&client)).is_ok());
     assert!(tls::client_endpoint("127.0.0.1:1", None).is_ok());
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 fn path(p: &Option<PathBuf>) -> &Path {

@@ -46,6 +46,7 @@ use std::time::Duration;
 mod common;
 
 use common::Polling;
+use control_plane::test_support::free_port;
 use nvmeof_gateway::host::pipelined::{LeanQueue, Region, Workload};
 use nvmeof_gateway::host::{HostConnection, HostOptions};
 
@@ -120,13 +121,6 @@ const WORKLOADS: &[Workload] = &[
         queue_depth: 1,
     },
 ];
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// CPU seconds a process's live threads have run, to the nanosecond: the sum of the first
 /// field of /proc/PID/task/*/schedstat. /proc/PID/stat counts in ticks of 10 ms, too coarse

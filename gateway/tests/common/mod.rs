@@ -161,23 +161,7 @@ pub fn transport_counter(name: &str) -> f64 {
     metric_value(&text, name).unwrap_or_else(|| panic!("{name} not in the metrics:\n{text}"))
 }
 
-/// A loopback TCP port free at the time of the call (for a gateway process's listener).
-pub fn free_port() -> u16 {
-    // The kernel may hand out a port again once its listener is dropped, so two calls in a
-    // row could return the same one (seen: a gateway's NVMe/TCP and metrics ports equal, its
-    // configuration refused). Never the same port twice in one test process.
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
-            return port;
-        }
-    }
-}
+pub use control_plane::test_support::free_port;
 
 /// `127.0.0.1:port`.
 pub fn loopback(port: u16) -> SocketAddr {
