@@ -169,7 +169,11 @@ impl ControlPlane {
             background_written: tokio::sync::watch::Sender::new(0),
             connections: Mutex::new(std::collections::BTreeMap::new()),
             applied_state: Mutex::new(std::collections::BTreeMap::new()),
-            osd_reports: Mutex::new(Default::default()),
+            osd_reports: Mutex::new(crate::osd_reports::OsdReports::with_witness_ids_from(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX / 2)),
+            )),
             ending_moves: Mutex::new(std::collections::BTreeSet::new()),
             stopping: AtomicBool::new(false),
         });
@@ -778,7 +782,8 @@ impl ControlPlane {
                     gateway = %gateway,
                     osds = ?osds,
                     "OSDs the gateway cannot reach do not answer the leader either (a hung \
-                     OSD?): nothing moves"
+                     OSD, or the leader cut off from them too): another gateway is asked to \
+                     probe them"
                 ),
                 Some(crate::osd_reports::Verdict::Unchecked) | None => {}
             }
@@ -1137,22 +1142,71 @@ impl ControlPlane {
         if let Some(osds) = due {
             self.spawn_osd_check(name.clone(), osds);
         }
-        let (group, fenced) = self
+        let (group, availability) = self
             .live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .and_then(|m| {
-                m.gateways
-                    .get(&name)
-                    .map(|g| (g.ana_group, g.availability == ana::Availability::Fenced))
-            })
-            .unwrap_or((0, false));
+            .and_then(|m| m.gateways.get(&name).map(|g| (g.ana_group, g.availability)))
+            .unwrap_or((0, ana::Availability::Unavailable));
+        let witness_fit =
+            availability == ana::Availability::Available && cluster != ana::ClusterReach::Stalled;
+        let osd_probe = self.osd_witness(&name, b.osd_probe, witness_fit, now);
         Ok(proto::BeaconReply {
             ana_group: group,
             leader: self.id.clone(),
-            fenced,
+            fenced: availability == ana::Availability::Fenced,
             grace_ms: self.opts.timing.grace_ms,
+            osd_probe,
+        })
+    }
+
+    /// Applies the answer to a witness request that `gateway`'s beacon carries, and returns
+    /// what to ask it now if it can be a witness (`fit`: available, not reporting the cluster
+    /// stalled or OSDs not answering it): `crate::osd_reports`.
+    fn osd_witness(
+        &self,
+        gateway: &str,
+        answer: Option<proto::OsdProbeAnswer>,
+        fit: bool,
+        now_ms: u64,
+    ) -> Option<proto::OsdProbeRequest> {
+        use crate::osd_reports::Verdict;
+        let mut reports = self.osd_reports.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = answer.filter(|a| a.id != 0) {
+            let unanswered = (!a.not_asked).then_some(a.unanswered.as_slice());
+            match reports.witness_answered(gateway, a.id, unanswered) {
+                Some(v) if v.verdict == Verdict::Confirmed => tracing::warn!(
+                    gateway = %v.reporter,
+                    osds = ?v.osds,
+                    witness = gateway,
+                    "OSDs the gateway cannot reach answer another gateway: it is cut off from \
+                     them; taken as cut off from the cluster (failed over while another \
+                     gateway reaches it)"
+                ),
+                Some(v) if a.not_asked => tracing::warn!(
+                    gateway = %v.reporter,
+                    witness = gateway,
+                    "the gateway asked as a witness could not ask the OSDs that another \
+                     gateway reports (no cluster connection)"
+                ),
+                Some(v) => tracing::warn!(
+                    gateway = %v.reporter,
+                    osds = ?v.osds,
+                    witness = gateway,
+                    "OSDs the gateway cannot reach answer neither the leader nor another \
+                     gateway (a hung OSD?): nothing moves"
+                ),
+                None => {}
+            }
+        }
+        if !fit || reports.verdict(gateway).is_some() {
+            return None;
+        }
+        let r = reports.witness_request(gateway, now_ms, self.opts.timing.grace_ms)?;
+        Some(proto::OsdProbeRequest {
+            id: r.id,
+            osds: r.osds,
         })
     }
 

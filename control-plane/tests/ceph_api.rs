@@ -92,6 +92,7 @@ async fn beacon_tls(c: &mut GatewayControlClient<Channel>, hosts: &[(&str, bool)
             .collect(),
         cluster: 0,
         osds_unanswered: vec![],
+        osd_probe: None,
     })
     .await
     .expect("beacon");

@@ -57,6 +57,7 @@ async fn beacon(addr: &str, gw: &str, group: u32) {
             }],
             cluster: 0,
             osds_unanswered: vec![],
+            osd_probe: None,
         })
         .await
         .expect("beacon");

@@ -70,6 +70,40 @@ async fn beacon_naming_osds(
     cluster: proto::ClusterReach,
     osds_unanswered: &[i32],
 ) {
+    beacon_with(c, (gw, group, epoch), cluster, osds_unanswered, None).await;
+}
+
+/// gw1's beacon (reaching the cluster, reporting no OSDs) as a witness of the leader
+/// (`control_plane::osd_reports`): it carries `answer`, and a request in the reply is
+/// answered in the next one, the OSDs of `unanswered_by_gw1` not answering gw1.
+async fn gw1_witness_beacon(
+    c: &mut GatewayControlClient<Channel>,
+    answer: &mut Option<proto::OsdProbeAnswer>,
+    unanswered_by_gw1: &[i32],
+) -> Option<proto::OsdProbeRequest> {
+    let reach = proto::ClusterReach::Reachable;
+    let reply = beacon_with(c, ("gw1", 1, 0), reach, &[], answer.clone()).await;
+    let request = reply.osd_probe?;
+    *answer = Some(proto::OsdProbeAnswer {
+        id: request.id,
+        unanswered: request
+            .osds
+            .iter()
+            .filter(|o| unanswered_by_gw1.contains(o))
+            .copied()
+            .collect(),
+        not_asked: false,
+    });
+    Some(request)
+}
+
+async fn beacon_with(
+    c: &mut GatewayControlClient<Channel>,
+    (gw, group, epoch): (&str, u32, u64),
+    cluster: proto::ClusterReach,
+    osds_unanswered: &[i32],
+    osd_probe: Option<proto::OsdProbeAnswer>,
+) -> proto::BeaconReply {
     c.send_beacon(proto::Beacon {
         gateway: gw.into(),
         ana_group: group,
@@ -88,9 +122,11 @@ async fn beacon_naming_osds(
         }],
         cluster: cluster as i32,
         osds_unanswered: osds_unanswered.to_vec(),
+        osd_probe,
     })
     .await
-    .expect("beacon");
+    .expect("beacon")
+    .into_inner()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,8 +398,10 @@ async fn gw2_is_fenced_and_its_group_moves(
     let beacons = {
         let mut g = g.clone();
         tokio::spawn(async move {
+            // gw1 reaches every OSD, should the leader ask it.
+            let mut answer = None;
             loop {
-                beacon(&mut g, "gw1", 1, 0).await;
+                gw1_witness_beacon(&mut g, &mut answer, &[]).await;
                 beacon_naming_osds(&mut g, "gw2", 2, 0, cluster, osds).await;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -458,15 +496,28 @@ async fn a_gateway_cut_off_from_osds_that_answer_the_leader_is_fenced_and_its_gr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn osds_that_answer_neither_the_gateway_nor_the_leader_move_nothing() {
+async fn a_gateway_cut_off_from_osds_the_leader_cannot_reach_either_is_failed_over_once_a_witness_reaches_them(
+) {
+    let (f, g, s1, last) = two_gateways_gw1_joined().await;
+    // The leader is cut off from osd.3 and osd.5 too; they answer gw1 (asked as a witness).
+    *f.backend.osds_unanswered.lock().expect("osds") = Some(vec![3, 5]);
+    let reach = proto::ClusterReach::Reachable;
+    gw2_is_fenced_and_its_group_moves(&f, &g, s1, last, reach, &[5, 3]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn osds_that_answer_neither_the_gateway_nor_the_leader_nor_a_witness_move_nothing() {
     let (f, g, _s1, last) = two_gateways_gw1_joined().await;
     assert_eq!(ana_state_of(&last, 2), Some(AnaState::Inaccessible));
     // osd.3 answers nobody (a hung OSD); another probe would not answer either.
     *f.backend.osds_unanswered.lock().expect("osds") = Some(vec![3]);
     let mut g = g.clone();
+    let (mut answer, mut asked) = (None, Vec::new());
     let until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < until {
-        beacon(&mut g, "gw1", 1, 0).await;
+        if let Some(request) = gw1_witness_beacon(&mut g, &mut answer, &[3]).await {
+            asked.push(request);
+        }
         beacon_naming_osds(&mut g, "gw2", 2, 0, proto::ClusterReach::Reachable, &[3]).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -474,6 +525,20 @@ async fn osds_that_answer_neither_the_gateway_nor_the_leader_move_nothing() {
         f.backend.fenced.lock().expect("fenced").is_empty(),
         "nothing fenced"
     );
+    assert!(
+        asked.iter().any(|r| r.osds == vec![3]),
+        "gw1 was asked to probe osd.3: {asked:?}"
+    );
+    // gw2 reports OSDs itself: it is never asked to witness.
+    let reply = beacon_with(
+        &mut g,
+        ("gw2", 2, 0),
+        proto::ClusterReach::Reachable,
+        &[3],
+        None,
+    )
+    .await;
+    assert_eq!(reply.osd_probe, None);
     let metrics = render(&f.cp);
     let line = "nvmeof_control_gateway_info{gateway=\"gw2\",ana_group=\"2\",availability=\"available\",cluster=\"reachable\"} 1";
     assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");

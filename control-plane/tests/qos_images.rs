@@ -73,6 +73,7 @@ async fn beacon(g: &mut GatewayControlClient<Channel>, connected: bool) {
         },
         cluster: 0,
         osds_unanswered: vec![],
+        osd_probe: None,
     })
     .await
     .expect("beacon");

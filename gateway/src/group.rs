@@ -151,6 +151,9 @@ pub struct GroupClientsState {
     cluster_stalled: AtomicBool,
     /// This gateway reports OSDs that do not answer it (`crate::stall`): the same.
     osds_unanswered: AtomicBool,
+    /// The agent's connection for OSD probes ([`kept_probe_client`]): its own, and the ones
+    /// the leader asks of it as a witness (`crate::osd_witness`).
+    osd_probe_client: Arc<Mutex<Option<rbd_backend::rados::Client>>>,
     /// An osdmap refresh that outlived [`OSDMAP_REFRESH_BOUND`] (it blocks in librados until
     /// the monitors answer): the next one waits for it rather than block a second thread.
     stuck_osdmap_refresh: tokio::sync::Mutex<Option<OsdmapRefresh>>,
@@ -563,6 +566,7 @@ async fn beacon_loop(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing: BTreeMap<String, bool> = BTreeMap::new();
     let mut fenced_logged = false;
+    let witness = Arc::new(Mutex::new(crate::osd_witness::Witness::default()));
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -592,6 +596,7 @@ async fn beacon_loop(
                 connections: connections(&target),
                 cluster: cluster_reach_wire(reach),
                 osds_unanswered,
+                osd_probe: witness.lock().unwrap_or_else(|e| e.into_inner()).answer(),
             }),
             group_clients: per_group
                 .into_iter()
@@ -617,6 +622,18 @@ async fn beacon_loop(
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .set_grace_ms(reply.get_ref().grace_ms);
+                let asked = witness
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .on_request(reply.get_ref().osd_probe.as_ref());
+                if let Some((id, osds)) = asked {
+                    spawn_witness_probe(
+                        (id, osds),
+                        witness.clone(),
+                        clients.clone(),
+                        beacon_now.clone(),
+                    );
+                }
             }
             match result {
                 Ok(reply) if reply.get_ref().fenced => {
@@ -750,7 +767,7 @@ async fn stall_loop(
 ) {
     let mut tick = tokio::time::interval(STALL_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let probe_client = Arc::new(Mutex::new(None));
+    let probe_client = clients.osd_probe_client.clone();
     // Connected now, while the cluster answers, so that its address is in the beacons from
     // the start: one that first appears during an outage changes the group map, whose write
     // then waits for the cluster too. (If this fails, the first probe connects.)
@@ -842,6 +859,65 @@ async fn stall_loop(
             reach_changed(reach, &clients, &beacon_now);
         }
     }
+}
+
+/// How long a witness probe waits for the OSDs' answers: as long as the leader's own.
+const WITNESS_PROBE_WAIT: Duration = Duration::from_secs(1);
+
+/// Probes the OSDs of the leader's witness request `id` (`crate::osd_witness`) in the
+/// background, through the agent's probe connection, and beacons the answer at once.
+fn spawn_witness_probe(
+    (id, osds): (u64, Vec<i32>),
+    witness: Arc<Mutex<crate::osd_witness::Witness>>,
+    clients: Arc<GroupClientsState>,
+    beacon_now: Arc<tokio::sync::Notify>,
+) {
+    tracing::info!(
+        osds = ?osds,
+        "the leader asks this gateway to probe OSDs that another gateway reports not answering it"
+    );
+    tokio::spawn(async move {
+        let ceph = clients.ceph.clone();
+        let kept = clients.osd_probe_client.clone();
+        let ids = osds.clone();
+        let found =
+            tokio::task::spawn_blocking(move || -> Result<_, rbd_backend::rados::RadosError> {
+                let Some(ceph) = ceph else {
+                    return Ok(None);
+                };
+                let client = kept_probe_client(&ceph, &kept)?;
+                Ok(Some(
+                    rbd_backend::osd_probe::probe_these_osds_through(
+                        &client,
+                        &ids,
+                        WITNESS_PROBE_WAIT,
+                    )
+                    .unanswered,
+                ))
+            })
+            .await;
+        let unanswered = match found {
+            Ok(Ok(u)) => u,
+            Ok(Err(e)) => {
+                tracing::warn!("OSD probe asked by the leader: {e}");
+                None
+            }
+            Err(e) => {
+                tracing::warn!("OSD probe asked by the leader: {e}");
+                None
+            }
+        };
+        tracing::info!(
+            osds = ?osds,
+            unanswered = ?unanswered,
+            "OSD probe asked by the leader done (unanswered None: could not ask)"
+        );
+        witness
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .probe_finished(id, unanswered);
+        beacon_now.notify_one();
+    });
 }
 
 /// An OSD probe (blocking) through the agent's own cluster connection ([`kept_probe_client`]).

@@ -14,6 +14,7 @@ mod keep_alive;
 pub mod lease;
 pub mod limits;
 pub mod metrics;
+pub mod osd_witness;
 pub mod qos;
 pub mod rdma;
 pub mod reload;

@@ -191,6 +191,7 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
                         connections: vec![],
                         cluster: 0,
                         osds_unanswered: vec![],
+                        osd_probe: None,
                     })
                     .await;
                 tokio::time::sleep(Duration::from_millis(200)).await;

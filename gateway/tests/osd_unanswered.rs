@@ -2,9 +2,11 @@
 //! do (here the micro cluster's only OSD stopped with SIGSTOP; over a network, an OSD host the
 //! gateway cannot reach): its OSD probe names the OSD, `nvmeof_group_osds_unanswered` says 1
 //! and the log says which, while the gateway does not report itself cut off from Ceph (its
-//! monitors answer, `nvmeof_group_cluster_stalled` stays 0). The leader asks the OSD itself,
-//! finds it silent too (a hung OSD, not the gateway's network) and leaves the gateway
-//! available. Once the OSD runs, the write completes and the gauge returns to 0.
+//! monitors answer, `nvmeof_group_cluster_stalled` stays 0). The leader asks the OSD itself
+//! and finds it silent too; it then asks gw2, a second gateway that reaches the cluster, to
+//! probe it (the leader may be cut off from it as well), and gw2 finds it silent (a hung OSD,
+//! not gw1's network): both gateways stay available. Once the OSD runs, the write completes
+//! and the gauge returns to 0.
 //!
 //! Needs a cluster and stops its OSD, so it is `#[ignore]`d and also opt-in with
 //! `MICRO_CEPH_FAULT_TESTS=1` (which `rbd-backend/tests/ceph-tests.sh` sets):
@@ -82,6 +84,38 @@ async fn an_osd_that_does_not_answer_is_named_while_the_monitors_answer() {
         scrape(metrics_port, "nvmeof_group_osds_unanswered"),
         Some(0.0)
     );
+    // gw2 serves nothing: it joins (while the group's map can still be written) to be the
+    // leader's witness.
+    let port2 = free_port();
+    let gw2_config = group_member_toml("gw2", None, &control.addr, 2, port2);
+    let gw2 = GatewayProcess::spawn(&dir, "gw2", port2, &gw2_config);
+    eprintln!("gw2 log: {}", gw2.log.display());
+    let admin = admin_client(&control.addr).await;
+    let availability = async || -> Result<Vec<(String, String)>, String> {
+        Ok(admin
+            .clone()
+            .gateway_list(proto::Empty {})
+            .await
+            .map_err(|e| format!("gateway list: {e}"))?
+            .into_inner()
+            .gateways
+            .into_iter()
+            .map(|g| (g.name, g.availability))
+            .collect())
+    };
+    let both_available = vec![
+        ("gw1".to_string(), "available".to_string()),
+        ("gw2".to_string(), "available".to_string()),
+    ];
+    poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || match availability().await? {
+            a if a == both_available => Ok(()),
+            a => Err(format!("gateways {a:?}")),
+        },
+    )
+    .await;
 
     let resume = ResumeOsd;
     signal_osd("STOP");
@@ -116,7 +150,7 @@ async fn an_osd_that_does_not_answer_is_named_while_the_monitors_answer() {
         "the log names the OSD"
     );
     // The leader asks osd.0 itself (through its own RADOS client): it does not answer there
-    // either, so it is not this gateway's network, and nothing moves.
+    // either.
     let cp = control.cp.clone();
     poll_until(
         Duration::from_secs(10),
@@ -127,19 +161,29 @@ async fn an_osd_that_does_not_answer_is_named_while_the_monitors_answer() {
         },
     )
     .await;
-    let infos: Vec<(String, String)> = admin_client(&control.addr)
-        .await
-        .gateway_list(proto::Empty {})
-        .await
-        .expect("gateway list")
-        .into_inner()
-        .gateways
-        .into_iter()
-        .map(|g| (g.name, g.availability))
-        .collect();
+    // Then gw2, through its own: silent there too, so it is not gw1's network.
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            let log = gw2.log_text();
+            match log
+                .lines()
+                .find(|l| l.contains("OSD probe asked by the leader done"))
+            {
+                Some(l) if l.contains("osds=[0]") && l.contains("unanswered=Some([0])") => Ok(()),
+                Some(l) => Err(format!("gw2's probe: {l}")),
+                None => Err("gw2 not asked to probe osd.0 yet".into()),
+            }
+        },
+    )
+    .await;
+    // Its answer reaches the leader with gw2's next beacon.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(cp.osd_report("gw1"), Some(Verdict::Shared));
     assert_eq!(
-        infos,
-        vec![("gw1".to_string(), "available".to_string())],
+        availability().await.expect("gateway list"),
+        both_available,
         "a hung OSD is no reason to fail the gateway"
     );
 
@@ -161,10 +205,10 @@ async fn an_osd_that_does_not_answer_is_named_while_the_monitors_answer() {
     );
 
     drop(host);
-    let mut gw = gw;
-    let status = gw.terminate();
-    assert!(status.success(), "the gateway exited with {status}");
-    drop(gw);
+    for mut gw in [gw, gw2] {
+        let status = gw.terminate();
+        assert!(status.success(), "the gateway exited with {status}");
+    }
     let (s, p, oid) = (ceph_settings(), pool(), control.state_oid.clone());
     tokio::task::spawn_blocking(move || {
         if let Ok(c) = Client::connect(&s) {

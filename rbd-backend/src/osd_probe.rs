@@ -101,6 +101,16 @@ pub fn probe_these_osds(ids: &[i32], wait: Duration) -> Result<Option<OsdProbe>,
     Ok(Some(ask(&client, ids, wait)))
 }
 
+/// Asks the OSDs `ids` (up to [`MAX_OSDS_ASKED`] of them) for their version through
+/// `client`, as [`probe_these_osds`] does: what a gateway runs when the control plane's leader
+/// asks it to witness another gateway's report that these OSDs do not answer it.
+pub fn probe_these_osds_through(client: &Client, ids: &[i32], wait: Duration) -> OsdProbe {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    ask(client.rados(), ids, wait)
+}
+
 /// Sends `version` to each OSD of `ids` (sorted; the first [`MAX_OSDS_ASKED`]) on a thread of
 /// its own and waits at most `wait` for the answers.
 fn ask(client: &Arc<crate::ffi::Rados>, mut ids: Vec<i32>, wait: Duration) -> OsdProbe {
