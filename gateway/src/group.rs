@@ -767,12 +767,11 @@ async fn stall_loop(
 ) {
     let mut tick = tokio::time::interval(STALL_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let probe_client = clients.osd_probe_client.clone();
     // Connected now, while the cluster answers, so that its address is in the beacons from
     // the start: one that first appears during an outage changes the group map, whose write
     // then waits for the cluster too. (If this fails, the first probe connects.)
     if let Some(ceph) = clients.ceph.clone() {
-        let kept = probe_client.clone();
+        let kept = clients.osd_probe_client.clone();
         tokio::task::spawn_blocking(move || {
             if let Err(e) = kept_probe_client(&ceph, &kept) {
                 tracing::warn!(
@@ -823,25 +822,9 @@ async fn stall_loop(
         if let Some(wait) = polled.osd_probe {
             let stall = stall.clone();
             let (clients, beacon_now) = (clients.clone(), beacon_now.clone());
-            let probe_client = probe_client.clone();
             tokio::spawn(async move {
-                let ceph = clients.ceph.clone();
                 // Blocks while the monitors do not answer; waits at most `wait` for the OSDs.
-                let found = match tokio::task::spawn_blocking(move || {
-                    probe_osds_blocking(ceph.as_ref(), &probe_client, wait)
-                })
-                .await
-                {
-                    Ok(Ok(found)) => found,
-                    Ok(Err(e)) => {
-                        tracing::warn!("OSD probe: {e}");
-                        None
-                    }
-                    Err(e) => {
-                        tracing::warn!("OSD probe: {e}");
-                        None
-                    }
-                };
+                let found = probe_osds(&clients, None, wait, "OSD probe").await;
                 let changed = stall
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -877,36 +860,9 @@ fn spawn_witness_probe(
         "the leader asks this gateway to probe OSDs that another gateway reports not answering it"
     );
     tokio::spawn(async move {
-        let ceph = clients.ceph.clone();
-        let kept = clients.osd_probe_client.clone();
-        let ids = osds.clone();
-        let found =
-            tokio::task::spawn_blocking(move || -> Result<_, rbd_backend::rados::RadosError> {
-                let Some(ceph) = ceph else {
-                    return Ok(None);
-                };
-                let client = kept_probe_client(&ceph, &kept)?;
-                Ok(Some(
-                    rbd_backend::osd_probe::probe_these_osds_through(
-                        &client,
-                        &ids,
-                        WITNESS_PROBE_WAIT,
-                    )
-                    .unanswered,
-                ))
-            })
-            .await;
-        let unanswered = match found {
-            Ok(Ok(u)) => u,
-            Ok(Err(e)) => {
-                tracing::warn!("OSD probe asked by the leader: {e}");
-                None
-            }
-            Err(e) => {
-                tracing::warn!("OSD probe asked by the leader: {e}");
-                None
-            }
-        };
+        let asked = Some(osds.clone());
+        let what = "OSD probe asked by the leader";
+        let unanswered = probe_osds(&clients, asked, WITNESS_PROBE_WAIT, what).await;
         tracing::info!(
             osds = ?osds,
             unanswered = ?unanswered,
@@ -920,20 +876,39 @@ fn spawn_witness_probe(
     });
 }
 
-/// An OSD probe (blocking) through the agent's own cluster connection ([`kept_probe_client`]).
-/// `Ok(None)`: no Ceph settings (a memory-only gateway).
-fn probe_osds_blocking(
-    ceph: Option<&rbd_backend::rbd::CephSettings>,
-    kept: &Mutex<Option<rbd_backend::rados::Client>>,
+/// An OSD probe through the agent's own cluster connection ([`kept_probe_client`]) on a
+/// blocking thread: of the OSDs `asked`, or of every OSD of the cluster (None). Returns the
+/// OSDs that did not answer within `wait`; None if it could not ask (no Ceph settings, a
+/// memory-only gateway; or an error, logged with `what`).
+async fn probe_osds(
+    clients: &GroupClientsState,
+    asked: Option<Vec<i32>>,
     wait: Duration,
-) -> Result<Option<Vec<i32>>, rbd_backend::rados::RadosError> {
-    let Some(ceph) = ceph else {
-        return Ok(None);
-    };
-    let client = kept_probe_client(ceph, kept)?;
-    Ok(Some(
-        rbd_backend::osd_probe::probe_osds_through(&client, wait)?.unanswered,
-    ))
+    what: &'static str,
+) -> Option<Vec<i32>> {
+    let ceph = clients.ceph.clone()?;
+    let kept = clients.osd_probe_client.clone();
+    let found = tokio::task::spawn_blocking(move || {
+        let client = kept_probe_client(&ceph, &kept)?;
+        match asked {
+            Some(ids) => Ok(rbd_backend::osd_probe::probe_these_osds_through(
+                &client, &ids, wait,
+            )),
+            None => rbd_backend::osd_probe::probe_osds_through(&client, wait),
+        }
+    })
+    .await;
+    match found {
+        Ok(Ok(probe)) => Some(probe.unanswered),
+        Ok(Err(e)) => {
+            tracing::warn!("{what}: {e}");
+            None
+        }
+        Err(e) => {
+            tracing::warn!("{what}: {e}");
+            None
+        }
+    }
 }
 
 /// The agent's connection for OSD probes, connected if there is none yet (blocking), then
