@@ -74,6 +74,44 @@ async fn the_configured_window_catches_the_next_command_and_data_reads_back() {
 }
 
 #[tokio::test]
+async fn a_completion_that_outlasts_the_window_opens_one_for_the_next_command() {
+    let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
+    // Ops complete 20 ms later on another thread, as RBD ops do; the window is 5 ms. The
+    // window a command opens has closed long before its completion, so only one opened by
+    // the completion catches the host's next command.
+    let device = common::DelayedDevice::new(
+        rbd_backend::MemoryDevice::new("delayed", 1 << 20),
+        Duration::from_millis(20),
+    );
+    let target = common::target_with_device(SUBNQN, std::sync::Arc::new(device));
+    let always = BusyPollConfig {
+        window: Duration::from_millis(5),
+        adaptive: false,
+    };
+    let gw = common::serve_target_polling(target, Some(always)).await;
+    let host = connect_within(
+        gw.addr.port(),
+        &Attach::new(HOSTNQN, SUBNQN),
+        Duration::from_secs(20),
+    )
+    .await;
+    let caught_before = common::transport_counter("nvmeof_tcp_busy_poll_reads_total");
+    const READS: u64 = 40;
+    for i in 0..READS {
+        host.io.read(1, i * 8, 8, 512).await.expect("read");
+    }
+    let caught = common::transport_counter("nvmeof_tcp_busy_poll_reads_total") - caught_before;
+    // Every read after the first is sent within 5 ms of the previous response; a stall of
+    // the machine may let a window close now and then, so half is the bar.
+    assert!(
+        caught >= (READS / 2) as f64,
+        "polling windows caught {caught} of {READS} reads"
+    );
+    drop(host);
+    gw.shutdown.send(true).expect("shutdown");
+}
+
+#[tokio::test]
 async fn an_adaptive_queue_measures_both_modes_and_settles_on_one() {
     let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
     let dir = scratch_dir(&format!("nvmeof-busy-poll-adaptive-{}", std::process::id()));

@@ -187,56 +187,14 @@ async fn shutdown_closes_connections_and_stops_the_listener() {
     );
 }
 
-/// A device that completes every op 300 ms later, on its own thread, as a slow cluster would.
-struct SlowDevice {
-    inner: rbd_backend::MemoryDevice,
-}
-
-impl rbd_backend::BlockDevice for SlowDevice {
-    fn name(&self) -> &str {
-        "slow"
-    }
-
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-
-    fn submit(
-        &self,
-        tag: u64,
-        op: rbd_backend::IoOp,
-        completion: &Arc<dyn rbd_backend::IoCompletion>,
-    ) {
-        struct Later(std::sync::Mutex<Option<rbd_backend::IoDone>>);
-        impl rbd_backend::IoCompletion for Later {
-            fn complete(&self, done: rbd_backend::IoDone) {
-                *self.0.lock().unwrap() = Some(done);
-            }
-        }
-        let later = Arc::new(Later(std::sync::Mutex::new(None)));
-        let sink: Arc<dyn rbd_backend::IoCompletion> = later.clone();
-        self.inner.submit(tag, op, &sink);
-        let completion = completion.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            if let Some(done) = later.0.lock().unwrap().take() {
-                completion.complete(done);
-            }
-        });
-    }
-
-    fn set_event_sink(&self, sink: Arc<dyn rbd_backend::DeviceEventSink>) {
-        self.inner.set_event_sink(sink);
-    }
-}
-
 #[tokio::test]
 async fn shutdown_lets_commands_at_the_device_finish_first() {
     let target = common::target_with_device(
         SUBNQN,
-        Arc::new(SlowDevice {
-            inner: rbd_backend::MemoryDevice::new("slow", 1 << 20),
-        }),
+        Arc::new(common::DelayedDevice::new(
+            rbd_backend::MemoryDevice::new("slow", 1 << 20),
+            Duration::from_millis(300),
+        )),
     );
     let server =
         nvmeof_gateway::tcp::server::TcpServer::bind("127.0.0.1:0".parse().unwrap(), target)

@@ -15,9 +15,12 @@
 //! and switching when it wins [`WINS_TO_SWITCH`] probes in a row. Polling has to win by
 //! [`POLL_MARGIN`] to be chosen, because it costs a CPU.
 //!
-//! On by default (adaptive, a 50 µs window, `config::DEFAULT_TCP_BUSY_POLL_US`): a window
-//! only opens when the host's bytes came in, so a queue whose host sends nothing spins
-//! nothing, and a queue spins at most a window per read that brought bytes.
+//! A window opens when the host's bytes came in, and when a completion that the device
+//! finished later, on its own thread (an RBD op outlasts a window), leaves the queue at low
+//! depth: the host's next command follows its response, and without that window the task
+//! would be asleep in epoll when it comes. On by default (adaptive, a 50 µs window,
+//! `config::DEFAULT_TCP_BUSY_POLL_US`): a queue whose host sends nothing spins nothing, and
+//! a queue spins at most a window per read that brought bytes and per completion.
 
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};

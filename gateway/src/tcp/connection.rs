@@ -32,13 +32,16 @@
 //! command came in, the task does not sleep in epoll but keeps asking the socket, on a
 //! duplicate of its descriptor and without the state lock, so completing threads never wait
 //! for it; adaptive polling measures whether that pays on this machine (see [`super::busy_poll`]).
+//! A completing thread that answered the last commands at the device asks the task for a
+//! window too, and wakes it: the wake-up then overlaps the host's turn-around instead of
+//! following the host's next command ([`Shared::ask_window`]).
 
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -178,8 +181,16 @@ struct Shared {
     /// thread), or arrived while the connection drains or closes: the task takes them.
     completed: Mutex<Vec<IoDone>>,
     /// Woken for completions left in `completed`, output the socket did not take, a close
-    /// asked for by a completion, and every controller notice.
+    /// asked for by a completion, a polling window asked for (below), and every controller
+    /// notice.
     notify: Notify,
+    /// The queue polls now (busy polling on, and the adaptive choice, or the epoch being
+    /// measured, is to poll): set by the task, read by completing threads.
+    polling_chosen: AtomicBool,
+    /// A completion left the queue at low depth while polling is chosen: the host's next
+    /// command is near, so the task opens a polling window when it wakes (see
+    /// [`Shared::complete`]).
+    window_asked: AtomicBool,
     span: tracing::Span,
 }
 
@@ -314,8 +325,9 @@ impl Shared {
                 if let Flow::Close = flow {
                     state.close_requested = true;
                 }
+                let window = self.ask_window(&state);
                 drop(state);
-                if wake_task || matches!(flow, Flow::Close) {
+                if wake_task || window || matches!(flow, Flow::Close) {
                     self.notify.notify_one();
                 }
                 return;
@@ -326,7 +338,30 @@ impl Shared {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(done);
+        // The task completes it; once that leaves the queue at low depth, the host's next
+        // command is near just the same.
+        self.window_asked.fetch_or(
+            self.polling_chosen.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         self.notify.notify_one();
+    }
+
+    /// Asks the task for a polling window after a completion this thread answered, if the
+    /// queue polls and is now at low depth: returns whether it did (the task is to be woken).
+    ///
+    /// Why: a window opens when the host's bytes come in. A device op that outlasts it (an
+    /// RBD op, 100 µs to ms) completes with the task asleep in epoll, so the host's next
+    /// command, sent as soon as it has the response, waits for the task's wake-up. Woken
+    /// now, the task wakes while the host turns around, and polls for that command.
+    fn ask_window(&self, state: &State) -> bool {
+        let ask = self.polling_chosen.load(Ordering::Relaxed)
+            && state.queue.in_flight() <= busy_poll::MAX_IN_FLIGHT
+            && state.out.is_empty();
+        if ask {
+            self.window_asked.store(true, Ordering::Relaxed);
+        }
+        ask
     }
 
     /// Reads what the socket has into the state's receive buffer: the number of bytes, 0 when
@@ -489,6 +524,8 @@ impl Connection {
                 }),
                 completed: Mutex::new(Vec::new()),
                 notify: Notify::new(),
+                polling_chosen: AtomicBool::new(false),
+                window_asked: AtomicBool::new(false),
                 span,
             }
         });
@@ -591,7 +628,9 @@ impl Connection {
                 }
                 _ = woken.as_mut() => {
                     was_woken = true;
-                    shared.lock().on_signals(shared)
+                    let flow = shared.lock().on_signals(shared);
+                    Self::open_window_if_asked(shared, &mut self.busy_poll);
+                    flow
                 }
                 _ = crate::keep_alive::tick(&mut self.keep_alive) => shared.lock().on_keep_alive_tick(),
                 _ = idle_release.tick() => shared.lock().on_idle_tick(),
@@ -678,6 +717,10 @@ impl Connection {
                 let mut state = shared.lock();
                 let commands_before = state.commands_received;
                 let flow = state.on_bytes(shared);
+                // The host's next PDU follows what it is sent now (a response frees a slot,
+                // an R2T asks for data) or completes a PDU it has begun. Otherwise its
+                // commands wait at a device, and the completion opens the window.
+                let host_sends_next = !state.out.is_empty() || state.rx_start < state.rx_end;
                 // The responses leave now, before the bookkeeping below and the way back
                 // through the loop's `select!`, which the host would otherwise wait for at
                 // low depth. Whatever the socket does not take, the loop's flush waits for.
@@ -696,7 +739,11 @@ impl Connection {
                             count_decision(&decision);
                         }
                     }
-                    p.until = (low_depth && p.chooser.polls()).then(|| now + p.window);
+                    let polls = p.chooser.polls();
+                    if shared.polling_chosen.load(Ordering::Relaxed) != polls {
+                        shared.polling_chosen.store(polls, Ordering::Relaxed);
+                    }
+                    p.until = (low_depth && polls && host_sends_next).then(|| now + p.window);
                 }
                 flow
             }
@@ -704,6 +751,21 @@ impl Connection {
                 tracing::debug!(error = %e, "read failed");
                 Flow::Close
             }
+        }
+    }
+
+    /// Opens a polling window if a completion asked for one ([`Shared::ask_window`]) and the
+    /// queue still polls at low depth (a completion the task drained itself asks too).
+    fn open_window_if_asked(shared: &Shared, busy_poll: &mut Option<BusyPoll>) {
+        if !shared.window_asked.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let Some(p) = busy_poll.as_mut() else {
+            return;
+        };
+        let low_depth = shared.lock().queue.in_flight() <= busy_poll::MAX_IN_FLIGHT;
+        if low_depth && p.chooser.polls() {
+            p.until = Some(Instant::now() + p.window);
         }
     }
 

@@ -163,6 +163,58 @@ pub fn transport_counter(name: &str) -> f64 {
 
 pub use control_plane::test_support::free_port;
 
+/// An in-memory device that completes every op `delay` later, on a thread of its own, as a
+/// cluster does (an RBD op completes on a librbd callback thread).
+pub struct DelayedDevice {
+    inner: rbd_backend::MemoryDevice,
+    delay: Duration,
+}
+
+impl DelayedDevice {
+    pub fn new(inner: rbd_backend::MemoryDevice, delay: Duration) -> Self {
+        Self { inner, delay }
+    }
+}
+
+impl rbd_backend::BlockDevice for DelayedDevice {
+    fn name(&self) -> &str {
+        "delayed"
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    fn submit(
+        &self,
+        tag: u64,
+        op: rbd_backend::IoOp,
+        completion: &Arc<dyn rbd_backend::IoCompletion>,
+    ) {
+        struct Later(std::sync::Mutex<Option<rbd_backend::IoDone>>);
+        impl rbd_backend::IoCompletion for Later {
+            fn complete(&self, done: rbd_backend::IoDone) {
+                *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
+            }
+        }
+        let later = Arc::new(Later(std::sync::Mutex::new(None)));
+        let sink: Arc<dyn rbd_backend::IoCompletion> = later.clone();
+        self.inner.submit(tag, op, &sink);
+        let (completion, delay) = (completion.clone(), self.delay);
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            let done = later.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(done) = done {
+                completion.complete(done);
+            }
+        });
+    }
+
+    fn set_event_sink(&self, sink: Arc<dyn rbd_backend::DeviceEventSink>) {
+        self.inner.set_event_sink(sink);
+    }
+}
+
 /// `127.0.0.1:port`.
 pub fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
