@@ -34,7 +34,7 @@
 //! for it; adaptive polling measures whether that pays on this machine (see [`super::busy_poll`]).
 //! A completing thread that answered the last commands at the device asks the task for a
 //! window too, and wakes it: the wake-up then overlaps the host's turn-around instead of
-//! following the host's next command ([`Shared::ask_window`]).
+//! following the host's next command (`Shared::ask_window`).
 
 use std::cell::Cell;
 use std::collections::VecDeque;
