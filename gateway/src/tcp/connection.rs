@@ -356,7 +356,7 @@ impl Shared {
     /// now, the task wakes while the host turns around, and polls for that command.
     fn ask_window(&self, state: &State) -> bool {
         let ask = self.polling_chosen.load(Ordering::Relaxed)
-            && state.queue.in_flight() <= busy_poll::MAX_IN_FLIGHT
+            && state.at_low_depth()
             && state.out.is_empty();
         if ask {
             self.window_asked.store(true, Ordering::Relaxed);
@@ -732,7 +732,7 @@ impl Connection {
                     }
                 };
                 if let Some(p) = busy_poll.as_mut() {
-                    let low_depth = state.queue.in_flight() <= busy_poll::MAX_IN_FLIGHT;
+                    let low_depth = state.at_low_depth();
                     let now = Instant::now();
                     if state.commands_received != commands_before {
                         if let Some(decision) = p.chooser.on_commands(now, low_depth) {
@@ -763,7 +763,7 @@ impl Connection {
         let Some(p) = busy_poll.as_mut() else {
             return;
         };
-        let low_depth = shared.lock().queue.in_flight() <= busy_poll::MAX_IN_FLIGHT;
+        let low_depth = shared.lock().at_low_depth();
         if low_depth && p.chooser.polls() {
             p.until = Some(Instant::now() + p.window);
         }
@@ -1288,6 +1288,12 @@ impl State {
             }
             self.actions = actions;
         }
+    }
+
+    /// Few enough commands at the device that the queue may poll for the host's next one
+    /// ([`busy_poll::MAX_IN_FLIGHT`]).
+    fn at_low_depth(&self) -> bool {
+        self.queue.in_flight() <= busy_poll::MAX_IN_FLIGHT
     }
 
     fn on_signals(&mut self, shared: &Shared) -> Flow {
