@@ -23,8 +23,8 @@
 #                           FS_GOT to the file's sha256; the caller compares with FS_SHA
 # A target inside the guest
 #   port_listening PORT     something listens on $ADDR:PORT (IPv4, from /proc/net/tcp)
-#   run_gateway CONF LOG PORT  starts $GW --config CONF (output to LOG), sets STARTED_PID;
-#                           0 once PORT listens (up to 15 s), 1 when it exited or did not
+#   run_gateway CONF LOG PORT...  starts $GW --config CONF (output to LOG), sets STARTED_PID;
+#                           0 once every PORT listens (up to 15 s), 1 when it exited or did not
 #   nullb NAME              a memory-backed 64 MiB null_blk device /dev/NAME (for nvmet)
 #   guest_log_dir NAME      LOGDIR=$E2E_LOG_DIR/NAME (default ./target/vm-logs if writable,
 #                           else /tmp/e2e-logs), created and emptied
@@ -169,17 +169,22 @@ port_listening() { # port: something listens on $ADDR:port (hex in /proc/net/tcp
   local hp; hp=$(printf ':%04X' "$1")
   awk -v hp="$hp" 'NR > 1 && $2 ~ hp"$" && $4 == "0A" {f = 1} END {exit !f}' /proc/net/tcp
 }
-run_gateway() { # config log port: starts our binary, sets STARTED_PID; 0 once the port listens
-  echo "----- gateway start at guest uptime $(now) -----" >> "$2"
-  "$GW" --config "$1" >> "$2" 2>&1 < /dev/null &
+run_gateway() { # config log port...: starts our binary, sets STARTED_PID; 0 once every port listens
+  local conf=$1 log=$2 p waiting
+  shift 2
+  echo "----- gateway start at guest uptime $(now) -----" >> "$log"
+  "$GW" --config "$conf" >> "$log" 2>&1 < /dev/null &
   STARTED_PID=$!
-  say "$GW --config $1 (pid $STARTED_PID, log $2)"
+  say "$GW --config $conf (pid $STARTED_PID, log $log)"
+  # The listeners come up one after another, so wait for each rather than the first.
   for _ in $(seq 150); do  # up to ~15 s
-    port_listening "$3" && { say "listening on $ADDR:$3"; return 0; }
+    waiting=""
+    for p in "$@"; do port_listening "$p" || waiting="$waiting $p"; done
+    [ -z "$waiting" ] && { say "listening on $ADDR port(s) $*"; return 0; }
     kill -0 $STARTED_PID 2>/dev/null || { say "gateway exited during startup: $(wait $STARTED_PID; echo "exit status $?")"; STARTED_PID=""; return 1; }
     sleep 0.1
   done
-  say "nothing listening on $ADDR:$3 after 15 s"
+  say "nothing listening on $ADDR port(s)$waiting after 15 s"
   return 1
 }
 nullb() { # name: a memory-backed 64 MiB null_blk device /dev/NAME
