@@ -46,6 +46,8 @@ struct Report {
     /// The witness asked and not answered yet.
     witness: Option<WitnessAsk>,
     last_witness_ms: Option<u64>,
+    /// Witnesses' answers taken for this report (for tests and the log's reader).
+    witness_answers: u32,
 }
 
 impl Report {
@@ -224,6 +226,7 @@ impl OsdReports {
                 .is_some_and(|w| w.gateway == witness && w.id == id)
         })?;
         r.witness = None;
+        r.witness_answers += 1;
         if r.verdict != Verdict::Confirmed {
             r.settle(unanswered);
         }
@@ -238,6 +241,12 @@ impl OsdReports {
     /// The verdict on `gateway`'s report (None: it reports none).
     pub fn verdict(&self, gateway: &str) -> Option<Verdict> {
         self.by_gateway.get(gateway).map(|r| r.verdict)
+    }
+
+    /// How many witnesses' answers were taken for `gateway`'s current report (None: it
+    /// reports none). A changed report starts again from 0.
+    pub fn witness_answers(&self, gateway: &str) -> Option<u32> {
+        self.by_gateway.get(gateway).map(|r| r.witness_answers)
     }
 }
 
@@ -385,6 +394,7 @@ mod tests {
             "gw3 was not asked"
         );
         assert!(!r.on_beacon("gw1", &[3]), "not before the witness answers");
+        assert_eq!(r.witness_answers("gw1"), Some(0));
         assert_eq!(
             r.witness_answered("gw2", asked.id, Some(&[])),
             Some(WitnessVerdict {
@@ -399,6 +409,8 @@ mod tests {
             None,
             "answered once"
         );
+        assert_eq!(r.witness_answers("gw1"), Some(1), "counted once");
+        assert_eq!(r.witness_answers("gw2"), None, "gw2 reports nothing");
         assert_eq!(r.witness_request("gw2", 100_000, RECHECK), None);
         assert_eq!(r.probe_due("gw1", 100_000, RECHECK), None);
     }

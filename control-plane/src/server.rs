@@ -743,6 +743,15 @@ impl ControlPlane {
             .verdict(gateway)
     }
 
+    /// How many witnesses' answers the leader took for `gateway`'s current OSD report (None:
+    /// it reports none, or this replica never led).
+    pub fn osd_report_witness_answers(&self, gateway: &str) -> Option<u32> {
+        self.osd_reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .witness_answers(gateway)
+    }
+
     /// Asks the OSDs `gateway` reports not answering it, in the background; the verdict
     /// applies from its next beacon (`crate::osd_reports`).
     fn spawn_osd_check(self: &Arc<Self>, gateway: String, osds: Vec<i32>) {

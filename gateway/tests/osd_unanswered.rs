@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use common::ceph::{
     ceph_settings, create_image, pool, remove_image_retrying, signal_osd, ResumeOsd,
 };
-use common::control::{admin_client, start_rados_control_plane};
+use common::control::{admin_client, start_rados_control_plane_with_lease};
 use common::gateway_process::{group_member_toml, rbd_subsystem_toml, GatewayProcess};
 use common::host::{connect_within, Attach};
 use common::{free_port, pattern, poll_until, scrape, scratch_dir, unique_tag};
@@ -35,6 +35,7 @@ use rbd_backend::rados::Client;
 
 const SUBNQN: &str = "nqn.2016-06.io.test:osd-unanswered";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-0000000005d0";
+const LEASE: Duration = Duration::from_secs(15);
 
 async fn gauge_reaches(port: u16, series: &str, value: f64, within: Duration) {
     poll_until(within, Duration::from_millis(100), async || {
@@ -56,7 +57,11 @@ async fn an_osd_that_does_not_answer_is_named_while_the_monitors_answer() {
     let name = format!("osd-unanswered-{}", unique_tag());
     create_image(&name, "16M");
     let dir = scratch_dir(&name);
-    let control = start_rados_control_plane(&name, 500).await;
+    // The leader's lease lives on the cluster's only OSD too: once that stops, the leader
+    // leads on until its lease runs out, and only then. A lease longer than the witness's
+    // round trip (here ~3 s after the stop) lets the leader take the witness's answer; with
+    // OSDs on several hosts, the state object's OSD would not be the one stopped.
+    let control = start_rados_control_plane_with_lease(&name, 500, LEASE).await;
     let (port, metrics_port) = (free_port(), free_port());
     let config = group_member_toml("gw1", None, &control.addr, 1, port).replacen(
         "worker_threads = 1\n",
@@ -178,8 +183,18 @@ async fn an_osd_that_does_not_answer_is_named_while_the_monitors_answer() {
         },
     )
     .await;
-    // Its answer reaches the leader with gw2's next beacon.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Its answer reaches the leader with gw2's next beacon, and leaves the report shared.
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || match cp.osd_report_witness_answers("gw1") {
+            Some(n) if n >= 1 => Ok(()),
+            other => Err(format!(
+                "witness answers the leader took for gw1: {other:?}"
+            )),
+        },
+    )
+    .await;
     assert_eq!(cp.osd_report("gw1"), Some(Verdict::Shared));
     assert_eq!(
         availability().await.expect("gateway list"),

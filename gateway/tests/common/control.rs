@@ -39,6 +39,27 @@ pub async fn start_rados_control_plane_with_grace(
     failback_delay_ms: u64,
     grace_ms: u64,
 ) -> RadosControlPlane {
+    start_rados_control_plane_with(group, failback_delay_ms, grace_ms, LEASE).await
+}
+
+/// The same with a leader lease of `lease`: how long the replica still leads once it cannot
+/// renew the lease (its state object's OSD stopped).
+pub async fn start_rados_control_plane_with_lease(
+    group: &str,
+    failback_delay_ms: u64,
+    lease: Duration,
+) -> RadosControlPlane {
+    start_rados_control_plane_with(group, failback_delay_ms, GRACE_MS, lease).await
+}
+
+const LEASE: Duration = Duration::from_secs(3);
+
+async fn start_rados_control_plane_with(
+    group: &str,
+    failback_delay_ms: u64,
+    grace_ms: u64,
+    lease: Duration,
+) -> RadosControlPlane {
     let (settings, pool, group) = (ceph_settings(), pool(), group.to_string());
     // Connecting blocks (librados): off the runtime's threads.
     let backend =
@@ -52,7 +73,7 @@ pub async fn start_rados_control_plane_with_grace(
             grace_ms,
             failback_delay_ms,
         },
-        lease: Duration::from_secs(3),
+        lease,
         tick: Duration::from_millis(100),
     };
     let cp =
