@@ -54,6 +54,9 @@ bounded() {
     echo "ceph-tests: TIMEOUT after ${CEPH_TEST_TIMEOUT:-900} s: $*; the cluster says:" >&2
     timeout 20 ceph health detail >&2 || true
   fi
+  # A fault test killed here (timeout) while it held the OSD stopped (SIGSTOP) never ran its
+  # resume: every later test would hang on the cluster. SIGCONT to a running OSD is a no-op.
+  awk '$2 == "osd.0" {print $1}' "$MICRO_CEPH_DIR/pids" | xargs -r kill -CONT 2>/dev/null || true
   return $status
 }
 bounded "${CARGO:-cargo}" test -p rbd-backend --features ceph-tests --test ceph -- "$@" || rc=1
