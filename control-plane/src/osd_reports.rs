@@ -46,7 +46,8 @@ struct Report {
     /// The witness asked and not answered yet.
     witness: Option<WitnessAsk>,
     last_witness_ms: Option<u64>,
-    /// Witnesses' answers taken for this report (for tests and the log's reader).
+    /// Witnesses' answers taken for this report (read by tests, through
+    /// `ControlPlane::osd_report_witness_answers`).
     witness_answers: u32,
 }
 

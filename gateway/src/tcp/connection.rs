@@ -340,10 +340,9 @@ impl Shared {
             .push(done);
         // The task completes it; once that leaves the queue at low depth, the host's next
         // command is near just the same.
-        self.window_asked.fetch_or(
-            self.polling_chosen.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
+        if self.polling_chosen.load(Ordering::Relaxed) {
+            self.window_asked.store(true, Ordering::Relaxed);
+        }
         self.notify.notify_one();
     }
 
@@ -628,8 +627,11 @@ impl Connection {
                 }
                 _ = woken.as_mut() => {
                     was_woken = true;
-                    let flow = shared.lock().on_signals(shared);
-                    Self::open_window_if_asked(shared, &mut self.busy_poll);
+                    let (flow, low_depth) = {
+                        let mut state = shared.lock();
+                        (state.on_signals(shared), state.at_low_depth())
+                    };
+                    Self::open_window_if_asked(shared, &mut self.busy_poll, low_depth);
                     flow
                 }
                 _ = crate::keep_alive::tick(&mut self.keep_alive) => shared.lock().on_keep_alive_tick(),
@@ -755,15 +757,15 @@ impl Connection {
     }
 
     /// Opens a polling window if a completion asked for one ([`Shared::ask_window`]) and the
-    /// queue still polls at low depth (a completion the task drained itself asks too).
-    fn open_window_if_asked(shared: &Shared, busy_poll: &mut Option<BusyPoll>) {
+    /// queue still polls at low depth (`low_depth`, read under the lock the wake-up's
+    /// signals were handled in; a completion the task drained itself asks too).
+    fn open_window_if_asked(shared: &Shared, busy_poll: &mut Option<BusyPoll>, low_depth: bool) {
         if !shared.window_asked.swap(false, Ordering::Relaxed) {
             return;
         }
         let Some(p) = busy_poll.as_mut() else {
             return;
         };
-        let low_depth = shared.lock().at_low_depth();
         if low_depth && p.chooser.polls() {
             p.until = Some(Instant::now() + p.window);
         }
