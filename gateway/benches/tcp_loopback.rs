@@ -467,6 +467,11 @@ fn qd1_against_polling(
             .expect("polling responder run")
             .iops()
     };
+    // One gateway queue for every round: a new queue's first two epochs measure both
+    // modes (one of 128 reads sleeping), which short rounds would count again each time.
+    // The responders' connections cannot stay open between their rounds: an idle one
+    // spins on the targets' CPU.
+    let mut gw_queue = queue_of(gw_addr, SUBNQN, cntlid, next_qid());
     let counters_before = Polling::counters(metrics);
     for round in 0..rounds {
         // The order rotates, so none always runs right after another.
@@ -474,12 +479,11 @@ fn qd1_against_polling(
             match (round + turn) % 3 {
                 0 => null.push(run_polling(null_addr)),
                 1 => ram.push(run_polling(ram_addr)),
-                _ => gw.push(measure(
-                    gateway, gw_addr, SUBNQN, cntlid, w, &REGION, duration,
-                )),
+                _ => gw.push(measure_on(gateway, &mut gw_queue, w, &REGION, duration)),
             }
         }
     }
+    drop(gw_queue);
     let ios: f64 = gw.iter().map(|r| r.ios as f64).sum();
     let polled = counters_before
         .zip(Polling::counters(metrics))
@@ -647,9 +651,20 @@ fn measure(
     duration: Duration,
 ) -> Run {
     let mut q = queue_of(addr, subnqn, cntlid, next_qid());
-    let cpu_before = cpu_seconds(gateway.id());
+    measure_on(gateway, &mut q, w, region, duration)
+}
+
+/// [`measure`] on a queue already connected.
+fn measure_on(
+    gateway: &Child,
+    q: &mut LeanQueue,
+    w: &Workload,
+    region: &Region,
+    duration: Duration,
+) -> Run {
+    let cpu_before = cpu_seconds_fine(gateway.id());
     let figures = q.run(w, region, duration).expect("gateway run");
-    let cpu = cpu_seconds(gateway.id()) - cpu_before;
+    let cpu = cpu_seconds_fine(gateway.id()) - cpu_before;
     Run {
         iops: figures.iops(),
         cpu_us_per_io: cpu / figures.ios.max(1) as f64 * 1e6,
