@@ -112,6 +112,48 @@ async fn a_completion_that_outlasts_the_window_opens_one_for_the_next_command() 
 }
 
 #[tokio::test]
+async fn an_adaptive_queue_whose_ops_outlast_the_idle_gap_still_decides() {
+    let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
+    // The default window (50 µs) makes a gap of more than 1 ms between two commands count
+    // as the host pausing. Ops here take 3 ms, as a QD1 op on a real cluster may (0.2-2 ms
+    // over a network, more on disks): every gap is longer than that, yet the host answers
+    // each response at once, so these are cycles to measure, not pauses.
+    let device = common::DelayedDevice::new(
+        rbd_backend::MemoryDevice::new("delayed", 1 << 20),
+        Duration::from_millis(3),
+    );
+    let target = common::target_with_device(SUBNQN, std::sync::Arc::new(device));
+    let adaptive = BusyPollConfig {
+        window: Duration::from_micros(50),
+        adaptive: true,
+    };
+    let gw = common::serve_target_polling(target, Some(adaptive)).await;
+    let host = connect_within(
+        gw.addr.port(),
+        &Attach::new(HOSTNQN, SUBNQN),
+        Duration::from_secs(20),
+    )
+    .await;
+    let decisions = || {
+        common::transport_counter("nvmeof_tcp_busy_poll_chose_poll_total")
+            + common::transport_counter("nvmeof_tcp_busy_poll_chose_sleep_total")
+    };
+    let before = decisions();
+    // The first two epochs (one polling, one sleeping) take 2 x 128 gaps.
+    const READS: u64 = 300;
+    for i in 0..READS {
+        host.io.read(1, (i % 64) * 8, 8, 512).await.expect("read");
+    }
+    let decided = decisions() - before;
+    assert!(
+        decided >= 1.0,
+        "no adaptive decision after {READS} QD1 reads of 3 ms each"
+    );
+    drop(host);
+    gw.shutdown.send(true).expect("shutdown");
+}
+
+#[tokio::test]
 async fn an_adaptive_queue_measures_both_modes_and_settles_on_one() {
     let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
     let dir = scratch_dir(&format!("nvmeof-busy-poll-adaptive-{}", std::process::id()));

@@ -91,9 +91,11 @@ impl Mode {
 ///
 /// A sample is the time between two commands that came in while the queue had at most
 /// [`MAX_IN_FLIGHT`] at the device (the only time polling happens): at low depth that is
-/// the cycle the host sees, device, gateway and both wake-ups. Gaps longer than
-/// `idle_gap` are the host pausing, not a cycle, and are not counted. Pure: time is given,
-/// so it is tested without a socket.
+/// the cycle the host sees, device, gateway and both wake-ups. A command the host sent more
+/// than `idle_gap` after the response it follows is the host pausing, not a cycle, and its
+/// gap is not counted. The device's time is not the host's: an op longer than `idle_gap`
+/// (a QD1 op on a real cluster, 0.2-2 ms and more) followed at once by the next command is
+/// a cycle. Pure: time is given, so it is tested without a socket.
 #[derive(Debug)]
 pub struct Chooser {
     adaptive: bool,
@@ -148,8 +150,15 @@ impl Chooser {
     }
 
     /// Commands came in at `now`; `low_depth`: the queue has at most [`MAX_IN_FLIGHT`] at
-    /// the device with them. Returns the decision when this ended an epoch.
-    pub fn on_commands(&mut self, now: Instant, low_depth: bool) -> Option<Decision> {
+    /// the device with them; `last_response`: when the queue last answered a command that a
+    /// device completed after it came in (on the device's thread, or handed to the task),
+    /// if it ever did. Returns the decision when this ended an epoch.
+    pub fn on_commands(
+        &mut self,
+        now: Instant,
+        low_depth: bool,
+        last_response: Option<Instant>,
+    ) -> Option<Decision> {
         if !self.adaptive {
             return None;
         }
@@ -160,8 +169,16 @@ impl Chooser {
             self.last_arrival = None;
             return None;
         }
-        let gap = now.saturating_duration_since(previous?);
-        if gap > self.idle_gap {
+        let previous = previous?;
+        let gap = now.saturating_duration_since(previous);
+        // How long the host took to send this: since a response that went out after the
+        // previous command came in, or else (the response went out as that command was
+        // read, an op the device completed at once) the whole gap.
+        let host_took = match last_response {
+            Some(response) if response > previous => now.saturating_duration_since(response),
+            _ => gap,
+        };
+        if host_took > self.idle_gap {
             return None;
         }
         self.samples.push(gap);
@@ -307,10 +324,14 @@ mod tests {
     /// Feeds one epoch of commands `cycle` apart (plus the one that starts the epoch's
     /// first gap), as a QD1 host would send them; returns the decision that ended it.
     fn run_epoch(chooser: &mut Chooser, clock: &mut Instant, cycle: Duration) -> Decision {
-        assert_eq!(chooser.on_commands(*clock, true), None, "an epoch starts");
+        assert_eq!(
+            chooser.on_commands(*clock, true, None),
+            None,
+            "an epoch starts"
+        );
         for _ in 0..EPOCH_SAMPLES {
             *clock += cycle;
-            if let Some(decision) = chooser.on_commands(*clock, true) {
+            if let Some(decision) = chooser.on_commands(*clock, true, None) {
                 return decision;
             }
         }
@@ -478,7 +499,7 @@ mod tests {
     fn the_median_ignores_the_odd_slow_op_and_idle_gaps_are_not_cycles() {
         let mut chooser = adaptive();
         let mut clock = Instant::now();
-        assert_eq!(chooser.on_commands(clock, true), None);
+        assert_eq!(chooser.on_commands(clock, true, None), None);
         let mut decision = None;
         for i in 0..EPOCH_SAMPLES + 10 {
             // A few slow ops (a tenth of them), and the host pausing for a second twice.
@@ -488,7 +509,7 @@ mod tests {
                 _ => FAST,
             };
             clock += gap;
-            if let Some(d) = chooser.on_commands(clock, true) {
+            if let Some(d) = chooser.on_commands(clock, true, None) {
                 decision = Some((i, d));
                 break;
             }
@@ -498,21 +519,105 @@ mod tests {
         assert_eq!(decision.poll_median, FAST);
     }
 
+    /// Commands `device + host` apart: each op takes `device` at the device and completes
+    /// on the device's thread, and the host sends the next command `host` after that
+    /// response. Returns the index of the command whose gap ended the epoch, if one did.
+    fn feed_async_ops(
+        chooser: &mut Chooser,
+        clock: &mut Instant,
+        commands: usize,
+        device: impl Fn(usize) -> Duration,
+        host: impl Fn(usize) -> Duration,
+    ) -> Option<(usize, Decision)> {
+        let mut last_response = None;
+        for i in 0..commands {
+            if let Some(decision) = chooser.on_commands(*clock, true, last_response) {
+                return Some((i, decision));
+            }
+            *clock += device(i);
+            last_response = Some(*clock);
+            *clock += host(i);
+        }
+        None
+    }
+
+    #[test]
+    fn ops_longer_than_the_idle_gap_are_cycles_when_the_host_answers_at_once() {
+        // The tests' window makes the idle gap 10 ms; these ops take 20 ms (a slow cluster)
+        // and the host sends its next command 30 µs after each response.
+        let op = Duration::from_millis(20);
+        let turnaround = Duration::from_micros(30);
+        let mut chooser = adaptive();
+        let mut clock = Instant::now();
+        let (i, decision) = feed_async_ops(
+            &mut chooser,
+            &mut clock,
+            EPOCH_SAMPLES + 1,
+            |_| op,
+            |_| turnaround,
+        )
+        .expect("the epoch ends");
+        assert_eq!(i, EPOCH_SAMPLES, "every gap was a sample");
+        assert_eq!(decision.poll_median, op + turnaround);
+        // Known only by their gaps (no response time), the same commands look like a host
+        // that pauses between them: nothing is measured.
+        let mut chooser = adaptive();
+        for _ in 0..EPOCH_SAMPLES * 2 {
+            clock += op + turnaround;
+            assert_eq!(chooser.on_commands(clock, true, None), None);
+        }
+        assert!(chooser.samples.is_empty());
+    }
+
+    #[test]
+    fn a_host_pausing_after_a_response_is_not_a_cycle() {
+        let op = Duration::from_millis(2);
+        let mut chooser = adaptive();
+        let mut clock = Instant::now();
+        // The host waits a second after two of the responses.
+        let (i, decision) = feed_async_ops(
+            &mut chooser,
+            &mut clock,
+            EPOCH_SAMPLES + 10,
+            |_| op,
+            |i| match i {
+                7 | 40 => Duration::from_secs(1),
+                _ => FAST,
+            },
+        )
+        .expect("the epoch ends");
+        assert_eq!(i, EPOCH_SAMPLES + 2, "the two pauses were not samples");
+        assert_eq!(decision.poll_median, op + FAST);
+        // A response from before the previous command (that command went out with
+        // another still at the device) says nothing of this gap: the gap itself decides.
+        let mut chooser = adaptive();
+        let mut clock = Instant::now();
+        let stale = Some(clock);
+        clock += FAST;
+        assert_eq!(chooser.on_commands(clock, true, stale), None);
+        clock += Duration::from_secs(1);
+        assert_eq!(chooser.on_commands(clock, true, stale), None);
+        assert!(chooser.samples.is_empty(), "a 1 s gap is a pause");
+        clock += FAST;
+        assert_eq!(chooser.on_commands(clock, true, stale), None);
+        assert_eq!(chooser.samples, [FAST]);
+    }
+
     #[test]
     fn deep_queues_are_not_measured() {
         let mut chooser = adaptive();
         let mut clock = Instant::now();
         for _ in 0..EPOCH_SAMPLES * 4 {
             clock += FAST;
-            assert_eq!(chooser.on_commands(clock, false), None);
+            assert_eq!(chooser.on_commands(clock, false, None), None);
         }
         assert!(chooser.polls(), "still the first try");
         // Only a gap between two low-depth commands counts.
         clock += FAST;
-        assert_eq!(chooser.on_commands(clock, true), None);
+        assert_eq!(chooser.on_commands(clock, true, None), None);
         assert_eq!(chooser.samples.len(), 0);
         clock += FAST;
-        assert_eq!(chooser.on_commands(clock, true), None);
+        assert_eq!(chooser.on_commands(clock, true, None), None);
         assert_eq!(chooser.samples, [FAST]);
     }
 
@@ -525,7 +630,7 @@ mod tests {
         let mut clock = Instant::now();
         for _ in 0..EPOCH_SAMPLES * 40 {
             clock += SLOW;
-            assert_eq!(chooser.on_commands(clock, true), None);
+            assert_eq!(chooser.on_commands(clock, true, None), None);
             assert!(chooser.polls());
         }
     }

@@ -228,6 +228,10 @@ struct State {
     commands_received: u64,
     /// `commands_received` at the last idle check.
     commands_at_idle_tick: u64,
+    /// When the last completion that came after its command's read (from a device's
+    /// thread, or handed to the task) was answered: adaptive busy polling tells the host's
+    /// pauses from long device ops by it ([`busy_poll::Chooser::on_commands`]).
+    responded_at: Option<Instant>,
 }
 
 /// The completion sink devices call. Weak: a device holding it after the connection ended
@@ -520,6 +524,7 @@ impl Connection {
                     task_only: false,
                     commands_received: 0,
                     commands_at_idle_tick: 0,
+                    responded_at: None,
                 }),
                 completed: Mutex::new(Vec::new()),
                 notify: Notify::new(),
@@ -718,6 +723,9 @@ impl Connection {
             Ok(_) => {
                 let mut state = shared.lock();
                 let commands_before = state.commands_received;
+                // Taken before this read's commands: a response to one of them is not
+                // what the host waited for before sending it.
+                let responded_before = state.responded_at;
                 let flow = state.on_bytes(shared);
                 // The host's next PDU follows what it is sent now (a response frees a slot,
                 // an R2T asks for data) or completes a PDU it has begun. Otherwise its
@@ -737,7 +745,9 @@ impl Connection {
                     let low_depth = state.at_low_depth();
                     let now = Instant::now();
                     if state.commands_received != commands_before {
-                        if let Some(decision) = p.chooser.on_commands(now, low_depth) {
+                        if let Some(decision) =
+                            p.chooser.on_commands(now, low_depth, responded_before)
+                        {
                             count_decision(&decision);
                         }
                     }
@@ -818,6 +828,7 @@ impl State {
         self.queue.complete_io(done, &mut actions);
         let flow = self.run_actions(&mut actions);
         self.actions = actions;
+        self.responded_at = Some(Instant::now());
         match flow {
             Flow::Close => Flow::Close,
             Flow::Continue => self.resume_held_if_any(),
@@ -1289,6 +1300,7 @@ impl State {
                 flow = Flow::Close;
             }
             self.actions = actions;
+            self.responded_at = Some(Instant::now());
         }
     }
 
