@@ -37,6 +37,25 @@ async fn polling_gateway(window: Duration) -> common::TestGateway {
     common::serve_target_polling(target, Some(always)).await
 }
 
+/// A gateway in this process whose namespace's ops complete `delay` later on a thread of
+/// their own (as RBD ops do), polling as `busy_poll` says, and a host connected to it.
+async fn delayed_gateway(
+    delay: Duration,
+    busy_poll: BusyPollConfig,
+) -> (common::TestGateway, common::host::HostQueues) {
+    let device =
+        common::DelayedDevice::new(rbd_backend::MemoryDevice::new("delayed", 1 << 20), delay);
+    let target = common::target_with_device(SUBNQN, std::sync::Arc::new(device));
+    let gw = common::serve_target_polling(target, Some(busy_poll)).await;
+    let host = connect_within(
+        gw.addr.port(),
+        &Attach::new(HOSTNQN, SUBNQN),
+        Duration::from_secs(20),
+    )
+    .await;
+    (gw, host)
+}
+
 #[tokio::test]
 async fn the_configured_window_catches_the_next_command_and_data_reads_back() {
     let _serial = ONE_POLLING_TEST_AT_A_TIME.lock().await;
@@ -79,22 +98,11 @@ async fn a_completion_that_outlasts_the_window_opens_one_for_the_next_command() 
     // Ops complete 20 ms later on another thread, as RBD ops do; the window is 5 ms. The
     // window a command opens has closed long before its completion, so only one opened by
     // the completion catches the host's next command.
-    let device = common::DelayedDevice::new(
-        rbd_backend::MemoryDevice::new("delayed", 1 << 20),
-        Duration::from_millis(20),
-    );
-    let target = common::target_with_device(SUBNQN, std::sync::Arc::new(device));
     let always = BusyPollConfig {
         window: Duration::from_millis(5),
         adaptive: false,
     };
-    let gw = common::serve_target_polling(target, Some(always)).await;
-    let host = connect_within(
-        gw.addr.port(),
-        &Attach::new(HOSTNQN, SUBNQN),
-        Duration::from_secs(20),
-    )
-    .await;
+    let (gw, host) = delayed_gateway(Duration::from_millis(20), always).await;
     let caught_before = common::transport_counter("nvmeof_tcp_busy_poll_reads_total");
     const READS: u64 = 40;
     for i in 0..READS {
@@ -118,22 +126,11 @@ async fn an_adaptive_queue_whose_ops_outlast_the_idle_gap_still_decides() {
     // as the host pausing. Ops here take 3 ms, as a QD1 op on a real cluster may (0.2-2 ms
     // over a network, more on disks): every gap is longer than that, yet the host answers
     // each response at once, so these are cycles to measure, not pauses.
-    let device = common::DelayedDevice::new(
-        rbd_backend::MemoryDevice::new("delayed", 1 << 20),
-        Duration::from_millis(3),
-    );
-    let target = common::target_with_device(SUBNQN, std::sync::Arc::new(device));
     let adaptive = BusyPollConfig {
         window: Duration::from_micros(50),
         adaptive: true,
     };
-    let gw = common::serve_target_polling(target, Some(adaptive)).await;
-    let host = connect_within(
-        gw.addr.port(),
-        &Attach::new(HOSTNQN, SUBNQN),
-        Duration::from_secs(20),
-    )
-    .await;
+    let (gw, host) = delayed_gateway(Duration::from_millis(3), adaptive).await;
     let decisions = || {
         common::transport_counter("nvmeof_tcp_busy_poll_chose_poll_total")
             + common::transport_counter("nvmeof_tcp_busy_poll_chose_sleep_total")
