@@ -124,8 +124,10 @@ const WORKLOADS: &[Workload] = &[
 
 /// CPU seconds a process's live threads have run, to the nanosecond: the sum of the first
 /// field of /proc/PID/task/*/schedstat. /proc/PID/stat counts in ticks of 10 ms, too coarse
-/// for a process that should spend under 1% of a CPU over a few seconds.
-fn cpu_seconds_fine(pid: u32) -> f64 {
+/// for a process that should spend under 1% of a CPU over a few seconds. A thread that
+/// exits between two readings takes its time with it; the gateways these benches start
+/// keep their threads (one runtime worker, no group, no authentication).
+fn cpu_seconds(pid: u32) -> f64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0.0;
     };
@@ -134,19 +136,6 @@ fn cpu_seconds_fine(pid: u32) -> f64 {
         .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .sum();
     ns as f64 / 1e9
-}
-
-/// User + system CPU seconds of a process, from /proc/PID/stat (clock ticks of 1/100 s).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    // After "pid (comm)": state is field 0, utime field 11, stime field 12.
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
-        .sum();
-    ticks as f64 / 100.0
 }
 
 /// The default run's subsystem: one 1 GiB in-memory namespace.
@@ -614,10 +603,10 @@ fn idle_cpu(gateway: &Child, gw_addr: SocketAddr, cntlid: u16, duration: Duratio
         .expect("QD1 burst");
     // Let the last window and the tasks the burst woke settle before counting.
     std::thread::sleep(Duration::from_millis(100));
-    let before = cpu_seconds_fine(gateway.id());
+    let before = cpu_seconds(gateway.id());
     let begin = std::time::Instant::now();
     std::thread::sleep(duration);
-    let cpu = cpu_seconds_fine(gateway.id()) - before;
+    let cpu = cpu_seconds(gateway.id()) - before;
     let seconds = begin.elapsed().as_secs_f64();
     println!(
         "gateway idle (admin and I/O queue connected, no I/O): {:.3}% of a CPU ({:.2} ms over {:.1} s)",
@@ -662,9 +651,9 @@ fn measure_on(
     region: &Region,
     duration: Duration,
 ) -> Run {
-    let cpu_before = cpu_seconds_fine(gateway.id());
+    let cpu_before = cpu_seconds(gateway.id());
     let figures = q.run(w, region, duration).expect("gateway run");
-    let cpu = cpu_seconds_fine(gateway.id()) - cpu_before;
+    let cpu = cpu_seconds(gateway.id()) - cpu_before;
     Run {
         iops: figures.iops(),
         cpu_us_per_io: cpu / figures.ios.max(1) as f64 * 1e6,
