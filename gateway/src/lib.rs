@@ -18,6 +18,8 @@ pub mod osd_witness;
 pub mod qos;
 pub mod rdma;
 pub mod reload;
+#[cfg(test)]
+mod scratch;
 pub mod signals;
 pub mod spec;
 pub mod stall;

@@ -630,6 +630,7 @@ impl apply::Wanted for FileWanted<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scratch::ScratchDir;
 
     const LISTENER: &str =
         "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1\"\nport = 4420\n";
@@ -640,16 +641,15 @@ mod tests {
         )
     }
 
-    /// A reloader of `first` (written to a fresh file), then `second` written over it.
-    fn reloader(name: &str, first: &str, second: &str) -> Reloader {
-        let dir =
-            std::env::temp_dir().join(format!("nvmeof-reload-unit-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+    /// A reloader of `first` (written to a fresh file), then `second` written over it; with
+    /// the file's directory, which must outlive it.
+    fn reloader(name: &str, first: &str, second: &str) -> (Reloader, ScratchDir) {
+        let dir = ScratchDir::new(&format!("nvmeof-reload-unit-{name}"));
         let path = dir.join("gateway.toml");
         std::fs::write(&path, first).expect("write");
         let current = Config::load(&path).expect("first file valid");
         std::fs::write(&path, second).expect("write");
-        Reloader::new(&path, current)
+        (Reloader::new(&path, current), dir)
     }
 
     #[test]
@@ -731,7 +731,7 @@ mod tests {
         let nqn = "nqn.2016-06.io.x:qos";
         let first = format!("{LISTENER}{}", subsystem(nqn, ""));
         let limited = format!("{first}rw_ios_per_second = 2000\nw_megabytes_per_second = 40\n");
-        let mut r = reloader("qos", &first, &limited);
+        let (mut r, _r_dir) = reloader("qos", &first, &limited);
         let target = r.current.build_target().expect("target");
         let before = target
             .subsystem(nqn)
@@ -796,7 +796,7 @@ mod tests {
             subsystem("nqn.2016-06.io.x:a", ""),
             subsystem("nqn.2016-06.io.x:b", ""),
         );
-        let r = reloader(
+        let (r, _r_dir) = reloader(
             "order",
             &format!("{LISTENER}{a}{b}"),
             &format!("{LISTENER}{b}{a}"),
@@ -841,7 +841,7 @@ mod tests {
         let clear = connect("nqn.2014-08.org.nvmexpress:uuid:clear", false);
         let tls = connect("nqn.2014-08.org.nvmexpress:uuid:tls", true);
 
-        let mut r = reloader("require-tls", &plain, &required);
+        let (mut r, _r_dir) = reloader("require-tls", &plain, &required);
         let Ok(Prepared::Apply(plan)) = r.prepare().await else {
             panic!("require_tls changed: a reload to apply");
         };
@@ -850,7 +850,7 @@ mod tests {
         assert!(clear.is_torn_down(), "the plain controller is closed");
         assert!(!tls.is_torn_down(), "the TLS controller stays");
 
-        let mut back = reloader("require-tls-off", &required, &plain);
+        let (mut back, _back_dir) = reloader("require-tls-off", &required, &plain);
         let Ok(Prepared::Apply(plan)) = back.prepare().await else {
             panic!("require_tls changed: a reload to apply");
         };
@@ -867,7 +867,7 @@ mod tests {
         let host = "nqn.2014-08.org.nvmexpress:uuid:only";
         let first = format!("{LISTENER}{}", subsystem(nqn, ""));
         let second = format!("{first}auto_visible = false\nhosts = [\"{host}\"]\n");
-        let mut r = reloader("visibility", &first, &second);
+        let (mut r, _r_dir) = reloader("visibility", &first, &second);
         let target = Config::from_toml_str(&first)
             .expect("valid")
             .build_target()
@@ -895,7 +895,7 @@ mod tests {
         );
         let a = subsystem("nqn.2016-06.io.x:a", "");
         let b = subsystem("nqn.2016-06.io.x:b", "");
-        let r = reloader("group", &format!("{head}{a}"), &format!("{head}{a}{b}"));
+        let (r, _r_dir) = reloader("group", &format!("{head}{a}"), &format!("{head}{a}{b}"));
         match r.prepare().await {
             Err(e @ ReloadError::GroupManaged(_)) => {
                 assert!(e.to_string().contains("come from the control plane"), "{e}")
@@ -903,7 +903,8 @@ mod tests {
             Err(e) => panic!("expected a refusal for the group, got {e}"),
             Ok(_) => panic!("expected a refusal for the group"),
         }
-        let same = reloader("group-same", &format!("{head}{a}"), &format!("{head}{a}"));
+        let (same, _same_dir) =
+            reloader("group-same", &format!("{head}{a}"), &format!("{head}{a}"));
         assert!(matches!(same.prepare().await, Ok(Prepared::Unchanged)));
     }
 }

@@ -439,4 +439,8 @@ async fn a_namespace_that_does_not_open_refuses_the_whole_reload() {
         "the untouched subsystem through the refusals",
     )
     .await;
+    // The gateway's own files go with it; this one is the test's.
+    drop(gw);
+    let _ = std::fs::remove_file(dir.join("empty-ceph.conf"));
+    let _ = std::fs::remove_dir(&dir);
 }

@@ -16,6 +16,8 @@ pub struct GatewayProcess {
     pub port: u16,
     /// Its log (stderr, `RUST_LOG=info`).
     pub log: PathBuf,
+    /// Its configuration file.
+    config: PathBuf,
 }
 
 impl GatewayProcess {
@@ -35,6 +37,8 @@ impl GatewayProcess {
         config: &str,
         launcher: &[&str],
     ) -> GatewayProcess {
+        // A gateway dropped before may have taken the directory with it (below).
+        std::fs::create_dir_all(dir).expect("scratch directory");
         let path = dir.join(format!("{name}.toml"));
         std::fs::write(&path, config).expect("write config");
         let log = dir.join(format!("{name}.log"));
@@ -55,7 +59,12 @@ impl GatewayProcess {
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("start nvmeof-gateway");
-        GatewayProcess { child, port, log }
+        GatewayProcess {
+            child,
+            port,
+            log,
+            config: path,
+        }
     }
 
     /// Sends `signal` ("-STOP", "-CONT", "-TERM", ...) with kill(1).
@@ -151,9 +160,21 @@ impl GatewayProcess {
 }
 
 impl Drop for GatewayProcess {
+    /// Kills the gateway. Unless the test is failing, also removes its configuration and
+    /// log, and their directory once nothing else is in it (another gateway's files, a
+    /// test's keys), so that passing runs leave nothing in `$TMPDIR`; a failing test keeps
+    /// them for its reader.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            return;
+        }
+        let _ = std::fs::remove_file(&self.config);
+        let _ = std::fs::remove_file(&self.log);
+        if let Some(dir) = self.config.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
