@@ -17,6 +17,11 @@
 //! medians than a few long ones. `--share-cpu` puts the host on the targets' CPU instead (a
 //! polling target that never yields starves it there: compare gateway builds, not ratios).
 //!
+//! `--polling-off-vs-default` compares two gateways, one with busy polling off and one with
+//! the default, alternating over `--rounds`: 4K QD1 and QD32 reads and QD32 writes; with
+//! `--queues N` first 4K reads at QD1 on N queues at once (a host thread each), as a host
+//! whose threads each keep one command in flight, all on the gateway's one worker.
+//!
 //! `--qos` measures per-namespace QoS instead (docs/performance.md, "QoS limits"): 4K QD32
 //! on a namespace without limits against one whose every limit is far above what it can
 //! reach (the throttle's check runs, it never waits), alternating over `--rounds` (default
@@ -283,7 +288,8 @@ fn main() {
     if args.iter().any(|a| a == "--qos") {
         qos_bench(binary, &gateway_lines, duration, rounds);
     } else if args.iter().any(|a| a == "--polling-off-vs-default") {
-        polling_off_vs_default(binary, duration, rounds);
+        let queues = value("--queues").map_or(1, |v| v.parse().expect("--queues N"));
+        polling_off_vs_default(binary, duration, rounds, queues);
     } else if args.iter().any(|a| a == "--visibility") {
         visibility_bench(binary, &gateway_lines, duration, rounds);
     } else if args.iter().any(|a| a == "--tls") {
@@ -377,7 +383,7 @@ fn default_bench(
 /// Two gateways, one with busy polling off (`a`, `tcp_busy_poll_us = 0`) and one as by
 /// default (`b`), compared at QD1 and QD32 in alternating rounds: what polling by default
 /// changes, on the same machine state (docs/performance.md, "Busy polling by default").
-fn polling_off_vs_default(binary: &str, duration: Duration, rounds: usize) {
+fn polling_off_vs_default(binary: &str, duration: Duration, rounds: usize, queues: u16) {
     let start = |lines: &str| {
         let port = free_port();
         let gateway = start_gateway(port, binary, lines, &default_subsystem());
@@ -400,6 +406,15 @@ fn polling_off_vs_default(binary: &str, duration: Duration, rounds: usize) {
         write: true,
         ..QD32_READ
     };
+    if queues > 1 {
+        let name = format!("{} x{queues}", qd1.name);
+        compare_runs(
+            &name,
+            rounds,
+            || measure_queues(&off, off_addr, off_admin.2, qd1, duration, queues),
+            || measure_queues(&on, on_addr, on_admin.2, qd1, duration, queues),
+        );
+    }
     for w in [qd1, &QD32_READ, &write] {
         compare_runs(
             w.name,
@@ -644,6 +659,38 @@ fn measure(
 ) -> Run {
     let mut q = queue_of(addr, subnqn, cntlid, next_qid());
     measure_on(gateway, &mut q, w, region, duration)
+}
+
+/// `w` on `queues` I/O queues at once (IDs 1 to `queues`), a host thread each, as a host
+/// whose several threads each keep one command in flight: their IOPS summed, the gateway's
+/// CPU per I/O over all of them.
+fn measure_queues(
+    gateway: &Child,
+    addr: SocketAddr,
+    cntlid: u16,
+    w: &Workload,
+    duration: Duration,
+    queues: u16,
+) -> Run {
+    let mut connected: Vec<LeanQueue> = (1..=queues)
+        .map(|qid| queue_of(addr, SUBNQN, cntlid, qid))
+        .collect();
+    let cpu_before = cpu_seconds(gateway.id());
+    let ios: u64 = std::thread::scope(|s| {
+        let runs: Vec<_> = connected
+            .iter_mut()
+            .map(|q| s.spawn(move || q.run(w, &REGION, duration).expect("gateway run").ios))
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().expect("host thread"))
+            .sum()
+    });
+    let cpu = cpu_seconds(gateway.id()) - cpu_before;
+    Run {
+        iops: ios as f64 / duration.as_secs_f64(),
+        cpu_us_per_io: cpu / ios.max(1) as f64 * 1e6,
+        ios,
+    }
 }
 
 /// [`measure`] on a queue already connected.

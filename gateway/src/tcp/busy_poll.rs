@@ -25,8 +25,6 @@
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-/// Longest a busy-polling task spins before it lets the worker's other tasks run.
-const SLICE: Duration = Duration::from_micros(20);
 /// Busy polling only while at most this many commands of the queue are at the device. Deeper
 /// queues are woken for batches (a wake-up is shared by many commands), and on a saturated
 /// machine the CPU a poll spins is what librbd and the OSDs need: polling at QD16 cost 0.2x
@@ -274,36 +272,40 @@ pub enum Polled {
 
 /// Polls the socket until it has bytes, which it reads into `buf`, or until `until` passes.
 /// The probe is a read, not a peek followed by a read: when the host's command is there, it
-/// is taken with one system call (the peek cost one more per command). It calls
-/// `sched_yield` between probes and yields to the runtime every `SLICE` (20 µs);
-/// `stop_early` is asked each probe, so work that arrived for the task (completions that
-/// missed the lock) is not kept waiting for the slice's end. The caller's select polls its
-/// other branches first each time.
-pub async fn poll_socket(
-    probe: &OwnedFd,
-    buf: &mut [u8],
-    until: Instant,
-    stop_early: impl Fn() -> bool,
-) -> Polled {
-    loop {
-        let slice_end = Instant::now() + SLICE;
-        loop {
-            match rustix::net::recv(probe, &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
-                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
-                Ok((n, _)) => return Polled::Read(Ok(n)),
-                Err(e) => return Polled::Read(Err(e.into())),
-            }
-            let now = Instant::now();
-            if now >= until {
-                return Polled::Expired;
-            }
-            if now >= slice_end || stop_early() {
-                break;
-            }
-            // Not a pause but sched_yield: a thread that shares this CPU (a librbd or OSD
-            // thread, the host on the same machine) runs now instead of at the next tick.
-            std::thread::yield_now();
+/// is taken with one system call (the peek cost one more per command).
+pub async fn poll_socket(probe: &OwnedFd, buf: &mut [u8], until: Instant) -> Polled {
+    poll_until(until, || {
+        match rustix::net::recv(probe, &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
+            Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => None,
+            Ok((n, _)) => Some(Polled::Read(Ok(n))),
+            Err(e) => Some(Polled::Read(Err(e.into()))),
         }
+    })
+    .await
+}
+
+/// Calls `probe` until it has an outcome or `until` passes. Between two probes it calls
+/// `sched_yield` and yields to the runtime.
+///
+/// Why both, every probe:
+/// - `sched_yield`: a thread that shares this CPU (a librbd or OSD thread, a host on the
+///   same machine) runs now instead of at the next tick. Without it a QD1 queue sharing its
+///   CPU with its host lost 13-23% (docs/performance.md).
+/// - The runtime: the worker's other tasks, and the sockets that became readable for them
+///   (a yielding worker with nothing else to run polls its I/O driver without waiting), get
+///   in between two probes, as an SPDK poller serves every socket of its group. Yielding
+///   only every 20 µs, four queues at QD1 on one worker made 0.52x the IOPS of never
+///   polling: each queue's commands waited for the others' polling slices (docs/
+///   performance.md, "Several queues at low depth on one worker").
+async fn poll_until(until: Instant, mut probe: impl FnMut() -> Option<Polled>) -> Polled {
+    loop {
+        if let Some(outcome) = probe() {
+            return outcome;
+        }
+        if Instant::now() >= until {
+            return Polled::Expired;
+        }
+        std::thread::yield_now();
         tokio::task::yield_now().await;
     }
 }
@@ -311,8 +313,60 @@ pub async fn poll_socket(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
 
     const WINDOW: Duration = Duration::from_micros(1000);
+
+    /// Another queue's task on the same worker gets a turn between every two probes of a
+    /// polling one: with turns only every 20 µs, several queues at low depth on one worker
+    /// waited for each other's polling (0.52x the IOPS of never polling, four at QD1).
+    #[tokio::test]
+    async fn a_polling_queue_lets_the_worker_s_other_tasks_run_between_its_probes() {
+        let (turns, done) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let other = tokio::spawn({
+            let (turns, done) = (turns.clone(), done.clone());
+            async move {
+                while !done.load(Ordering::Relaxed) {
+                    turns.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        // The other task starts first, so it has run once before the first probe.
+        tokio::task::yield_now().await;
+        let mut probes = 0u64;
+        let outcome = poll_until(Instant::now() + Duration::from_millis(5), || {
+            probes += 1;
+            None
+        })
+        .await;
+        assert!(matches!(outcome, Polled::Expired));
+        done.store(true, Ordering::Relaxed);
+        other.await.expect("the other task");
+        let turns = turns.load(Ordering::Relaxed);
+        assert!(probes > 10, "{probes} probes in 5 ms");
+        assert!(
+            turns + 1 >= probes,
+            "the other task ran {turns} times during {probes} probes"
+        );
+    }
+
+    #[tokio::test]
+    async fn polling_ends_with_the_probe_s_outcome_or_the_window() {
+        let mut left = 3;
+        let outcome = poll_until(Instant::now() + Duration::from_secs(60), || {
+            left -= 1;
+            (left == 0).then_some(Polled::Read(Ok(7)))
+        })
+        .await;
+        assert!(matches!(outcome, Polled::Read(Ok(7))));
+        let outcome = poll_until(Instant::now(), || None).await;
+        assert!(matches!(outcome, Polled::Expired));
+    }
 
     fn adaptive() -> Chooser {
         Chooser::new(BusyPollConfig {

@@ -421,6 +421,7 @@ impl Shared {
         }
     }
 
+    #[cfg(test)]
     fn has_completed(&self) -> bool {
         !self
             .completed
@@ -648,7 +649,7 @@ impl Connection {
                     match polling {
                         // Bytes: take them, and read on past tokio's readiness, which did
                         // not see them, if the probe's buffer was full.
-                        Some((probe, scratch, until)) => match poll_socket(probe, scratch, until, || shared.has_completed()).await {
+                        Some((probe, scratch, until)) => match poll_socket(probe, scratch, until).await {
                             Polled::Read(Ok(n)) => Some(shared.take_polled(&scratch[..n], probe)),
                             Polled::Read(Err(e)) => Some(Err(e)),
                             Polled::Expired => None,
