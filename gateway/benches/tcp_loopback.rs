@@ -675,22 +675,17 @@ fn measure_queues(
     let mut connected: Vec<LeanQueue> = (1..=queues)
         .map(|qid| queue_of(addr, SUBNQN, cntlid, qid))
         .collect();
-    let cpu_before = cpu_seconds(gateway.id());
-    let ios: u64 = std::thread::scope(|s| {
-        let runs: Vec<_> = connected
-            .iter_mut()
-            .map(|q| s.spawn(move || q.run(w, &REGION, duration).expect("gateway run").ios))
-            .collect();
-        runs.into_iter()
-            .map(|r| r.join().expect("host thread"))
-            .sum()
-    });
-    let cpu = cpu_seconds(gateway.id()) - cpu_before;
-    Run {
-        iops: ios as f64 / duration.as_secs_f64(),
-        cpu_us_per_io: cpu / ios.max(1) as f64 * 1e6,
-        ios,
-    }
+    with_cpu(gateway, || {
+        std::thread::scope(|s| {
+            let runs: Vec<_> = connected
+                .iter_mut()
+                .map(|q| s.spawn(move || q.run(w, &REGION, duration).expect("gateway run")))
+                .collect();
+            runs.into_iter()
+                .map(|r| r.join().expect("host thread"))
+                .fold((0, 0.0), |(ios, iops), f| (ios + f.ios, iops + f.iops()))
+        })
+    })
 }
 
 /// [`measure`] on a queue already connected.
@@ -701,13 +696,21 @@ fn measure_on(
     region: &Region,
     duration: Duration,
 ) -> Run {
+    with_cpu(gateway, || {
+        let figures = q.run(w, region, duration).expect("gateway run");
+        (figures.ios, figures.iops())
+    })
+}
+
+/// A run (`run` returns its I/Os and IOPS) with the gateway's CPU per I/O over it.
+fn with_cpu(gateway: &Child, run: impl FnOnce() -> (u64, f64)) -> Run {
     let cpu_before = cpu_seconds(gateway.id());
-    let figures = q.run(w, region, duration).expect("gateway run");
+    let (ios, iops) = run();
     let cpu = cpu_seconds(gateway.id()) - cpu_before;
     Run {
-        iops: figures.iops(),
-        cpu_us_per_io: cpu / figures.ios.max(1) as f64 * 1e6,
-        ios: figures.ios,
+        iops,
+        cpu_us_per_io: cpu / ios.max(1) as f64 * 1e6,
+        ios,
     }
 }
 
