@@ -188,6 +188,21 @@ fn read(dev: &RbdDevice, offset: u64, len: usize) -> Vec<u8> {
     }
 }
 
+/// Waits (at most 1 s) for the device to count no op in flight. An op is counted down just
+/// after its completion is delivered, on librbd's thread, so the last op may still be counted
+/// when its completion reaches the test.
+fn wait_until_nothing_in_flight(dev: &RbdDevice) {
+    let started = Instant::now();
+    while dev.in_flight() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "ops left counted in flight: {}",
+            dev.in_flight()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
@@ -990,7 +1005,7 @@ fn a_stopped_osd_is_a_pause_not_an_error() {
         Some(true),
         "an op older than 2 s while stopped"
     );
-    assert_eq!(dev.in_flight(), 0);
+    wait_until_nothing_in_flight(&dev);
     assert!(
         !dev.has_op_older_than(Instant::now(), op_ages::SLICE),
         "no op counted once all completed"
@@ -1440,16 +1455,7 @@ fn a_fence_of_one_ana_group_leaves_the_other_working() {
             .expect("completion");
         done.result.expect("write");
     }
-    // Counted down right after the completion is delivered (on librbd's thread).
-    let started = Instant::now();
-    while dev_b.in_flight() > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "ops left counted in flight: {}",
-            dev_b.in_flight()
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until_nothing_in_flight(&dev_b);
 
     // Fence group 1 as the control plane does: blocklist its client, then the osdmap.
     let admin = rbd_backend::rados::Client::connect(&settings(1)).expect("admin client");
@@ -1519,14 +1525,7 @@ fn a_fence_of_one_ana_group_leaves_the_other_working() {
         1,
         "the fence is reported once"
     );
-    let started = Instant::now();
-    while dev_a.in_flight() > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "fenced ops left counted in flight"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until_nothing_in_flight(&dev_a);
 
     // Group 2, same pool and process: unaffected.
     write(&dev_b, 4096, &pattern(4096, 5), true);
