@@ -28,6 +28,8 @@ fn entry(i: u32) -> NamespaceEntry {
         no_auto_visible: false,
         hosts: Default::default(),
         qos: Default::default(),
+        nguid: String::new(),
+        uuid: String::new(),
     }
 }
 

@@ -71,7 +71,8 @@ impl From<ConfigError> for Refusal {
             | ConfigError::ListenerExists(_)
             | ConfigError::HostExists { .. }
             | ConfigError::NamespaceHostExists { .. }
-            | ConfigError::ImageInUse(..) => libc::EEXIST,
+            | ConfigError::ImageInUse(..)
+            | ConfigError::IdentityInUse { .. } => libc::EEXIST,
             ConfigError::SubsystemNotEmpty { .. } => libc::EBUSY,
             ConfigError::NoFreeNsid { .. } | ConfigError::TooManyNamespaceHosts { .. } => {
                 libc::ENOSPC
@@ -493,26 +494,17 @@ async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcom
         no_auto_visible: false,
         hosts: Default::default(),
         qos: Default::default(),
+        nguid: String::new(),
+        // Empty: a random one. The checks below keep the one they choose.
+        uuid: r.uuid.clone().unwrap_or_default(),
     };
     if flag(r.no_auto_visible) {
         no_auto_visible(&mut entry)?;
     }
     // The same checks as the Admin service's NamespaceAdd, first on the cached state (no
-    // cluster round trip for a bad request); the NSID they choose is kept, so a UUID asked
-    // for is checked against the one that NSID gives.
+    // cluster round trip for a bad request). The NSID and identity they choose are kept: the
+    // UUID a client names, or the random one chosen here, is the one added.
     let checked = cp.snapshot().check_namespace(entry.clone())?;
-    if let Some(uuid) = r.uuid.as_deref().filter(|u| !u.is_empty()) {
-        let (_, derived) = state::derived_ids(&checked.subsystem_nqn, checked.nsid);
-        if !uuid.eq_ignore_ascii_case(&derived) {
-            return Err(Refusal::new(
-                libc::EOPNOTSUPP,
-                format!(
-                    "a chosen namespace UUID is not supported: NSID {} of {} has UUID {derived}",
-                    checked.nsid, checked.subsystem_nqn
-                ),
-            ));
-        }
-    }
     if flag(r.create_image) {
         create_image(cp, &checked, r.size.unwrap_or(0)).await?;
     } else {
@@ -546,7 +538,6 @@ async fn namespace_delete(cp: &Arc<ControlPlane>, r: pb::NamespaceDeleteReq) -> 
 }
 
 fn namespace_cli(n: &NamespaceEntry) -> pb::NamespaceCli {
-    let (_, uuid) = state::derived_ids(&n.subsystem_nqn, n.nsid);
     pb::NamespaceCli {
         nsid: n.nsid,
         bdev_name: state::image_spec(n),
@@ -556,7 +547,7 @@ fn namespace_cli(n: &NamespaceEntry) -> pb::NamespaceCli {
         block_size: n.block_size,
         // Not known to the control plane (the image's size lives in RBD).
         rbd_image_size: 0,
-        uuid,
+        uuid: n.uuid.clone(),
         rw_ios_per_second: n.qos.rw_ios_per_second,
         rw_mbytes_per_second: n.qos.rw_megabytes_per_second,
         r_mbytes_per_second: n.qos.r_megabytes_per_second,
@@ -577,7 +568,7 @@ fn namespace_cli(n: &NamespaceEntry) -> pb::NamespaceCli {
 }
 
 /// `list_namespaces`: `uuid` is the UUID every gateway reports in the namespace's
-/// identification descriptors ([`state::derived_ids`]).
+/// identification descriptors (stored with it: [`NamespaceEntry::uuid`]).
 fn list_namespaces(
     cp: &Arc<ControlPlane>,
     r: &pb::ListNamespacesReq,

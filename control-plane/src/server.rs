@@ -932,7 +932,6 @@ fn key_text(h: &proto::Host) -> state::HostKeyText {
 }
 
 fn namespace_proto(n: &NamespaceEntry) -> proto::Namespace {
-    let (nguid, uuid) = state::derived_ids(&n.subsystem_nqn, n.nsid);
     proto::Namespace {
         subsystem_nqn: n.subsystem_nqn.clone(),
         nsid: n.nsid,
@@ -941,8 +940,8 @@ fn namespace_proto(n: &NamespaceEntry) -> proto::Namespace {
         image: n.image.clone(),
         block_size: n.block_size,
         ana_group: n.ana_group,
-        nguid,
-        uuid,
+        nguid: n.nguid.clone(),
+        uuid: n.uuid.clone(),
         moving_from_group: n.moving_from,
         no_auto_visible: n.no_auto_visible,
         hosts: n.hosts.iter().cloned().collect(),
@@ -963,6 +962,8 @@ fn namespace_entry(r: proto::NamespaceAddRequest) -> NamespaceEntry {
         moving_from: 0,
         no_auto_visible: r.no_auto_visible,
         hosts: std::collections::BTreeSet::new(),
+        nguid: String::new(),
+        uuid: r.uuid,
     }
 }
 

@@ -71,6 +71,17 @@ pub struct NamespaceEntry {
     /// load unchanged and older replicas read the entry).
     #[serde(default, skip_serializing_if = "QosLimits::is_unlimited")]
     pub qos: QosLimits,
+    /// The namespace's identity, what hosts read in its identification descriptors: the
+    /// NGUID (32 lower-case hex digits) and the UUID (hyphenated, lower case). Chosen when
+    /// the namespace is added ([`GroupState::check_namespace`]: a random UUID, or the one a
+    /// client names, and an NGUID of the UUID's 16 bytes) and kept for the namespace's whole
+    /// life: never derived from the NSID, so another image added under a freed NSID gets
+    /// another identity. Empty only in entries written before identities were stored;
+    /// decoding gives those the identity their hosts already see ([`legacy_ids`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub nguid: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uuid: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -269,6 +280,13 @@ pub enum ConfigError {
     BlockSize(u32),
     #[error("image {0} is already namespace {2} of {1}")]
     ImageInUse(String, String, u32),
+    /// A namespace UUID (or the NGUID made of it) that another namespace has.
+    #[error("namespace UUID {uuid} is already the identity of namespace {nsid} of {nqn}")]
+    IdentityInUse {
+        uuid: String,
+        nqn: String,
+        nsid: u32,
+    },
     #[error("ANA group {0} has no gateway")]
     NoAnaGroup(u32),
     #[error("{what} must not be empty")]
@@ -341,14 +359,40 @@ pub fn check_nqn(what: &'static str, nqn: &str) -> Result<(), ConfigError> {
         })
 }
 
-/// The NGUID and UUID every gateway derives for a namespace (the same derivation as the
-/// gateway's configuration: UUIDv5 of `<nqn>/<nsid>` in the product's namespace).
-pub fn derived_ids(nqn: &str, nsid: u32) -> (String, String) {
+/// The NGUID and UUID a namespace had before identities were stored with it: UUIDv5 of
+/// `<nqn>/<nsid>` in the product's namespace (the derivation gateways used for every
+/// namespace). Only entries written by that code get them, so their hosts keep the identity
+/// they see; never used for a new namespace, since another image under the same NSID would
+/// get the same identity.
+pub fn legacy_ids(nqn: &str, nsid: u32) -> (String, String) {
     const PRODUCT: uuid::Uuid = uuid::Uuid::from_u128(0x6c1d_7a1e_52c4_4f0e_9a6b_8e0b_3f2d_a001);
     let identity = format!("{nqn}/{nsid}");
     let uuid = uuid::Uuid::new_v5(&PRODUCT, identity.as_bytes());
     let nguid = uuid::Uuid::new_v5(&PRODUCT, format!("nguid:{identity}").as_bytes());
     (nguid.simple().to_string(), uuid.hyphenated().to_string())
+}
+
+/// A stored identity as this code writes it: a 32-digit lower-case hex NGUID and a
+/// hyphenated lower-case UUID, neither nil. Anything else is a corrupt entry: pushing it
+/// would give hosts an identity nobody chose.
+fn check_stored_identity(n: &NamespaceEntry) -> Result<(), String> {
+    let nguid = uuid::Uuid::try_parse(&n.nguid).ok();
+    let uuid = uuid::Uuid::try_parse(&n.uuid).ok();
+    match (nguid, uuid) {
+        (Some(g), Some(u))
+            if !g.is_nil()
+                && !u.is_nil()
+                && g.simple().to_string() == n.nguid
+                && u.hyphenated().to_string() == n.uuid =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "namespace identity nguid {:?} uuid {:?} is not 32 lower-case hex digits and a \
+             hyphenated lower-case UUID",
+            n.nguid, n.uuid
+        )),
+    }
 }
 
 fn check_name(what: &'static str, value: &str) -> Result<(), ConfigError> {
@@ -401,8 +445,13 @@ impl GroupState {
                     serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?;
                 st.subsystems.insert(s.nqn.clone(), s);
             } else if k.starts_with("namespace/") {
-                let n: NamespaceEntry =
+                let mut n: NamespaceEntry =
                     serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?;
+                if n.uuid.is_empty() || n.nguid.is_empty() {
+                    // Written before identities were stored: the one its hosts see.
+                    (n.nguid, n.uuid) = legacy_ids(&n.subsystem_nqn, n.nsid);
+                }
+                check_stored_identity(&n).map_err(|why| corrupt(k, why))?;
                 st.namespaces.insert((n.subsystem_nqn.clone(), n.nsid), n);
             } else if k.starts_with("listener/") {
                 let l: ListenerEntry =
@@ -682,6 +731,7 @@ impl GroupState {
                 other.nsid,
             ));
         }
+        (ns.nguid, ns.uuid) = self.new_identity(&ns.uuid)?;
         let groups = self.groups();
         if ns.ana_group == 0 {
             let mut counts = BTreeMap::new();
@@ -693,6 +743,43 @@ impl GroupState {
             return Err(ConfigError::NoAnaGroup(ns.ana_group));
         }
         Ok(ns)
+    }
+
+    /// The identity of a namespace being added: `uuid` as a client names it (any form
+    /// `uuid` parses: hyphenated, 32 hex digits, braced or URN; not nil) or, empty, a random
+    /// (version 4) one; the NGUID is the UUID's 16 bytes. Refused when another namespace of
+    /// the group has that UUID or NGUID.
+    fn new_identity(&self, uuid: &str) -> Result<(String, String), ConfigError> {
+        let uuid = if uuid.is_empty() {
+            uuid::Uuid::new_v4()
+        } else {
+            let parsed = uuid::Uuid::parse_str(uuid).map_err(|_| ConfigError::Invalid {
+                what: "namespace UUID",
+                value: uuid.to_string(),
+                why: "not a UUID (e.g. 3f2504e0-4f89-41d3-9a0c-0305e82c3301)",
+            })?;
+            if parsed.is_nil() {
+                return Err(ConfigError::Invalid {
+                    what: "namespace UUID",
+                    value: uuid.to_string(),
+                    why: "the nil UUID means \"none\" to hosts",
+                });
+            }
+            parsed
+        };
+        let (nguid, uuid) = (uuid.simple().to_string(), uuid.hyphenated().to_string());
+        if let Some(other) = self
+            .namespaces
+            .values()
+            .find(|o| o.uuid == uuid || o.nguid == nguid)
+        {
+            return Err(ConfigError::IdentityInUse {
+                uuid,
+                nqn: other.subsystem_nqn.clone(),
+                nsid: other.nsid,
+            });
+        }
+        Ok((nguid, uuid))
     }
 
     pub fn del_namespace(&mut self, nqn: &str, nsid: u32) -> Result<(), ConfigError> {
@@ -1147,6 +1234,8 @@ mod tests {
             no_auto_visible: false,
             hosts: BTreeSet::new(),
             qos: Default::default(),
+            nguid: String::new(),
+            uuid: String::new(),
         }
     }
 
@@ -1702,11 +1791,162 @@ mod tests {
         assert_eq!(cur.to_omap(), old.to_omap());
     }
 
+    fn identity(st: &GroupState, nqn: &str, nsid: u32) -> (String, String) {
+        let n = &st.namespaces[&(nqn.to_string(), nsid)];
+        (n.nguid.clone(), n.uuid.clone())
+    }
+
     #[test]
-    fn ids_match_the_gateways_derivation() {
-        let (nguid, uuid) = derived_ids(NQN, 1);
-        assert_eq!(nguid.len(), 32);
-        assert_eq!(uuid.len(), 36);
-        assert_ne!(derived_ids(NQN, 2), (nguid, uuid));
+    fn an_image_added_under_a_freed_nsid_gets_another_identity() {
+        let mut st = with_groups(1);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        let mut a = ns("a");
+        a.nsid = 1;
+        st.add_namespace(a.clone()).expect("a");
+        let first = identity(&st, NQN, 1);
+        assert_eq!(
+            first.0,
+            first.1.replace('-', ""),
+            "the NGUID is the UUID's bytes"
+        );
+        st.del_namespace(NQN, 1).expect("del");
+        let mut b = ns("b");
+        b.nsid = 1;
+        st.add_namespace(b).expect("b");
+        let second = identity(&st, NQN, 1);
+        assert_ne!(second.0, first.0, "NGUID reused for another image");
+        assert_ne!(second.1, first.1, "UUID reused for another image");
+        // Even the same image again is a new namespace: hosts must not take it for the
+        // one they had.
+        st.del_namespace(NQN, 1).expect("del");
+        st.add_namespace(a).expect("a again");
+        let third = identity(&st, NQN, 1);
+        assert!(third != first && third != second);
+    }
+
+    #[test]
+    fn identities_are_kept_through_encoding_and_deltas() {
+        let mut st = with_groups(1);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        for image in ["a", "b", "c"] {
+            st.add_namespace(ns(image)).expect("ns");
+        }
+        let decoded = GroupState::from_omap(&st.to_omap()).expect("decode");
+        assert_eq!(decoded.namespaces, st.namespaces);
+        let before = st.clone();
+        st.set_qos(
+            NQN,
+            2,
+            &crate::proto::QosLimits {
+                rw_ios_per_second: Some(1000),
+                ..Default::default()
+            },
+        )
+        .expect("qos");
+        let (set, remove) = st.diff(&before);
+        let mut replica = before.clone();
+        replica.apply(&set, &remove).expect("apply");
+        assert_eq!(replica.namespaces, st.namespaces);
+        assert_eq!(identity(&replica, NQN, 2), identity(&before, NQN, 2));
+    }
+
+    /// A `namespace/...` value as the code before stored identities wrote it.
+    fn entry_without_identity(nsid: u32, image: &str) -> Vec<u8> {
+        format!(
+            r#"{{"subsystem_nqn":"{NQN}","nsid":{nsid},"pool":"rbd","rados_namespace":"","image":"{image}","block_size":512,"ana_group":1,"moving_from":0}}"#
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn namespaces_stored_before_identities_keep_the_one_their_hosts_see() {
+        let mut omap = with_groups(1).to_omap();
+        omap.insert(
+            subsystem_key(NQN),
+            format!(r#"{{"nqn":"{NQN}","serial":"","allow_any_host":true,"max_namespaces":1024}}"#)
+                .into_bytes(),
+        );
+        omap.insert(
+            format!("namespace/{}/{:010}", key_part(NQN), 3),
+            entry_without_identity(3, "old"),
+        );
+        let mut st = GroupState::from_omap(&omap).expect("decode");
+        // What gateways before this change derived for NSID 3 of NQN (gateway/src/config/
+        // build.rs then: UUIDv5 of "nguid:<nqn>/<nsid>" and of "<nqn>/<nsid>" in the
+        // product's namespace); the same values from Python's uuid.uuid5.
+        let legacy = (
+            "f9ab23d8f6775c289a2d37790308ea38".to_string(),
+            "befda5ed-1ec7-5c54-ba45-8cfd6ae812bf".to_string(),
+        );
+        assert_eq!(legacy_ids(NQN, 3), legacy, "the old derivation changed");
+        assert_eq!(identity(&st, NQN, 3), legacy);
+        // Written back (a change to the entry), it keeps that identity, now stored.
+        let again = GroupState::from_omap(&st.to_omap()).expect("decode");
+        assert_eq!(identity(&again, NQN, 3), legacy);
+        // Deleted, the NSID freed and another image added: a new identity.
+        st.del_namespace(NQN, 3).expect("del");
+        let mut new = ns("new");
+        new.nsid = 3;
+        st.add_namespace(new).expect("new");
+        assert_ne!(identity(&st, NQN, 3).0, legacy.0);
+        assert_ne!(identity(&st, NQN, 3).1, legacy.1);
+    }
+
+    #[test]
+    fn a_named_uuid_is_kept_and_refused_when_another_namespace_has_it() {
+        let mut st = with_groups(1);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        st.add_subsystem("nqn.2016-06.io.test:other", "", false, 0)
+            .expect("subsystem");
+        let mut a = ns("a");
+        a.uuid = "3F2504E0-4F89-41D3-9A0C-0305E82C3301".into();
+        let added = st.add_namespace(a).expect("a");
+        assert_eq!(added.uuid, "3f2504e0-4f89-41d3-9a0c-0305e82c3301");
+        assert_eq!(added.nguid, "3f2504e04f8941d39a0c0305e82c3301");
+        let before = st.clone();
+        let mut b = ns("b");
+        b.subsystem_nqn = "nqn.2016-06.io.test:other".into();
+        b.uuid = "3f2504e04f8941d39a0c0305e82c3301".into();
+        assert_eq!(
+            st.add_namespace(b.clone()),
+            Err(ConfigError::IdentityInUse {
+                uuid: "3f2504e0-4f89-41d3-9a0c-0305e82c3301".into(),
+                nqn: NQN.into(),
+                nsid: 1,
+            })
+        );
+        for bad in [
+            "00000000-0000-0000-0000-000000000000",
+            "not-a-uuid",
+            "3f2504e0",
+        ] {
+            b.uuid = bad.into();
+            let e = st.add_namespace(b.clone()).expect_err(bad);
+            assert!(
+                matches!(
+                    e,
+                    ConfigError::Invalid {
+                        what: "namespace UUID",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        assert_eq!(st, before, "a refused namespace changes nothing");
+    }
+
+    #[test]
+    fn a_stored_identity_that_is_not_one_is_corrupt() {
+        let mut st = with_groups(1);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        st.add_namespace(ns("a")).expect("a");
+        let mut omap = st.to_omap();
+        let key = format!("namespace/{}/{:010}", key_part(NQN), 1);
+        let text = String::from_utf8(omap[&key].clone()).expect("utf8");
+        let uuid = identity(&st, NQN, 1).1;
+        omap.insert(key, text.replace(&uuid, &uuid.to_uppercase()).into_bytes());
+        let e = GroupState::from_omap(&omap).expect_err("upper-case UUID");
+        assert!(matches!(e, ConfigError::Corrupt { .. }), "{e}");
     }
 }

@@ -150,6 +150,8 @@ mod tests {
                 no_auto_visible: restricted,
                 hosts: Default::default(),
                 qos: Default::default(),
+                nguid: String::new(),
+                uuid: String::new(),
             })
             .expect("namespace");
         }

@@ -612,15 +612,33 @@ async fn bad_input_is_refused_with_its_errno_and_changes_nothing() {
         ENOENT,
         "image rbd/no-such not found",
     );
+    // A UUID another namespace has (img1's, named in another case), and one that is none.
+    let taken =
+        f.cp.snapshot()
+            .namespaces
+            .values()
+            .next()
+            .map(|n| n.uuid.to_uppercase())
+            .expect("img1");
     let mut uuid = namespace_req("img2", 512);
-    uuid.uuid = Some("8d6f1c5e-0000-4000-8000-000000000001".into());
+    uuid.uuid = Some(taken);
     let r = gw.namespace_add(uuid).await.expect("rpc").into_inner();
     check(
-        "chosen UUID",
+        "UUID in use",
         r.status,
         r.error_message,
-        EOPNOTSUPP,
-        "chosen namespace UUID",
+        EEXIST,
+        "is already the identity of namespace 1",
+    );
+    let mut uuid = namespace_req("img2", 512);
+    uuid.uuid = Some("8d6f1c5e-0000-4000-8000".into());
+    let r = gw.namespace_add(uuid).await.expect("rpc").into_inner();
+    check(
+        "not a UUID",
+        r.status,
+        r.error_message,
+        EINVAL,
+        "invalid namespace UUID",
     );
 
     let host = |host_nqn: &str, k: &str, c: &str| pb::AddHostReq {
@@ -1377,4 +1395,85 @@ async fn the_api_is_behind_the_same_mtls() {
         list(tls::TlsFiles::default()).await.is_err(),
         "plain text served"
     );
+}
+
+/// A namespace's UUID is its own for its whole life: a client may name it (kept as named,
+/// in canonical form), a deleted namespace's NSID given to another image brings another UUID,
+/// and the same UUID is what the gateways are pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_identities_are_chosen_once_and_never_reused() {
+    let mut f = start().await;
+    let gw = &mut f.gw;
+    assert_eq!(
+        gw.create_subsystem(pb::CreateSubsystemReq {
+            subsystem_nqn: NQN.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("rpc")
+        .into_inner()
+        .status,
+        0
+    );
+    let uuid_of = |cp: &ControlPlane, nsid: u32| {
+        cp.snapshot()
+            .namespaces
+            .get(&(NQN.to_string(), nsid))
+            .map(|n| n.uuid.clone())
+    };
+    let mut named = namespace_req("img1", 512);
+    named.uuid = Some("{8D6F1C5E-1A2B-4C3D-8E4F-506172839405}".into());
+    let r = gw.namespace_add(named).await.expect("rpc").into_inner();
+    assert_eq!((r.status, r.nsid), (0, 1), "{r:?}");
+    assert_eq!(
+        uuid_of(&f.cp, 1).as_deref(),
+        Some("8d6f1c5e-1a2b-4c3d-8e4f-506172839405")
+    );
+    let pushed = f.cp.assignment("gw1").expect("assignment");
+    let ns1 = pushed
+        .namespaces
+        .iter()
+        .find(|n| n.nsid == 1)
+        .expect("pushed");
+    assert_eq!(
+        (ns1.uuid.as_str(), ns1.nguid.as_str()),
+        (
+            "8d6f1c5e-1a2b-4c3d-8e4f-506172839405",
+            "8d6f1c5e1a2b4c3d8e4f506172839405"
+        )
+    );
+
+    // Deleted, and another image added under NSID 1: another UUID, listed and pushed.
+    let r = gw
+        .namespace_delete(pb::NamespaceDeleteReq {
+            subsystem_nqn: NQN.into(),
+            nsid: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    let mut again = namespace_req("img2", 512);
+    again.nsid = Some(1);
+    let r = gw.namespace_add(again).await.expect("rpc").into_inner();
+    assert_eq!((r.status, r.nsid), (0, 1), "{r:?}");
+    let second = uuid_of(&f.cp, 1).expect("ns 1");
+    assert_ne!(second, "8d6f1c5e-1a2b-4c3d-8e4f-506172839405");
+    let listed = gw
+        .list_namespaces(pb::ListNamespacesReq {
+            subsystem: NQN.into(),
+            nsid: Some(1),
+            uuid: None,
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(listed.namespaces[0].uuid, second);
+    assert_eq!(listed.namespaces[0].rbd_image_name, "img2");
+    let pushed = f.cp.assignment("gw1").expect("assignment");
+    assert!(pushed
+        .namespaces
+        .iter()
+        .any(|n| n.nsid == 1 && n.uuid == second));
 }

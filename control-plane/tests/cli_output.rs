@@ -111,6 +111,48 @@ fn mask_times(text: &str) -> String {
         .join("\n")
 }
 
+/// The UUID img1 is added with (`namespace add --uuid`): shown as is.
+const NAMED_UUID: &str = "5b3e8d2a-6f1c-4e7a-9d0b-1c2e3f4a5b6c";
+
+/// Replaces each random (version 4) namespace identity in `text`, as a UUID or as the NGUID
+/// of the same bytes, with `<IDn>`, n in order of first appearance over the whole transcript
+/// (`seen`), so the golden shows which NGUID and UUID belong together; the named UUID and
+/// the hosts' NQN UUIDs (not version 4) stay.
+fn mask_random_ids(text: &str, seen: &mut Vec<String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut token = String::new();
+    let mut flush = |token: &mut String, out: &mut String| {
+        let random = uuid::Uuid::try_parse(token)
+            .ok()
+            .filter(|u| u.get_version_num() == 4 && u.hyphenated().to_string() != NAMED_UUID)
+            .map(|u| u.simple().to_string());
+        match random {
+            Some(id) if token.len() == 32 || token.len() == 36 => {
+                let n = match seen.iter().position(|s| *s == id) {
+                    Some(i) => i + 1,
+                    None => {
+                        seen.push(id);
+                        seen.len()
+                    }
+                };
+                out.push_str(&format!("<ID{n}>"));
+            }
+            _ => out.push_str(token),
+        }
+        token.clear();
+    };
+    for c in text.chars() {
+        if c.is_ascii_hexdigit() || c == '-' {
+            token.push(c);
+        } else {
+            flush(&mut token, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut token, &mut out);
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_subcommand_prints_the_same_tables_and_json() {
     let addr = start().await;
@@ -135,6 +177,7 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
             .to_string(),
     );
     let mut transcript = String::new();
+    let mut ids_seen = Vec::new();
     let mut ctl = |args: &[&str]| {
         let out = common::nvmeofctl(&["--server", &addr])
             .args(args)
@@ -146,7 +189,10 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
         }
         transcript.push_str(&format!(
             "$ nvmeofctl {args}\n{}\n[stderr] {}[exit {}]\n",
-            mask_times(&String::from_utf8_lossy(&out.stdout)),
+            mask_random_ids(
+                &mask_times(&String::from_utf8_lossy(&out.stdout)),
+                &mut ids_seen
+            ),
             String::from_utf8_lossy(&out.stderr),
             out.status.code().unwrap_or(-1)
         ));
@@ -168,7 +214,16 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
     ctl(&["subsystem", "add", "--nqn", NQN, "--serial", "SN1"]);
     #[rustfmt::skip]
     ctl(&["-o", "json", "subsystem", "add", "--nqn", &format!("{NQN}-2"), "--allow-any-host", "--max-namespaces", "8"]);
-    ctl(&["namespace", "add", "-n", NQN, "--image", "img1"]);
+    ctl(&[
+        "namespace",
+        "add",
+        "-n",
+        NQN,
+        "--image",
+        "img1",
+        "--uuid",
+        NAMED_UUID,
+    ]);
     #[rustfmt::skip]
     ctl(&["-o", "json", "namespace", "add", "-n", NQN, "--rados-namespace", "ns1", "--image", "img2", "--ana-group", "1"]);
     ctl(&["namespace", "add-many", "-n", NQN, "--file", &many]);

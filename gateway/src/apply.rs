@@ -168,8 +168,10 @@ impl DeviceEventSink for Detached {
 pub trait Wanted {
     /// Whether the subsystem `nqn` stays.
     fn keeps_subsystem(&self, nqn: &str) -> bool;
-    /// Whether namespace `nsid` of the (staying) subsystem `nqn` stays.
-    fn keeps_namespace(&self, nqn: &str, nsid: u32) -> bool;
+    /// Whether namespace `ns` of the (staying) subsystem `nqn` stays (its NSID, and for a
+    /// source that knows it, its identity: another identity under the NSID is another
+    /// namespace).
+    fn keeps_namespace(&self, nqn: &str, ns: &Namespace) -> bool;
     /// The hosts wanted for the (staying) subsystem `nqn`; None: its hosts are not this
     /// source's to change.
     fn hosts(&self, nqn: &str) -> Option<WantedHosts>;
@@ -219,7 +221,7 @@ pub async fn remove_unwanted(
             continue;
         }
         for ns in sub.namespaces() {
-            if wanted.keeps_namespace(sub.nqn(), ns.nsid) {
+            if wanted.keeps_namespace(sub.nqn(), &ns) {
                 if let Some(visibility) = wanted.visibility(sub.nqn(), ns.nsid) {
                     if apply_visibility(&sub, ns.nsid, visibility, origin) {
                         removed.visibility_changed += 1;

@@ -1404,16 +1404,18 @@ impl apply::Wanted for AssignmentWanted<'_> {
         self.in_file(nqn).is_some() || self.pushed(nqn).is_some()
     }
 
-    fn keeps_namespace(&self, nqn: &str, nsid: u32) -> bool {
+    /// The file's namespaces by NSID; a pushed one only while the control plane pushes the
+    /// identity it is served with ([`same_identity`]).
+    fn keeps_namespace(&self, nqn: &str, ns: &Namespace) -> bool {
         let file_has = self
             .in_file(nqn)
-            .is_some_and(|f| f.namespaces.iter().any(|n| n.nsid == nsid));
+            .is_some_and(|f| f.namespaces.iter().any(|n| n.nsid == ns.nsid));
         file_has
             || self
                 .a
                 .namespaces
                 .iter()
-                .any(|n| n.subsystem_nqn == nqn && n.nsid == nsid)
+                .any(|n| n.subsystem_nqn == nqn && n.nsid == ns.nsid && same_identity(n, ns))
     }
 
     fn hosts(&self, nqn: &str) -> Option<WantedHosts> {
@@ -1434,6 +1436,81 @@ impl apply::Wanted for AssignmentWanted<'_> {
             .iter()
             .find(|n| n.subsystem_nqn == nqn && n.nsid == nsid)
             .map(|n| Visibility::from_hosts(!n.no_auto_visible, n.hosts.iter().map(String::as_str)))
+    }
+}
+
+/// Whether `served` is the namespace `pushed` names: the same NGUID and UUID. A control plane
+/// stores a namespace's identity with it (never derives it from the NSID), so another
+/// identity under the same NSID is another namespace: an image added after the one this
+/// gateway serves was deleted, perhaps while this gateway was cut off. Serving the old
+/// device under the NSID would put the new namespace's writes into the old image (or
+/// the reverse). An identity the push leaves empty or that does not parse (never sent by
+/// this project's control planes) is not compared.
+fn same_identity(pushed: &control_plane::proto::Namespace, served: &Namespace) -> bool {
+    let nguid_matches = parse_pushed_id(&pushed.nguid).is_none_or(|id| id == served.nguid);
+    let uuid_matches = parse_pushed_id(&pushed.uuid).is_none_or(|id| id == served.uuid);
+    nguid_matches && uuid_matches
+}
+
+/// A pushed NGUID (32 hex digits) or UUID (hyphenated) as the 16 bytes hosts read.
+fn parse_pushed_id(text: &str) -> Option<[u8; 16]> {
+    uuid::Uuid::try_parse(text).ok().map(|u| *u.as_bytes())
+}
+
+/// What an assignment wants of the namespaces served under its NSIDs: every one but those
+/// served with another identity than the one pushed ([`same_identity`]). Nothing else is
+/// changed (subsystems, hosts, visibility).
+/// The gateway file's namespaces are its own: never taken out.
+struct PushedIdentities<'a> {
+    base: &'a Config,
+    a: &'a Assignment,
+}
+
+impl apply::Wanted for PushedIdentities<'_> {
+    fn keeps_subsystem(&self, _nqn: &str) -> bool {
+        true
+    }
+
+    fn keeps_namespace(&self, nqn: &str, ns: &Namespace) -> bool {
+        let in_file = self
+            .base
+            .subsystems
+            .iter()
+            .any(|s| s.nqn == nqn && s.namespaces.iter().any(|n| n.nsid == ns.nsid));
+        in_file
+            || self
+                .a
+                .namespaces
+                .iter()
+                .filter(|n| n.subsystem_nqn == nqn && n.nsid == ns.nsid)
+                .all(|n| same_identity(n, ns))
+    }
+
+    fn hosts(&self, _nqn: &str) -> Option<WantedHosts> {
+        None
+    }
+}
+
+/// Takes out the namespaces served under an NSID that the assignment gives to another
+/// namespace (another identity): hosts are told the NSID changed, commands in flight finish,
+/// and [`apply_config`] then adds the pushed namespace with its own identity and image. A
+/// host rescanning sees new identifiers under the NSID and drops the old device (Linux:
+/// "identifiers changed"), so no write meant for one image reaches the other.
+async fn take_out_reused_nsids(target: &Target, base: &Config, a: &Assignment) {
+    if a.state_version == 0 {
+        return;
+    }
+    let removed = apply::remove_unwanted(
+        target,
+        &PushedIdentities { base, a },
+        "in the control plane: its NSID now names another namespace (another identity)",
+    )
+    .await;
+    if removed.namespaces > 0 {
+        tracing::warn!(
+            namespaces = removed.namespaces,
+            "namespaces served with an identity the control plane no longer has were taken out"
+        );
     }
 }
 
@@ -1606,6 +1683,7 @@ pub async fn refresh_group_clients(target: &Target, pool: &Arc<ClusterPool>, gro
 /// left out. New ANA groups start inaccessible; [`apply()`] then sets the pushed states. A new
 /// subsystem has its hosts' DH-HMAC-CHAP keys before it is served.
 pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
+    take_out_reused_nsids(target, base, a).await;
     move_namespaces(target, a).await;
     let mut wanted = Vec::new();
     for s in &a.subsystems {
@@ -1633,6 +1711,7 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
                 },
                 read_only: false,
                 uuid: (!n.uuid.is_empty()).then(|| n.uuid.clone()),
+                nguid: (!n.nguid.is_empty()).then(|| n.nguid.clone()),
                 pool: Some(n.pool.clone()),
                 rados_namespace: (!n.rados_namespace.is_empty()).then(|| n.rados_namespace.clone()),
                 image: Some(n.image.clone()),
@@ -2195,6 +2274,90 @@ ana_group = 2
                 .collect(),
             ..Assignment::default()
         }
+    }
+
+    /// A pushed namespace with the identity `uuid` (its NGUID: the same bytes, as a control
+    /// plane chooses them).
+    fn pushed_namespace(nqn: &str, nsid: u32, uuid: &str) -> control_plane::proto::Namespace {
+        control_plane::proto::Namespace {
+            subsystem_nqn: nqn.into(),
+            nsid,
+            ana_group: 1,
+            uuid: uuid.into(),
+            nguid: uuid.replace('-', ""),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_nsid_pushed_with_another_identity_is_another_namespace() {
+        let base = Config::from_toml_str(TOML).expect("config");
+        let (old, new) = (
+            "3f2504e0-4f89-41d3-9a0c-0305e82c3301",
+            "9b6a4c52-1d0e-4a5f-8c3b-2e7f6d1a0b94",
+        );
+        let served = format!(
+            "{TOML}\n[[subsystem]]\nnqn = \"{PUSHED}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\nbackend = \"memory\"\nsize = \"1MiB\"\n\
+             uuid = \"{old}\"\nnguid = \"{}\"\n\
+             [[subsystem.namespace]]\nnsid = 2\nbackend = \"memory\"\nsize = \"1MiB\"\n",
+            old.replace('-', "")
+        );
+        let target = Config::from_toml_str(&served)
+            .expect("config")
+            .build_target()
+            .expect("target");
+        let pushed = target.subsystem(PUSHED).expect("pushed");
+        let file_sub = target.subsystem("nqn.2016-06.io.test:group").expect("file");
+        let mut a = pushed_assignment(7, &[], &[]);
+        a.namespaces = vec![
+            // The namespace served as NSID 1, still pushed with its identity: it stays.
+            pushed_namespace(PUSHED, 1, old),
+            // NSID 2 with an identity the push leaves empty (not compared): it stays.
+            control_plane::proto::Namespace {
+                subsystem_nqn: PUSHED.into(),
+                nsid: 2,
+                ana_group: 1,
+                ..Default::default()
+            },
+            // The file's NSID 1 pushed with another identity: the file's own stays.
+            pushed_namespace("nqn.2016-06.io.test:group", 1, new),
+        ];
+        take_out_reused_nsids(&target, &base, &a).await;
+        apply_removals(&target, &base, &a).await;
+        assert_eq!(pushed.namespaces().len(), 2, "nothing reused: nothing out");
+        assert_eq!(file_sub.namespaces().len(), 2);
+
+        // NSID 1 deleted and another image added under it (a new identity), in one push.
+        a.namespaces[0] = pushed_namespace(PUSHED, 1, new);
+        let (taken_out, kept) = (pushed.namespace(1).expect("ns 1"), pushed.namespace(2));
+        take_out_reused_nsids(&target, &base, &a).await;
+        assert!(
+            pushed.namespace(1).is_none(),
+            "the old image is no longer served under NSID 1"
+        );
+        assert!(
+            taken_out.device.in_flight() == 0,
+            "drained before it returned"
+        );
+        assert!(kept.is_some() && pushed.namespace(2).is_some());
+        assert_eq!(file_sub.namespaces().len(), 2, "the file's namespaces stay");
+
+        // The removals pass agrees: a namespace served with another identity than the
+        // pushed one is not kept (the add then brings the pushed one).
+        let target = Config::from_toml_str(&served)
+            .expect("config")
+            .build_target()
+            .expect("target");
+        apply_removals(&target, &base, &a).await;
+        let nsids: Vec<u32> = target
+            .subsystem(PUSHED)
+            .expect("pushed")
+            .namespaces()
+            .iter()
+            .map(|n| n.nsid)
+            .collect();
+        assert_eq!(nsids, vec![2]);
     }
 
     #[tokio::test]

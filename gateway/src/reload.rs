@@ -605,11 +605,13 @@ impl apply::Wanted for FileWanted<'_> {
         self.subsystem(nqn).is_some()
     }
 
-    fn keeps_namespace(&self, nqn: &str, nsid: u32) -> bool {
+    /// By NSID: a namespace whose device changed under its NSID is replaced by the reload's
+    /// build (with the identity of its new settings, see `config::build`).
+    fn keeps_namespace(&self, nqn: &str, ns: &crate::core::Namespace) -> bool {
         self.subsystem(nqn).is_some_and(|s| {
             s.namespaces
                 .iter()
-                .any(|n: &NamespaceConfig| n.nsid == nsid)
+                .any(|n: &NamespaceConfig| n.nsid == ns.nsid)
         })
     }
 

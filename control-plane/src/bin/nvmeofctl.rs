@@ -144,6 +144,11 @@ enum NamespaceCmd {
         /// Size of the image --create-image makes: bytes or with a unit (512MiB, 2GiB).
         #[arg(long, value_parser = parse_size, requires = "create_image")]
         size: Option<u64>,
+        /// The namespace's UUID (hosts see it, e.g. /dev/disk/by-id/nvme-uuid.UUID; its NGUID
+        /// is made of the same bytes). Default: a random one. Refused when another namespace
+        /// of the group has it.
+        #[arg(long, default_value = "")]
+        uuid: String,
         #[command(flatten)]
         qos: QosArgs,
     },
@@ -684,6 +689,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             no_auto_visible,
             create_image,
             size,
+            uuid,
             qos,
         }) => {
             let request = proto::NamespaceAddRequest {
@@ -698,6 +704,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 create_image,
                 size_bytes: size.unwrap_or(0),
                 qos: qos.any().then(|| qos.proto()),
+                uuid,
             };
             done(out, answer(c.namespace_add(request), tls_on).await?)
         }

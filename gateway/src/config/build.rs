@@ -16,13 +16,48 @@ use crate::core::{
     TargetIdentity, TransportType,
 };
 
-/// Stable 16-byte identities for a namespace, from a name that is the same on every gateway.
+/// UUIDv5 pair (NGUID, UUID) of `identity` in the product's namespace (a fixed UUID).
 fn derived_ids(identity: &str) -> ([u8; 16], [u8; 16]) {
-    // A fixed namespace for v5 UUIDs of this product.
     const PRODUCT: uuid::Uuid = uuid::Uuid::from_u128(0x6c1d_7a1e_52c4_4f0e_9a6b_8e0b_3f2d_a001);
     let uuid = uuid::Uuid::new_v5(&PRODUCT, identity.as_bytes());
     let nguid = uuid::Uuid::new_v5(&PRODUCT, format!("nguid:{identity}").as_bytes());
     (*nguid.as_bytes(), *uuid.as_bytes())
+}
+
+/// A configured namespace's (NGUID, UUID): those the file gives (`nguid`, `uuid`; validated),
+/// else derived from what the namespace is, so every gateway reading the file and every
+/// restart agree, and another device under the same NSID is another namespace:
+/// - an RBD image: `<nqn>/<nsid>/rbd/<pool>/<rados namespace>/<image>`. Before this included
+///   the image, it was `<nqn>/<nsid>`: changing the image behind an NSID kept the identity,
+///   and a host that kept the old device wrote into the new image.
+/// - an in-memory device: `<nqn>/<nsid>`. It starts empty at every start and reload, so its
+///   identity names no data to mix up; it keeps the value it always had.
+///
+/// A group gateway's pushed namespaces carry the control plane's stored identity instead.
+pub(crate) fn namespace_identity(nqn: &str, ns: &NamespaceConfig) -> ([u8; 16], [u8; 16]) {
+    let derived_from = match ns.backend.as_str() {
+        "rbd" => format!(
+            "{nqn}/{}/rbd/{}/{}/{}",
+            ns.nsid,
+            ns.pool.as_deref().unwrap_or_default(),
+            ns.rados_namespace.as_deref().unwrap_or_default(),
+            ns.image.as_deref().unwrap_or_default()
+        ),
+        _ => format!("{nqn}/{}", ns.nsid),
+    };
+    let (mut nguid, mut uuid) = derived_ids(&derived_from);
+    let given = |text: &Option<String>| {
+        text.as_deref()
+            .and_then(|t| uuid::Uuid::try_parse(t).ok())
+            .map(|u| *u.as_bytes())
+    };
+    if let Some(u) = given(&ns.uuid) {
+        uuid = u;
+    }
+    if let Some(g) = given(&ns.nguid) {
+        nguid = g;
+    }
+    (nguid, uuid)
 }
 
 /// Serial number shared by every gateway: derived from the NQN, 20 ASCII characters.
@@ -38,14 +73,7 @@ fn attach_namespace(
     ns: &NamespaceConfig,
     device: Arc<dyn BlockDevice>,
 ) {
-    let (nguid, mut uuid) = derived_ids(&format!("{}/{}", s.nqn, ns.nsid));
-    if let Some(u) = ns
-        .uuid
-        .as_deref()
-        .and_then(|u| uuid::Uuid::parse_str(u).ok())
-    {
-        uuid = *u.as_bytes();
-    }
+    let (nguid, uuid) = namespace_identity(&s.nqn, ns);
     let namespace = Arc::new(Namespace {
         nsid: ns.nsid,
         device: device.clone(),

@@ -215,10 +215,15 @@ pub struct NamespaceConfig {
     pub ana_group: u32,
     #[serde(default)]
     pub read_only: bool,
-    /// Namespace UUID; derived from the subsystem NQN and NSID when absent, so it is the same
-    /// on every gateway and after restarts.
+    /// Namespace UUID (hyphenated). Absent: derived from the subsystem NQN, the NSID and
+    /// the device (an RBD image's pool, RADOS namespace and name), so it is the same on every
+    /// gateway and after restarts, and another image under the same NSID gets another one
+    /// (see `config::build`). A group gateway's pushed namespaces carry the control plane's.
     #[serde(default)]
     pub uuid: Option<String>,
+    /// Namespace NGUID (32 hex digits). Absent: derived as `uuid` is.
+    #[serde(default)]
+    pub nguid: Option<String>,
     /// `backend = "rbd"`: the Ceph pool of the image.
     #[serde(default)]
     pub pool: Option<String>,

@@ -792,3 +792,121 @@ fn namespace_hosts_are_checked() {
     )))
     .expect("the limit itself is taken");
 }
+
+/// GOOD with namespace 1 as `namespace` (TOML lines).
+fn with_namespace(namespace: &str) -> Result<Config, ConfigError> {
+    parse(&GOOD.replace(
+        "nsid = 1\n        backend = \"memory\"\n        size = \"1GiB\"",
+        namespace,
+    ))
+}
+
+fn identity_of(c: &Config) -> ([u8; 16], [u8; 16]) {
+    let s = &c.subsystems[0];
+    super::build::namespace_identity(&s.nqn, &s.namespaces[0])
+}
+
+#[test]
+fn another_image_under_an_nsid_is_another_namespace_to_hosts() {
+    let rbd = |image: &str| {
+        with_namespace(&format!(
+            "nsid = 1\n        backend = \"rbd\"\n        pool = \"rbd\"\n        image = \"{image}\""
+        ))
+        .expect("valid")
+    };
+    let (a, a_again, b) = (rbd("a"), rbd("a"), rbd("b"));
+    assert_eq!(
+        identity_of(&a),
+        identity_of(&a_again),
+        "every gateway, every start"
+    );
+    assert_ne!(
+        identity_of(&a).0,
+        identity_of(&b).0,
+        "NGUID reused for another image"
+    );
+    assert_ne!(
+        identity_of(&a).1,
+        identity_of(&b).1,
+        "UUID reused for another image"
+    );
+    let in_pool = |pool: &str, rados_ns: &str| {
+        with_namespace(&format!(
+            "nsid = 1\n        backend = \"rbd\"\n        pool = \"{pool}\"\n        rados_namespace = \"{rados_ns}\"\n        image = \"a\""
+        ))
+        .expect("valid")
+    };
+    assert_ne!(
+        identity_of(&in_pool("rbd", "x")),
+        identity_of(&in_pool("rbd", "y"))
+    );
+    assert_ne!(
+        identity_of(&in_pool("rbd", "x")),
+        identity_of(&in_pool("other", "x"))
+    );
+    // An in-memory namespace keeps the identity it always had (UUIDv5 of "<nqn>/<nsid>" and
+    // "nguid:<nqn>/<nsid>"; the same values from Python's uuid.uuid5).
+    let memory = with_namespace("nsid = 1\n        backend = \"memory\"\n        size = \"1GiB\"")
+        .expect("valid");
+    let (nguid, uuid) = identity_of(&memory);
+    assert_eq!(
+        uuid::Uuid::from_bytes(nguid).simple().to_string(),
+        "42b1a0c108f657b68f08d9378e269a1d"
+    );
+    assert_eq!(
+        uuid::Uuid::from_bytes(uuid).hyphenated().to_string(),
+        "4bedead6-c57f-522e-8691-39fc53a5e3a1"
+    );
+}
+
+#[test]
+fn a_pinned_identity_is_served_and_checked() {
+    let pinned = with_namespace(
+        "nsid = 1\n        backend = \"memory\"\n        size = \"1MiB\"\n        \
+         uuid = \"3F2504E0-4F89-41D3-9A0C-0305E82C3301\"\n        \
+         nguid = \"00112233445566778899aabbccddeeff\"",
+    )
+    .expect("valid");
+    let target = pinned.build_target().expect("build");
+    let ns = target
+        .subsystem("nqn.2016-06.io.example:demo")
+        .and_then(|s| s.namespace(1))
+        .expect("namespace 1");
+    assert_eq!(
+        uuid::Uuid::from_bytes(ns.uuid).to_string(),
+        "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+    );
+    assert_eq!(
+        uuid::Uuid::from_bytes(ns.nguid).simple().to_string(),
+        "00112233445566778899aabbccddeeff"
+    );
+    for (line, field) in [
+        ("uuid = \"00000000-0000-0000-0000-000000000000\"", "uuid"),
+        ("nguid = \"0011\"", "nguid"),
+        ("nguid = \"not hex at all, not 32 digits\"", "nguid"),
+    ] {
+        let e = with_namespace(&format!(
+            "nsid = 1\n        backend = \"memory\"\n        size = \"1MiB\"\n        {line}"
+        ))
+        .expect_err(line);
+        assert!(
+            e.to_string()
+                .contains(&format!("subsystem[0].namespace[0].{field}")),
+            "{e}"
+        );
+    }
+    // Two namespaces with one UUID would be one namespace to hosts (multipath joins them).
+    let twice = with_namespace(
+        "nsid = 1\n        backend = \"memory\"\n        size = \"1MiB\"\n        \
+         uuid = \"3f2504e0-4f89-41d3-9a0c-0305e82c3301\"\n\n        \
+         [[subsystem.namespace]]\n        nsid = 2\n        backend = \"memory\"\n        \
+         size = \"1MiB\"\n        uuid = \"3f2504e0-4f89-41d3-9a0c-0305e82c3301\"",
+    )
+    .expect_err("the same UUID twice");
+    assert!(
+        twice
+            .to_string()
+            .contains("subsystem[0].namespace[1].uuid: the same UUID as subsystem[0].namespace[0]"),
+        "{twice}"
+    );
+}

@@ -269,6 +269,7 @@ impl Config {
         }
         let mut seen_nqns = BTreeSet::new();
         let mut seen_images = HashMap::new();
+        let mut seen_ids = HashMap::new();
         for (i, s) in self.subsystems.iter().enumerate() {
             let field = format!("subsystem[{i}]");
             check_nqn(&format!("{field}.nqn"), &s.nqn)?;
@@ -350,11 +351,32 @@ impl Config {
                 if let Err(e) = limits.check() {
                     return Err(invalid(format!("{nfield}.{}", e.field), e.to_string()));
                 }
-                if let Some(u) = &ns.uuid {
-                    if uuid::Uuid::parse_str(u).map(|u| u.is_nil()).unwrap_or(true) {
+                for (name, text) in [("uuid", &ns.uuid), ("nguid", &ns.nguid)] {
+                    if let Some(t) = text {
+                        if uuid::Uuid::try_parse(t).map(|u| u.is_nil()).unwrap_or(true) {
+                            return Err(invalid(
+                                format!("{nfield}.{name}"),
+                                format!(
+                                    "{t:?} is not a non-nil {} (e.g. {})",
+                                    name.to_uppercase(),
+                                    if name == "uuid" {
+                                        "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+                                    } else {
+                                        "3f2504e04f8941d39a0c0305e82c3301"
+                                    }
+                                ),
+                            ));
+                        }
+                    }
+                }
+                // Hosts tell namespaces apart by these: two with one identity would be
+                // taken for one (multipath would join them).
+                let (nguid, uuid) = super::build::namespace_identity(&s.nqn, ns);
+                for (name, id) in [("uuid", uuid), ("nguid", nguid)] {
+                    if let Some(other) = seen_ids.insert((name, id), nfield.clone()) {
                         return Err(invalid(
-                            format!("{nfield}.uuid"),
-                            format!("{u:?} is not a non-nil UUID"),
+                            format!("{nfield}.{name}"),
+                            format!("the same {} as {other}", name.to_uppercase()),
                         ));
                     }
                 }

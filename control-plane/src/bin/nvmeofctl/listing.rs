@@ -133,6 +133,7 @@ impl Listing for proto::Namespace {
         "BLOCK",
         "ANA GROUP",
         "NGUID",
+        "UUID",
         "VISIBLE TO",
         "QOS",
     ];
@@ -149,6 +150,7 @@ impl Listing for proto::Namespace {
             self.block_size.to_string(),
             self.ana_group.to_string(),
             self.nguid.clone(),
+            self.uuid.clone(),
             match (self.no_auto_visible, self.hosts.is_empty()) {
                 (false, _) => "all".into(),
                 (true, true) => "none".into(),
