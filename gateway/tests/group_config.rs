@@ -50,6 +50,35 @@ async fn discovery_ports(port: u16) -> Vec<String> {
         .collect()
 }
 
+/// The NGUID the control plane lists for namespace `nsid` (hex, as stored).
+async fn listed_nguid(
+    admin: &mut proto::admin_client::AdminClient<tonic::transport::Channel>,
+    nsid: u32,
+) -> String {
+    admin
+        .namespace_list(proto::NamespaceListRequest {
+            subsystem_nqn: SUBNQN.into(),
+        })
+        .await
+        .expect("namespace list")
+        .into_inner()
+        .namespaces
+        .into_iter()
+        .find(|n| n.nsid == nsid)
+        .map(|n| n.nguid)
+        .unwrap_or_default()
+}
+
+/// The NGUID the host reads in Identify Namespace, as hex.
+async fn served_nguid(admin: &nvmeof_gateway::host::HostConnection, nsid: u32) -> String {
+    let nguid = admin
+        .identify_namespace(nsid)
+        .await
+        .expect("identify namespace")
+        .nguid();
+    nguid.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Ceph cluster: bash rbd-backend/tests/ceph-tests.sh"]
 async fn a_gateway_serves_what_the_control_plane_stores() {
@@ -132,6 +161,14 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
     h_io.write(2, 0, data.clone(), 512)
         .await
         .expect("write ns 2");
+    // Each namespace is served with the identity the control plane stored for it.
+    let ids = [
+        served_nguid(&h_admin, 1).await,
+        served_nguid(&h_admin, 2).await,
+    ];
+    assert_eq!(ids[0], listed_nguid(&mut admin, 1).await);
+    assert_eq!(ids[1], listed_nguid(&mut admin, 2).await);
+    assert_ne!(ids[0], ids[1]);
 
     // Resize through the admin API: grow only; the host sees the new size.
     let shrink = admin
@@ -244,6 +281,11 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
     h_io.write(2, 0, data.clone(), 512)
         .await
         .expect("write ns 2 after gw2 was fenced");
+    assert_eq!(
+        served_nguid(&h_admin, 2).await,
+        ids[1],
+        "identity changed by a move and a failover"
+    );
     remove_from_blocklist(&fake_addr);
 
     // Listeners registered for the group (this gateway's and another's) are all in this
@@ -372,11 +414,76 @@ async fn a_gateway_serves_what_the_control_plane_stores() {
     wait_optimized(&h_admin, 2).await;
     assert_eq!(h_io.read(1, 0, 8, 512).await.expect("read ns 1"), data);
     assert_eq!(h_io.read(2, 0, 8, 512).await.expect("read ns 2"), data);
+    for (nsid, id) in [(1, &ids[0]), (2, &ids[1])] {
+        assert_eq!(
+            served_nguid(&h_admin, nsid).await,
+            *id,
+            "identity changed by a gateway restart"
+        );
+    }
+    // Another replica of the control plane (a restart) loads the same identities from RADOS.
+    let replica = common::control::start_rados_control_plane(&name, 200).await;
+    let mut replica_admin = admin_client(&replica.addr).await;
+    assert_eq!(listed_nguid(&mut replica_admin, 1).await, ids[0]);
+    assert_eq!(listed_nguid(&mut replica_admin, 2).await, ids[1]);
+
+    // Namespace 2 deleted and another (new, empty) image added under NSID 2 while the host
+    // is connected: the host finds another identity there, and the new image's data, not
+    // the old one's.
+    admin
+        .namespace_del(proto::NamespaceDelRequest {
+            subsystem_nqn: SUBNQN.into(),
+            nsid: 2,
+            ..Default::default()
+        })
+        .await
+        .expect("namespace del");
+    let third = format!("{name}-3");
+    admin
+        .namespace_add(proto::NamespaceAddRequest {
+            subsystem_nqn: SUBNQN.into(),
+            nsid: 2,
+            pool: pool(),
+            image: third.clone(),
+            ana_group: 1,
+            create_image: true,
+            size_bytes: 16 << 20,
+            ..Default::default()
+        })
+        .await
+        .expect("another image as namespace 2");
+    let reused = listed_nguid(&mut admin, 2).await;
+    assert_ne!(
+        reused, ids[1],
+        "the new image got the old namespace's NGUID"
+    );
+    poll_until(
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        async || {
+            let served = h_admin.identify_namespace(2).await.map(|n| {
+                n.nguid()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            });
+            match served {
+                Ok(g) if g == reused => Ok(()),
+                other => Err(format!("NSID 2 served as {other:?}, want {reused}")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        h_io.read(2, 0, 8, 512).await.expect("read the new ns 2"),
+        vec![0u8; 4096],
+        "NSID 2 still reads the old image"
+    );
 
     drop(h_io);
     drop(h_admin);
     drop(gw);
-    for i in &images {
+    for i in images.iter().chain([&third]) {
         remove_image(i);
     }
     let _ = std::fs::remove_dir_all(dir);
