@@ -50,7 +50,8 @@
 #   e2e-tenants tests/ceph-api/tls-local.sh (the Python ceph-nvmeof client on the TLS fields), then
 #             tests/vm/e2e-tenants.sh target/release: e2e-group's group (two gateways) with the
 #             guest running tests/vm/tenants/PART.sh parts as one VM boot (per-host visibility,
-#             QoS, group reservations, the ceph-nvmeof API), each on its own subsystem.
+#             QoS, group reservations, the ceph-nvmeof API, namespace identity when an NSID changes
+#             hands), each on its own subsystem.
 #   e2e-demo  tests/vm/e2e-demo.sh target/release: README command 1, scripts/demo.sh (DEMO_DIR under
 #             the log dir, free ports), exits 0 and prints the nvme lines, `status` says all runs;
 #             the Linux initiator in the VM discovers and connects to both gateways (one
