@@ -31,6 +31,12 @@ struct Args {
     /// Validate the configuration and exit.
     #[arg(long)]
     check: bool,
+    /// Print, for each RBD namespace that names no `uuid`/`nguid`, the two lines that keep
+    /// the identity earlier gateways gave it (from the NQN and NSID only, before it included
+    /// the image), then exit: add them to the file before upgrading a gateway whose hosts
+    /// stay connected.
+    #[arg(long)]
+    print_previous_ids: bool,
 }
 
 fn main() -> ExitCode {
@@ -53,6 +59,10 @@ fn main() -> ExitCode {
     };
     if args.check {
         println!("configuration OK");
+        return ExitCode::SUCCESS;
+    }
+    if args.print_previous_ids {
+        print!("{}", config.previous_identity_pins());
         return ExitCode::SUCCESS;
     }
     match nvmeof_gateway::limits::raise_open_file_limit() {

@@ -60,6 +60,35 @@ pub(crate) fn namespace_identity(nqn: &str, ns: &NamespaceConfig) -> ([u8; 16], 
     (nguid, uuid)
 }
 
+impl Config {
+    /// For each RBD namespace of the file that names neither `uuid` nor `nguid`: the two lines
+    /// that keep the identity gateways derived before it included the image (UUIDv5 of
+    /// `<nqn>/<nsid>`, what hosts connected to such a gateway see), as TOML to add to that
+    /// namespace. An in-memory namespace keeps that identity anyway; a namespace naming one
+    /// of the two has what it names.
+    pub fn previous_identity_pins(&self) -> String {
+        let mut out = String::new();
+        for (i, s) in self.subsystems.iter().enumerate() {
+            for (j, ns) in s.namespaces.iter().enumerate() {
+                if ns.backend != "rbd" || ns.uuid.is_some() || ns.nguid.is_some() {
+                    continue;
+                }
+                let (nguid, uuid) = derived_ids(&format!("{}/{}", s.nqn, ns.nsid));
+                out += &format!(
+                    "# subsystem[{i}].namespace[{j}]: {} NSID {} ({}/{})\nuuid = \"{}\"\nnguid = \"{}\"\n",
+                    s.nqn,
+                    ns.nsid,
+                    ns.pool.as_deref().unwrap_or_default(),
+                    ns.image.as_deref().unwrap_or_default(),
+                    uuid::Uuid::from_bytes(uuid).hyphenated(),
+                    uuid::Uuid::from_bytes(nguid).simple(),
+                );
+            }
+        }
+        out
+    }
+}
+
 /// Serial number shared by every gateway: derived from the NQN, 20 ASCII characters.
 fn derived_serial(nqn: &str) -> String {
     let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, nqn.as_bytes());

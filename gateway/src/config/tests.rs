@@ -910,3 +910,59 @@ fn a_pinned_identity_is_served_and_checked() {
         "{twice}"
     );
 }
+
+#[test]
+fn previous_identities_are_printed_for_unpinned_rbd_namespaces_only() {
+    let c = parse(
+        r#"
+        [[listener]]
+        transport = "tcp"
+        address = "127.0.0.1"
+        port = 4420
+
+        [[subsystem]]
+        nqn = "nqn.2016-06.io.example:disks"
+        allow_any_host = true
+
+        [[subsystem.namespace]]
+        nsid = 3
+        backend = "rbd"
+        pool = "rbd"
+        image = "vm1"
+
+        [[subsystem.namespace]]
+        nsid = 4
+        backend = "rbd"
+        pool = "rbd"
+        image = "vm2"
+        uuid = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+
+        [[subsystem.namespace]]
+        nsid = 5
+        backend = "memory"
+        size = "1MiB"
+    "#,
+    )
+    .expect("valid");
+    // The group's legacy derivation and the one gateways used: one and the same.
+    let (nguid, uuid) = control_plane::state::legacy_ids("nqn.2016-06.io.example:disks", 3);
+    assert_eq!(
+        c.previous_identity_pins(),
+        format!(
+            "# subsystem[0].namespace[0]: nqn.2016-06.io.example:disks NSID 3 (rbd/vm1)\n\
+             uuid = \"{uuid}\"\nnguid = \"{nguid}\"\n"
+        )
+    );
+    // Pinned with them, the namespace is served as before.
+    let pinned = GOOD.replace(
+        "nsid = 1\n        backend = \"memory\"\n        size = \"1GiB\"",
+        &format!(
+            "nsid = 3\n        backend = \"rbd\"\n        pool = \"rbd\"\n        image = \"vm1\"\n        uuid = \"{uuid}\"\n        nguid = \"{nguid}\""
+        ),
+    )
+    .replace("nqn.2016-06.io.example:demo", "nqn.2016-06.io.example:disks");
+    let pinned = parse(&pinned).expect("pinned");
+    let (g, u) = identity_of(&pinned);
+    assert_eq!(uuid::Uuid::from_bytes(u).hyphenated().to_string(), uuid);
+    assert_eq!(uuid::Uuid::from_bytes(g).simple().to_string(), nguid);
+}
