@@ -115,7 +115,8 @@ fn config_status(e: ConfigError) -> Status {
         | ConfigError::ListenerExists(_)
         | ConfigError::HostExists { .. }
         | ConfigError::NamespaceHostExists { .. }
-        | ConfigError::ImageInUse(..) => Status::already_exists(msg),
+        | ConfigError::ImageInUse(..)
+        | ConfigError::IdentityInUse { .. } => Status::already_exists(msg),
         ConfigError::SubsystemNotEmpty { .. }
         | ConfigError::NoFreeNsid { .. }
         | ConfigError::NamespaceAutoVisible { .. } => Status::failed_precondition(msg),

@@ -30,8 +30,9 @@ struct Fixture {
 }
 
 async fn start() -> Fixture {
-    let backend =
-        test_support::memory_backend_with_images(["rbd/img1", "rbd/img2"].map(String::from));
+    let backend = test_support::memory_backend_with_images(
+        ["rbd/img1", "rbd/img2", "rbd/img3"].map(String::from),
+    );
     let options = Options {
         timing: Timing {
             grace_ms: 600,
@@ -195,6 +196,27 @@ async fn admin_requests_and_their_refusals() {
         (
             code(a.namespace_add(namespace(NQN, 1, "img1")).await),
             Code::AlreadyExists,
+        ),
+        (
+            // another namespace's UUID: a namespace's identity is its own
+            code(
+                a.namespace_add(proto::NamespaceAddRequest {
+                    uuid: ns.namespaces[0].uuid.clone(),
+                    ..namespace(NQN, 0, "img3")
+                })
+                .await,
+            ),
+            Code::AlreadyExists,
+        ),
+        (
+            code(
+                a.namespace_add(proto::NamespaceAddRequest {
+                    uuid: "not-a-uuid".into(),
+                    ..namespace(NQN, 0, "img3")
+                })
+                .await,
+            ),
+            Code::InvalidArgument,
         ),
         (
             code(
