@@ -41,6 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .skip_debug(".add_host_req")
         .skip_debug(".change_host_key_req")
         .skip_debug(".create_subsystem_req")
+        .skip_debug(".change_subsystem_key_req")
         .compile_fds(fds)?;
     Ok(())
 }

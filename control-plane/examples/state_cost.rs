@@ -28,6 +28,7 @@ fn entry(i: u32) -> NamespaceEntry {
         no_auto_visible: false,
         hosts: Default::default(),
         qos: Default::default(),
+        trash_image: false,
     }
 }
 

@@ -117,6 +117,7 @@ fn config_status(e: ConfigError) -> Status {
         | ConfigError::NamespaceHostExists { .. }
         | ConfigError::ImageInUse(..) => Status::already_exists(msg),
         ConfigError::SubsystemNotEmpty { .. }
+        | ConfigError::NamespaceHasHosts { .. }
         | ConfigError::NoFreeNsid { .. }
         | ConfigError::NamespaceAutoVisible { .. } => Status::failed_precondition(msg),
         ConfigError::TooManyNamespaceHosts { .. } => Status::resource_exhausted(msg),
@@ -177,6 +178,9 @@ impl ControlPlane {
             ending_moves: Mutex::new(std::collections::BTreeSet::new()),
             stopping: AtomicBool::new(false),
         });
+        if let Err(e) = crate::log_level::follow(cp.snapshot().settings.log_level.as_deref()) {
+            tracing::warn!("group log level: {e}");
+        }
         // Follow every notify off the librados thread: apply the write it carries, or re-read.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<Vec<u8>>>();
         let weak = Arc::downgrade(&cp);
@@ -239,8 +243,13 @@ impl ControlPlane {
     fn set_cached(&self, st: Arc<GroupState>) {
         let mut c = self.cached.write().unwrap_or_else(|e| e.into_inner());
         if st.version > c.version || (st.version == c.version && st != *c) {
+            let level = st.settings.log_level.clone();
             *c = st;
             drop(c);
+            // The group's log level applies to the replicas too (not only to the gateways).
+            if let Err(e) = crate::log_level::follow(level.as_deref()) {
+                tracing::warn!("group log level: {e}");
+            }
             self.changed.send_modify(|v| *v += 1);
         }
     }
@@ -395,6 +404,48 @@ impl ControlPlane {
     ) -> Result<(state::HostAuth, Arc<GroupState>), StoreError> {
         let (nqn, host) = (nqn.to_string(), host.to_string());
         self.try_update(move |st| st.add_host_with_key_text(&nqn, &host, &keys))
+            .await
+    }
+
+    /// Moves a namespace to ANA group `group` and waits for the gateway serving the group it
+    /// leaves to drain it: the Admin API's NamespaceMove and the ceph-nvmeof API's
+    /// namespace_change_load_balancing_group. Returns the state and a note on the drain.
+    pub(crate) async fn move_namespace(
+        self: &Arc<Self>,
+        nqn: &str,
+        nsid: u32,
+        group: u32,
+    ) -> Result<(Arc<GroupState>, String), StoreError> {
+        let key = (nqn.to_string(), nsid);
+        // Claimed before the move is marked, so the leader never takes it for one whose
+        // request died.
+        let _claim = EndingClaim::new(self, &key);
+        let n = nqn.to_string();
+        let (_, st) = self
+            .try_update(move |st| st.move_namespace(&n, nsid, group))
+            .await?;
+        // Drain: the gateway serving the old group moves the namespace at once and
+        // acknowledges once its commands in flight are done; everyone else keeps it in the
+        // old group (not served) until then. Only then does the new group's gateway serve it.
+        let moving_from = st.namespaces.get(&key).map(|n| n.moving_from).unwrap_or(0);
+        if moving_from == 0 {
+            return Ok((st, String::new()));
+        }
+        let drained = self.wait_for_drain(moving_from, st.version).await;
+        let k = key.clone();
+        let (_, st) = self
+            .try_update(move |st| st.finish_move_from(&k.0, k.1, moving_from))
+            .await?;
+        Ok((st, drained))
+    }
+
+    /// Sets the group's log level (None: each process its own), live on every replica and
+    /// gateway: the Admin API's LogLevelSet and the ceph-nvmeof API's set_gateway_log_level.
+    pub(crate) async fn set_log_level(
+        self: &Arc<Self>,
+        level: Option<String>,
+    ) -> Result<(bool, Arc<GroupState>), StoreError> {
+        self.try_update(move |st| st.set_log_level(level.as_deref()))
             .await
     }
 
@@ -877,7 +928,7 @@ fn subsystem_proto(
 ) -> proto::Subsystem {
     let entries: Vec<proto::Host> = st
         .host_entries_of(&s.nqn)
-        .map(|(host, auth)| host_proto(&s.nqn, host, auth, with_keys))
+        .map(|(host, auth)| host_proto(&s.nqn, host, &st.auth_in_force(&s.nqn, auth), with_keys))
         .collect();
     proto::Subsystem {
         nqn: s.nqn.clone(),
@@ -963,6 +1014,7 @@ fn namespace_entry(r: proto::NamespaceAddRequest) -> NamespaceEntry {
         moving_from: 0,
         no_auto_visible: r.no_auto_visible,
         hosts: std::collections::BTreeSet::new(),
+        trash_image: false,
     }
 }
 
@@ -1043,6 +1095,7 @@ impl ControlPlane {
             wait_for_osdmap: true,
             group_listeners: st.listeners.iter().map(listener_proto).collect(),
             state_version: st.version,
+            log_level: st.settings.log_level.clone().unwrap_or_default(),
         })
     }
 
@@ -1696,28 +1749,7 @@ impl proto::admin_server::Admin for AdminService {
     ) -> Result<Response<proto::Reply>, Status> {
         let r = r.into_inner();
         let (nqn, nsid, g) = (r.subsystem_nqn.clone(), r.nsid, r.ana_group);
-        let key = (nqn.clone(), nsid);
-        // Claimed before the move is marked, so the leader never takes it for one whose
-        // request died.
-        let _claim = EndingClaim::new(&self.0, &key);
-        let (_, st) = self
-            .0
-            .update(move |st| st.move_namespace(&r.subsystem_nqn, r.nsid, r.ana_group))
-            .await?;
-        // Drain: the gateway serving the old group moves the namespace at once and acknowledges
-        // once its commands in flight are done; everyone else keeps it in the old group (not
-        // served) until then. Only then does the new group's gateway serve it.
-        let moving_from = st
-            .namespaces
-            .get(&(nqn.clone(), nsid))
-            .map(|n| n.moving_from)
-            .unwrap_or(0);
-        let (st, drained) = if moving_from != 0 {
-            let drained = self.0.wait_for_drain(moving_from, st.version).await;
-            (self.0.end_move(&key, moving_from).await?, drained)
-        } else {
-            (st, String::new())
-        };
+        let (st, drained) = self.0.move_namespace(&nqn, nsid, g).await.map_err(status)?;
         Ok(reply(
             &st,
             format!("namespace {nsid} of {nqn} moved to ANA group {g}{drained}"),

@@ -150,6 +150,7 @@ mod tests {
                 no_auto_visible: restricted,
                 hosts: Default::default(),
                 qos: Default::default(),
+                trash_image: false,
             })
             .expect("namespace");
         }
