@@ -1085,10 +1085,7 @@ async fn change_subsystem_key(
     let nqn = r.subsystem_nqn.clone();
     let key = r.dhchap_key.unwrap_or_default();
     let set = !key.is_empty();
-    let (changed, _) = cp
-        .try_update(move |st| st.set_subsystem_key(&r.subsystem_nqn, &key))
-        .await?;
-    tracing::info!(nqn = %nqn, set, changed, "subsystem DH-HMAC-CHAP key changed (ceph-nvmeof API)");
+    cp.set_subsystem_key(&r.subsystem_nqn, key).await?;
     Ok(format!(
         "{nqn}: DH-HMAC-CHAP key {}",
         if set { "set" } else { "removed" }
@@ -1126,10 +1123,8 @@ async fn change_visibility(
 ) -> Outcome<String> {
     let (nqn, nsid, auto) = (r.subsystem_nqn.clone(), r.nsid, r.auto_visible);
     let force = flag(r.force);
-    let (changed, _) = cp
-        .try_update(move |st| st.set_namespace_visibility(&nqn, nsid, auto, force))
+    cp.set_namespace(&nqn, nsid, Some(auto), None, force)
         .await?;
-    tracing::info!(nqn = %r.subsystem_nqn, nsid, auto_visible = auto, changed, "namespace visibility set (ceph-nvmeof API)");
     Ok(format!(
         "namespace {nsid} of {} visible to {}",
         r.subsystem_nqn,
@@ -1148,10 +1143,8 @@ async fn set_rbd_trash_image(
     r: pb::NamespaceSetRbdTrashImageReq,
 ) -> Outcome<String> {
     let (nqn, nsid, trash) = (r.subsystem_nqn.clone(), r.nsid, r.trash_image);
-    let (changed, _) = cp
-        .try_update(move |st| st.set_trash_image(&nqn, nsid, trash))
+    cp.set_namespace(&nqn, nsid, None, Some(trash), false)
         .await?;
-    tracing::info!(nqn = %r.subsystem_nqn, nsid, trash, changed, "namespace trash-on-delete flag set (ceph-nvmeof API)");
     Ok(format!(
         "namespace {nsid} of {}: trash_image {trash}",
         r.subsystem_nqn

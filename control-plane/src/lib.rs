@@ -43,6 +43,21 @@ pub mod proto {
     }
 
     /// Leaves the key out (whether it is set shows).
+    impl std::fmt::Debug for SubsystemKeyRequest {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let set = if self.dhchap_key.is_empty() {
+                "<none>"
+            } else {
+                "<set>"
+            };
+            f.debug_struct("SubsystemKeyRequest")
+                .field("nqn", &self.nqn)
+                .field("dhchap_key", &set)
+                .finish()
+        }
+    }
+
+    /// Leaves the key out (whether it is set shows).
     impl std::fmt::Debug for TlsPsk {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             let set = if self.key.is_empty() {

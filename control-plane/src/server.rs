@@ -449,6 +449,77 @@ impl ControlPlane {
             .await
     }
 
+    /// Changes a namespace's visibility (`force`: dropping its host list) and its
+    /// trash-on-delete flag in one state change: the Admin API's NamespaceSet (the
+    /// ceph-nvmeof API's namespace_change_visibility and namespace_set_rbd_trash_image set
+    /// one each). Returns what changed, for the reply.
+    pub(crate) async fn set_namespace(
+        self: &Arc<Self>,
+        nqn: &str,
+        nsid: u32,
+        auto_visible: Option<bool>,
+        trash_image: Option<bool>,
+        force: bool,
+    ) -> Result<(Vec<String>, Arc<GroupState>), StoreError> {
+        let n = nqn.to_string();
+        let (notes, st) = self
+            .try_update(move |st| {
+                let mut notes = Vec::new();
+                if let Some(auto) = auto_visible {
+                    let changed = st.set_namespace_visibility(&n, nsid, auto, force)?;
+                    notes.push(format!(
+                        "visible to {}{}",
+                        if auto {
+                            "every allowed host"
+                        } else {
+                            "the hosts on its list"
+                        },
+                        if changed { "" } else { " (unchanged)" }
+                    ));
+                }
+                if let Some(trash) = trash_image {
+                    let changed = st.set_trash_image(&n, nsid, trash)?;
+                    notes.push(format!(
+                        "image {} the RBD trash when deleted{}",
+                        if trash { "goes to" } else { "does not go to" },
+                        if changed { "" } else { " (unchanged)" }
+                    ));
+                }
+                Ok(notes)
+            })
+            .await?;
+        tracing::info!(
+            nqn,
+            nsid,
+            ?auto_visible,
+            ?trash_image,
+            "namespace settings changed"
+        );
+        Ok((notes, st))
+    }
+
+    /// Sets (or, empty, removes) a subsystem's DH-HMAC-CHAP key: the Admin API's
+    /// SubsystemChangeKey and the ceph-nvmeof API's change_subsystem_key. Returns whether it
+    /// changed.
+    pub(crate) async fn set_subsystem_key(
+        self: &Arc<Self>,
+        nqn: &str,
+        key: String,
+    ) -> Result<(bool, Arc<GroupState>), StoreError> {
+        let n = nqn.to_string();
+        let set = !key.is_empty();
+        let out = self
+            .try_update(move |st| st.set_subsystem_key(&n, &key))
+            .await?;
+        tracing::info!(
+            nqn,
+            set,
+            changed = out.0,
+            "subsystem DH-HMAC-CHAP key changed"
+        );
+        Ok(out)
+    }
+
     /// The host connections to `nqn` the gateways reported in their last beacons.
     pub(crate) fn connections_of(&self, nqn: &str) -> Vec<proto::Connection> {
         self.connections
@@ -943,6 +1014,7 @@ fn subsystem_proto(
         max_namespaces: s.max_namespaces,
         host_entries: entries,
         require_tls: s.require_tls,
+        has_dhchap_key: s.dhchap_key.is_some(),
     }
 }
 
@@ -998,6 +1070,7 @@ fn namespace_proto(n: &NamespaceEntry) -> proto::Namespace {
         no_auto_visible: n.no_auto_visible,
         hosts: n.hosts.iter().cloned().collect(),
         qos: (!n.qos.is_unlimited()).then(|| n.qos.to_proto()),
+        trash_image: n.trash_image,
     }
 }
 
@@ -1663,6 +1736,15 @@ impl proto::admin_server::Admin for AdminService {
             .namespaces
             .get(&(nqn.clone(), nsid))
             .cloned();
+        if let Some(e) = entry.as_ref().filter(|e| e.trash_image && !r.delete_image) {
+            // The image goes to the trash with the namespace: the admin says so (as
+            // ceph-nvmeof's i_am_sure), or clears the flag first.
+            return Err(Status::failed_precondition(format!(
+                "namespace {nsid} of {nqn} moves its image {} to the RBD trash when deleted: \
+                 give --delete-image, or clear that with namespace set --trash-image false",
+                state::image_spec(e)
+            )));
+        }
         if r.delete_image {
             // Refused before anything changes: a connected host would lose its data.
             let Some(entry) = entry.as_ref() else {
@@ -1692,7 +1774,14 @@ impl proto::admin_server::Admin for AdminService {
         let started = Instant::now();
         loop {
             let (b, e) = (backend.clone(), entry.clone());
-            match blocking(move || b.remove_image(&e.pool, &e.rados_namespace, &e.image)).await {
+            let gone = blocking(move || {
+                if e.trash_image {
+                    b.trash_image(&e.pool, &e.rados_namespace, &e.image)
+                } else {
+                    b.remove_image(&e.pool, &e.rados_namespace, &e.image)
+                }
+            });
+            match gone.await {
                 Ok(()) => break,
                 Err(s)
                     if s.code() == tonic::Code::FailedPrecondition
@@ -1711,10 +1800,15 @@ impl proto::admin_server::Admin for AdminService {
                 }
             }
         }
-        tracing::info!(nqn = %nqn, nsid, image = %spec, "namespace and its image deleted");
+        let gone = if entry.trash_image {
+            "moved to the RBD trash"
+        } else {
+            "removed"
+        };
+        tracing::info!(nqn = %nqn, nsid, image = %spec, gone, "namespace and its image deleted");
         Ok(reply(
             &st,
-            format!("namespace {nsid} deleted from {nqn}, image {spec} removed"),
+            format!("namespace {nsid} deleted from {nqn}, image {spec} {gone}"),
         ))
     }
 
@@ -1740,6 +1834,84 @@ impl proto::admin_server::Admin for AdminService {
                     limits.to_string()
                 }
             ),
+        ))
+    }
+
+    async fn namespace_set(
+        &self,
+        r: Request<proto::NamespaceSetRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        if r.auto_visible.is_none() && r.trash_image.is_none() {
+            return Err(Status::invalid_argument(
+                "namespace set: give a setting to change (auto_visible, trash_image)",
+            ));
+        }
+        let (nqn, nsid) = (r.subsystem_nqn.clone(), r.nsid);
+        let (notes, st) = self
+            .0
+            .set_namespace(&nqn, nsid, r.auto_visible, r.trash_image, r.force)
+            .await
+            .map_err(status)?;
+        Ok(reply(
+            &st,
+            format!("namespace {nsid} of {nqn}: {}", notes.join(", ")),
+        ))
+    }
+
+    async fn subsystem_change_key(
+        &self,
+        r: Request<proto::SubsystemKeyRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let set = !r.dhchap_key.is_empty();
+        let (changed, st) = self
+            .0
+            .set_subsystem_key(&r.nqn, r.dhchap_key)
+            .await
+            .map_err(status)?;
+        Ok(reply(
+            &st,
+            format!(
+                "subsystem {}: DH-HMAC-CHAP key {}{}",
+                r.nqn,
+                if set { "set" } else { "removed" },
+                if changed { "" } else { " (unchanged)" }
+            ),
+        ))
+    }
+
+    async fn log_level_get(
+        &self,
+        _: Request<proto::Empty>,
+    ) -> Result<Response<proto::LogLevelReply>, Status> {
+        Ok(Response::new(proto::LogLevelReply {
+            group: self
+                .0
+                .snapshot()
+                .settings
+                .log_level
+                .clone()
+                .unwrap_or_default(),
+            replica: crate::log_level::current(),
+        }))
+    }
+
+    async fn log_level_set(
+        &self,
+        r: Request<proto::LogLevelRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let level = r.into_inner().level;
+        let group = (!level.is_empty()).then(|| level.clone());
+        let (changed, st) = self.0.set_log_level(group).await.map_err(status)?;
+        tracing::info!(level = %level, changed, "group log level set");
+        Ok(reply(
+            &st,
+            if level.is_empty() {
+                "log level: each gateway and replica its own again (RUST_LOG, else info)".into()
+            } else {
+                format!("log level {level} on every gateway and replica")
+            },
         ))
     }
 

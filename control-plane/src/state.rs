@@ -358,8 +358,8 @@ pub enum ConfigError {
     HostWithoutKey { nqn: String, host: String },
     /// A namespace with a host list made visible to every host without `force`.
     #[error(
-        "namespace {nsid} of {nqn} has {count} host(s) on its list: remove them, or use force \
-         to make it visible to every allowed host (the list is dropped)"
+        "namespace {nsid} of {nqn} has {count} host(s) on its list: remove them first, or \
+         force it (--force) to make it visible to every allowed host and drop the list"
     )]
     NamespaceHasHosts {
         nqn: String,
