@@ -262,18 +262,27 @@ async fn create_subsystem(cp: &Arc<ControlPlane>, r: pb::CreateSubsystemReq) -> 
             "network_mask (listeners on every gateway in a network; use create_listener)",
         ));
     }
-    if r.dhchap_key.as_deref().is_some_and(|k| !k.is_empty()) {
-        return Err(Refusal::unsupported(
-            "a subsystem DH-HMAC-CHAP key (give each host its dhchap_ctrlr_key in add_host)",
-        ));
-    }
     if flag(r.key_encrypted) {
         return Err(Refusal::unsupported("key_encrypted"));
     }
     let nqn = r.subsystem_nqn.clone();
     let max = r.max_namespaces.unwrap_or(0);
-    cp.add_subsystem(&r.subsystem_nqn, &r.serial_number, false, max, false)
-        .await?;
+    match r.dhchap_key.filter(|k| !k.is_empty()) {
+        None => {
+            cp.add_subsystem(&r.subsystem_nqn, &r.serial_number, false, max, false)
+                .await?;
+        }
+        // The subsystem and its key in one state change: a bad key creates nothing.
+        Some(key) => {
+            let serial = r.serial_number.clone();
+            let n = nqn.clone();
+            cp.try_update(move |st| {
+                st.add_subsystem(&n, &serial, false, max)?;
+                st.set_subsystem_key(&n, &key)
+            })
+            .await?;
+        }
+    }
     tracing::info!(nqn = %nqn, secure_listeners = flag(r.secure_listeners), "subsystem added (ceph-nvmeof API)");
     Ok(nqn)
 }

@@ -1776,6 +1776,39 @@ async fn cli_and_dashboard_calls() {
     let pushed = f.cp.assignment("gw1").expect("assignment");
     assert_eq!(pushed.subsystems[0].host_entries[0].dhchap_ctrl_key, "");
 
+    // create_subsystem with a key: created with it in one change; a bad key creates nothing.
+    let mut keyed = subsystem_req("nqn.2016-06.io.test:keyed");
+    keyed.dhchap_key = Some("DHHC-1:00:bad:".into());
+    let before = config(&f.cp);
+    let r = gw
+        .create_subsystem(keyed.clone())
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, EINVAL, "{r:?}");
+    assert!(r.error_message.contains("invalid dhchap_key"), "{r:?}");
+    assert_eq!(config(&f.cp), before, "a bad key created the subsystem");
+    keyed.dhchap_key = Some(key(5));
+    let r = gw.create_subsystem(keyed).await.expect("rpc").into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(
+        f.cp.state().subsystems["nqn.2016-06.io.test:keyed"]
+            .dhchap_key
+            .as_deref(),
+        Some(key(5).as_str())
+    );
+    assert_eq!(
+        gw.delete_subsystem(pb::DeleteSubsystemReq {
+            subsystem_nqn: "nqn.2016-06.io.test:keyed".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("rpc")
+        .get_ref()
+        .status,
+        0
+    );
+
     // get_subsystems: listeners, hosts and namespaces of every subsystem.
     let all = gw
         .get_subsystems(pb::GetSubsystemsReq {})
