@@ -37,10 +37,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "#[serde(skip_serializing_if = \"Option::is_none\")]",
         )
         .skip_debug(".nvmeof.control.v1.TlsPsk")
+        .field_attribute(
+            ".nvmeof.control.v1.SubsystemKeyRequest.dhchap_key",
+            "#[serde(skip_serializing)]",
+        )
+        .skip_debug(".nvmeof.control.v1.SubsystemKeyRequest")
         // The ceph-nvmeof API's requests that carry keys: `Debug` written in src/ceph_api.rs.
         .skip_debug(".add_host_req")
         .skip_debug(".change_host_key_req")
         .skip_debug(".create_subsystem_req")
+        .skip_debug(".change_subsystem_key_req")
         .compile_fds(fds)?;
     Ok(())
 }

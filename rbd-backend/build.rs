@@ -37,6 +37,7 @@ fn generate() {
         "rbd_version",
         "rbd_create",
         "rbd_remove",
+        "rbd_trash_move",
         "rbd_open",
         "rbd_close",
         "rbd_get_size",

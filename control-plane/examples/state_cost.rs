@@ -30,6 +30,7 @@ fn entry(i: u32) -> NamespaceEntry {
         qos: Default::default(),
         nguid: String::new(),
         uuid: String::new(),
+        trash_image: false,
     }
 }
 

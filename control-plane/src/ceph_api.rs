@@ -73,7 +73,9 @@ impl From<ConfigError> for Refusal {
             | ConfigError::NamespaceHostExists { .. }
             | ConfigError::ImageInUse(..)
             | ConfigError::IdentityInUse { .. } => libc::EEXIST,
-            ConfigError::SubsystemNotEmpty { .. } => libc::EBUSY,
+            ConfigError::SubsystemNotEmpty { .. } | ConfigError::NamespaceHasHosts { .. } => {
+                libc::EBUSY
+            }
             ConfigError::NoFreeNsid { .. } | ConfigError::TooManyNamespaceHosts { .. } => {
                 libc::ENOSPC
             }
@@ -87,6 +89,7 @@ impl From<ConfigError> for Refusal {
             | ConfigError::Invalid { .. }
             | ConfigError::BadKey { .. }
             | ConfigError::SecureMismatch { .. }
+            | ConfigError::HostWithoutKey { .. }
             | ConfigError::Qos(_) => libc::EINVAL,
         };
         Refusal::new(errno, e.to_string())
@@ -260,18 +263,27 @@ async fn create_subsystem(cp: &Arc<ControlPlane>, r: pb::CreateSubsystemReq) -> 
             "network_mask (listeners on every gateway in a network; use create_listener)",
         ));
     }
-    if r.dhchap_key.as_deref().is_some_and(|k| !k.is_empty()) {
-        return Err(Refusal::unsupported(
-            "a subsystem DH-HMAC-CHAP key (give each host its dhchap_ctrlr_key in add_host)",
-        ));
-    }
     if flag(r.key_encrypted) {
         return Err(Refusal::unsupported("key_encrypted"));
     }
     let nqn = r.subsystem_nqn.clone();
     let max = r.max_namespaces.unwrap_or(0);
-    cp.add_subsystem(&r.subsystem_nqn, &r.serial_number, false, max, false)
-        .await?;
+    match r.dhchap_key.filter(|k| !k.is_empty()) {
+        None => {
+            cp.add_subsystem(&r.subsystem_nqn, &r.serial_number, false, max, false)
+                .await?;
+        }
+        // The subsystem and its key in one state change: a bad key creates nothing.
+        Some(key) => {
+            let serial = r.serial_number.clone();
+            let n = nqn.clone();
+            cp.try_update(move |st| {
+                st.add_subsystem(&n, &serial, false, max)?;
+                st.set_subsystem_key(&n, &key)
+            })
+            .await?;
+        }
+    }
     tracing::info!(nqn = %nqn, secure_listeners = flag(r.secure_listeners), "subsystem added (ceph-nvmeof API)");
     Ok(nqn)
 }
@@ -319,7 +331,7 @@ fn list_subsystems(cp: &Arc<ControlPlane>, r: &pb::ListSubsystemsReq) -> pb::Sub
             namespace_count: st.namespaces.keys().filter(|(n, _)| *n == s.nqn).count() as u32,
             subtype: "NVMe".into(),
             max_namespaces: s.max_namespaces,
-            has_dhchap_key: Some(false),
+            has_dhchap_key: Some(s.dhchap_key.is_some()),
             allow_any_host: Some(s.allow_any_host),
             created_without_key: Some(true),
             network_mask: Vec::new(),
@@ -449,7 +461,6 @@ fn list_listeners(cp: &Arc<ControlPlane>, r: &pb::ListListenersReq) -> Outcome<p
 /// `namespace_add`: the image must exist (unless `create_image`), once in the whole group.
 async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcome<u32> {
     let unsupported = [
-        (flag(r.trash_image), "trash_image"),
         (
             flag(r.disable_auto_resize),
             "disable_auto_resize (gateways always follow an image's growth)",
@@ -497,10 +508,12 @@ async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcom
         nguid: String::new(),
         // Empty: a random one. The checks below keep the one they choose.
         uuid: r.uuid.clone().unwrap_or_default(),
+        trash_image: false,
     };
     if flag(r.no_auto_visible) {
         no_auto_visible(&mut entry)?;
     }
+    set_trash_on_add(&mut entry, flag(r.trash_image), flag(r.create_image));
     // The same checks as the Admin service's NamespaceAdd, first on the cached state (no
     // cluster round trip for a bad request). The NSID and identity they choose are kept: the
     // UUID a client names, or the random one chosen here, is the one added.
@@ -531,9 +544,28 @@ async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcom
 
 async fn namespace_delete(cp: &Arc<ControlPlane>, r: pb::NamespaceDeleteReq) -> Outcome<String> {
     let (nqn, nsid) = (r.subsystem_nqn.clone(), r.nsid);
+    let entry = namespace_of(&cp.snapshot(), &nqn, nsid)?;
+    if entry.trash_image && !flag(r.i_am_sure) {
+        return Err(trash_needs_confirmation(&entry));
+    }
     cp.try_update(move |st| st.del_namespace(&r.subsystem_nqn, r.nsid))
         .await?;
     tracing::info!(nqn = %nqn, nsid, "namespace deleted (ceph-nvmeof API)");
+    if entry.trash_image {
+        let spec = trash_image(cp, &entry).await.map_err(|e| {
+            Refusal::new(
+                e.errno,
+                format!(
+                    "namespace {nsid} deleted from {nqn}, but its image was not moved to the \
+                     RBD trash: {}",
+                    e.message
+                ),
+            )
+        })?;
+        return Ok(format!(
+            "namespace {nsid} deleted from {nqn}, image {spec} moved to the RBD trash"
+        ));
+    }
     Ok(format!("namespace {nsid} deleted from {nqn}"))
 }
 
@@ -555,7 +587,7 @@ fn namespace_cli(n: &NamespaceEntry) -> pb::NamespaceCli {
         auto_visible: !n.no_auto_visible,
         hosts: n.hosts.iter().cloned().collect(),
         ns_subsystem_nqn: Some(n.subsystem_nqn.clone()),
-        trash_image: Some(false),
+        trash_image: Some(n.trash_image),
         disable_auto_resize: Some(false),
         read_only: Some(false),
         cluster_name: None,
@@ -741,7 +773,9 @@ async fn change_host_key(cp: &Arc<ControlPlane>, r: pb::ChangeHostKeyReq) -> Out
     Ok(format!("keys of host {host} on {nqn} set"))
 }
 
-fn host_info(auth: &state::HostAuth, nqn: &str) -> pb::Host {
+/// A host as the API lists it; `subsystem_key`: the subsystem has a DH-HMAC-CHAP key, which
+/// is the controller key of a host with a key of its own but no controller key.
+fn host_info(auth: &state::HostAuth, nqn: &str, subsystem_key: bool) -> pb::Host {
     pb::Host {
         nqn: nqn.to_string(),
         use_psk: Some(auth.psk.is_some()),
@@ -749,6 +783,8 @@ fn host_info(auth: &state::HostAuth, nqn: &str) -> pb::Host {
         disconnected_due_to_keepalive_timeout: None,
         dhchap_controller_origin: Some(if auth.dhchap_ctrl_key.is_some() {
             pb::DhchapControllerKeyOrigin::HostSpecific as i32
+        } else if auth.dhchap_key.is_some() && subsystem_key {
+            pb::DhchapControllerKeyOrigin::SubsystemImplicit as i32
         } else {
             pb::DhchapControllerKeyOrigin::NoKey as i32
         }),
@@ -765,7 +801,7 @@ fn list_hosts(cp: &Arc<ControlPlane>, r: &pb::ListHostsReq) -> Outcome<pb::Hosts
         subsystem_nqn: r.subsystem.clone(),
         hosts: st
             .host_entries_of(&r.subsystem)
-            .map(|(h, auth)| host_info(auth, h))
+            .map(|(h, auth)| host_info(auth, h, st.subsystems[&r.subsystem].dhchap_key.is_some()))
             .collect(),
     })
 }
@@ -863,14 +899,17 @@ fn gateway_info(cp: &Arc<ControlPlane>, r: &pb::GetGatewayInfoReq) -> pb::Gatewa
         .unwrap_or_default();
     pb::GatewayInfo {
         cli_version: r.cli_version.clone().unwrap_or_default(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
+        // ceph-nvmeof's CLI refuses a gateway whose version is not X.Y.Z >= 1.1.0: the
+        // version answered is the API level implemented; this project's own is in the
+        // message (and in the logs).
+        version: CEPH_NVMEOF_API_LEVEL.to_string(),
         name: id,
         group: String::new(),
         addr,
         port,
         bool_status: true,
         status: 0,
-        error_message: String::new(),
+        error_message: own_version(),
         spdk_version: None,
         load_balancing_group: 0,
         hostname,
@@ -907,6 +946,384 @@ fn namespace_io_stats(
         nsid: r.nsid,
         ..Default::default()
     }
+}
+
+// ------------------------------------------------------------------ the rest of the CLI's and dashboard's calls
+
+/// The ceph-nvmeof release whose management API this implements, answered as
+/// `get_gateway_info`'s `version`: its CLI and dashboard check it (X.Y.Z, at least 1.1.0).
+/// The calls of that release's CLI (and `namespace_set_auto_resize` of later ones) are
+/// answered; docs/ceph-nvmeof-api.md lists each.
+pub const CEPH_NVMEOF_API_LEVEL: &str = "1.5.4";
+
+/// This project's own version, as `get_gateway_info` gives it in `error_message`.
+fn own_version() -> String {
+    format!(
+        "ceph-nvmeof-rs {} (nvmeof-control), answering ceph-nvmeof API {CEPH_NVMEOF_API_LEVEL}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// What an SPDK-internal call answers: there is no SPDK here.
+fn no_spdk(call: &str) -> Refusal {
+    Refusal::new(
+        libc::EOPNOTSUPP,
+        format!(
+            "{call} is not supported: this gateway has no SPDK (its NVMe-oF target is its \
+             own); its log level is get_gateway_log_level / set_gateway_log_level"
+        ),
+    )
+}
+
+/// `namespace_add`'s `trash_image`: as in ceph-nvmeof, only an image the gateway creates
+/// (`create_image`) is trashed with its namespace; for an existing image the flag is
+/// dropped (logged), and `namespace_set_rbd_trash_image` sets it explicitly.
+fn set_trash_on_add(entry: &mut NamespaceEntry, trash: bool, created: bool) {
+    if trash && !created {
+        tracing::warn!(image = %state::image_spec(entry), "trash_image ignored: the image was not created with the namespace (set it with namespace_set_rbd_trash_image)");
+    }
+    entry.trash_image = trash && created;
+}
+
+/// How many times, and how long apart, the image of a deleted namespace is tried for the
+/// trash while the gateways still have it open (they close it once they applied the
+/// deletion; librbd refuses to trash an image with watchers).
+const TRASH_TRIES: u32 = 60;
+const TRASH_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Moves a deleted namespace's image to the RBD trash; returns its spec.
+async fn trash_image(cp: &Arc<ControlPlane>, entry: &NamespaceEntry) -> Outcome<String> {
+    let spec = state::image_spec(entry);
+    for attempt in 1..=TRASH_TRIES {
+        let backend = cp.backend().clone();
+        let e = entry.clone();
+        let moved = tokio::task::spawn_blocking(move || {
+            backend.trash_image(&e.pool, &e.rados_namespace, &e.image)
+        })
+        .await
+        .map_err(|e| Refusal::new(libc::EIO, format!("task failed: {e}")))?;
+        match moved {
+            Ok(()) => {
+                tracing::info!(image = %spec, "image moved to the RBD trash with its namespace (ceph-nvmeof API)");
+                return Ok(spec);
+            }
+            Err(StoreError::Image(ImageError::Busy(_))) if attempt < TRASH_TRIES => {
+                tokio::time::sleep(TRASH_RETRY).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Refusal::new(
+        libc::EBUSY,
+        format!("image {spec} still open"),
+    ))
+}
+
+fn trash_needs_confirmation(n: &NamespaceEntry) -> Refusal {
+    Refusal::new(
+        libc::EINVAL,
+        format!(
+            "namespace {} of {} moves its image {} to the RBD trash when deleted: confirm \
+             with i_am_sure (the CLI's --i-am-sure), or clear the flag with \
+             namespace_set_rbd_trash_image",
+            n.nsid,
+            n.subsystem_nqn,
+            state::image_spec(n)
+        ),
+    )
+}
+
+/// `list_namespaces`' `rbd_image_size`: each image's size as RBD has it now (the
+/// control plane asks the cluster). An image that cannot be read (missing, its pool
+/// unreachable) shows 0, logged.
+async fn with_image_sizes(
+    cp: &Arc<ControlPlane>,
+    mut info: pb::NamespacesInfo,
+) -> pb::NamespacesInfo {
+    let st = cp.snapshot();
+    let images: Vec<(String, String, String)> = info
+        .namespaces
+        .iter()
+        .map(|n| {
+            let nqn = n.ns_subsystem_nqn.clone().unwrap_or_default();
+            st.namespaces
+                .get(&(nqn, n.nsid))
+                .map(|e| (e.pool.clone(), e.rados_namespace.clone(), e.image.clone()))
+                .unwrap_or_default()
+        })
+        .collect();
+    let backend = cp.backend().clone();
+    let sizes = tokio::task::spawn_blocking(move || {
+        images
+            .iter()
+            .map(|(pool, ns, image)| {
+                if image.is_empty() {
+                    return 0;
+                }
+                backend.image_size(pool, ns, image).unwrap_or_else(|e| {
+                    tracing::warn!(image = %crate::store::image_spec(pool, ns, image), "reading an image's size: {e}");
+                    0
+                })
+            })
+            .collect::<Vec<u64>>()
+    })
+    .await
+    .unwrap_or_default();
+    for (n, size) in info.namespaces.iter_mut().zip(sizes) {
+        n.rbd_image_size = size;
+    }
+    info
+}
+
+/// `change_subsystem_key`: sets (or, empty, removes) the subsystem's DH-HMAC-CHAP key, the
+/// controller key its hosts with a key of their own but none for the controller get
+/// (bidirectional authentication); pushed to the gateways with the hosts' keys.
+async fn change_subsystem_key(
+    cp: &Arc<ControlPlane>,
+    r: pb::ChangeSubsystemKeyReq,
+) -> Outcome<String> {
+    let nqn = r.subsystem_nqn.clone();
+    let key = r.dhchap_key.unwrap_or_default();
+    let set = !key.is_empty();
+    cp.set_subsystem_key(&r.subsystem_nqn, key).await?;
+    Ok(format!(
+        "{nqn}: DH-HMAC-CHAP key {}",
+        if set { "set" } else { "removed" }
+    ))
+}
+
+/// `namespace_change_load_balancing_group`: the namespace moves to that ANA group, drained
+/// as `nvmeofctl namespace move` drains it. `auto_lb_logic` changes nothing (the group
+/// never rebalances namespaces by itself).
+async fn change_load_balancing_group(
+    cp: &Arc<ControlPlane>,
+    r: pb::NamespaceChangeLoadBalancingGroupReq,
+) -> Outcome<String> {
+    let group = u32::try_from(r.anagrpid).map_err(|_| {
+        Refusal::new(
+            libc::EINVAL,
+            format!("load balancing group {} is negative", r.anagrpid),
+        )
+    })?;
+    namespace_of(&cp.snapshot(), &r.subsystem_nqn, r.nsid)?;
+    let (_, drained) = cp.move_namespace(&r.subsystem_nqn, r.nsid, group).await?;
+    tracing::info!(nqn = %r.subsystem_nqn, nsid = r.nsid, ana_group = group, "namespace moved (ceph-nvmeof API){drained}");
+    Ok(format!(
+        "namespace {} of {} moved to load balancing group {group}{drained}",
+        r.nsid, r.subsystem_nqn
+    ))
+}
+
+/// `namespace_change_visibility`: visible to every allowed host, or only to the hosts
+/// `namespace_add_host` names; connected hosts see the change at once. Dropping a host
+/// list needs `force` (EBUSY otherwise).
+async fn change_visibility(
+    cp: &Arc<ControlPlane>,
+    r: pb::NamespaceChangeVisibilityReq,
+) -> Outcome<String> {
+    let (nqn, nsid, auto) = (r.subsystem_nqn.clone(), r.nsid, r.auto_visible);
+    let force = flag(r.force);
+    cp.set_namespace(&nqn, nsid, Some(auto), None, force)
+        .await?;
+    Ok(format!(
+        "namespace {nsid} of {} visible to {}",
+        r.subsystem_nqn,
+        if auto {
+            "every allowed host"
+        } else {
+            "the hosts on its list"
+        }
+    ))
+}
+
+/// `namespace_set_rbd_trash_image`: whether the image goes to the RBD trash when the
+/// namespace is deleted (then only with `i_am_sure`).
+async fn set_rbd_trash_image(
+    cp: &Arc<ControlPlane>,
+    r: pb::NamespaceSetRbdTrashImageReq,
+) -> Outcome<String> {
+    let (nqn, nsid, trash) = (r.subsystem_nqn.clone(), r.nsid, r.trash_image);
+    cp.set_namespace(&nqn, nsid, None, Some(trash), false)
+        .await?;
+    Ok(format!(
+        "namespace {nsid} of {}: trash_image {trash}",
+        r.subsystem_nqn
+    ))
+}
+
+/// `namespace_set_auto_resize`: every gateway follows an image's growth (librbd tells it,
+/// and it tells hosts), always: turning that on is no change; off is not supported.
+fn set_auto_resize(cp: &Arc<ControlPlane>, r: &pb::NamespaceSetAutoResizeReq) -> Outcome<String> {
+    namespace_of(&cp.snapshot(), &r.subsystem_nqn, r.nsid)?;
+    if !r.auto_resize {
+        return Err(Refusal::unsupported(
+            "turning auto-resize off (the gateways always follow an image's growth and tell \
+             hosts)",
+        ));
+    }
+    Ok(format!("namespace {}: auto-resize on", r.nsid))
+}
+
+/// `get_subsystems`: every subsystem with its listeners, hosts and namespaces (ceph-nvmeof
+/// answers SPDK's listing; the reply has no status).
+fn get_subsystems(cp: &Arc<ControlPlane>) -> pb::SubsystemsInfo {
+    let st = cp.snapshot();
+    let ranges: Vec<(u32, u32)> = cp
+        .gateway_infos()
+        .iter()
+        .map(|g| (g.cntlid_min, g.cntlid_max))
+        .filter(|(lo, hi)| *lo > 0 && hi >= lo)
+        .collect();
+    let subsystems = st
+        .subsystems
+        .values()
+        .map(|s| pb::Subsystem {
+            nqn: s.nqn.clone(),
+            subtype: "NVMe".into(),
+            listen_addresses: st
+                .listeners
+                .iter()
+                .filter(|l| l.subsystem_nqn == s.nqn)
+                .map(|l| pb::ListenAddress {
+                    trtype: l.transport.to_ascii_uppercase(),
+                    adrfam: if l.address.contains(':') {
+                        "IPv6"
+                    } else {
+                        "IPv4"
+                    }
+                    .into(),
+                    traddr: l.address.clone(),
+                    trsvcid: l.port.to_string(),
+                    transport: Some(l.transport.to_ascii_uppercase()),
+                    secure: Some(l.secure),
+                })
+                .collect(),
+            hosts: st
+                .host_entries_of(&s.nqn)
+                .map(|(h, auth)| host_info(auth, h, s.dhchap_key.is_some()))
+                .collect(),
+            allow_any_host: s.allow_any_host,
+            serial_number: Some(s.serial.clone()),
+            model_number: None,
+            max_namespaces: Some(s.max_namespaces),
+            min_cntlid: ranges.iter().map(|r| r.0).min(),
+            max_cntlid: ranges.iter().map(|r| r.1).max(),
+            namespaces: st
+                .namespaces
+                .values()
+                .filter(|n| n.subsystem_nqn == s.nqn)
+                .map(|n| {
+                    let cli = namespace_cli(n);
+                    pb::Namespace {
+                        nsid: n.nsid,
+                        name: cli.bdev_name.clone(),
+                        bdev_name: Some(cli.bdev_name),
+                        nguid: Some(n.nguid.clone()),
+                        uuid: Some(cli.uuid),
+                        anagrpid: Some(n.ana_group),
+                        nonce: None,
+                        auto_visible: Some(cli.auto_visible),
+                        hosts: cli.hosts,
+                    }
+                })
+                .collect(),
+            has_dhchap_key: Some(s.dhchap_key.is_some()),
+        })
+        .collect();
+    pb::SubsystemsInfo { subsystems }
+}
+
+/// The API's name for a log level ([`state::LOG_LEVELS`]): Python logging's, which has no
+/// trace (debug) and calls warn `warning`.
+fn gw_log_level(level: &str) -> pb::GwLogLevel {
+    match level {
+        "trace" | "debug" => pb::GwLogLevel::Debug,
+        "info" => pb::GwLogLevel::Info,
+        "warn" => pb::GwLogLevel::Warning,
+        _ => pb::GwLogLevel::Error,
+    }
+}
+
+/// `get_gateway_log_level`: the group's level (every gateway and replica runs at it), or,
+/// while none is set, the answering replica's own.
+fn get_log_level(cp: &Arc<ControlPlane>) -> pb::GatewayLogLevelInfo {
+    let level = cp
+        .snapshot()
+        .settings
+        .log_level
+        .clone()
+        .unwrap_or_else(crate::log_level::current);
+    pb::GatewayLogLevelInfo {
+        status: 0,
+        error_message: String::new(),
+        log_level: gw_log_level(&level) as i32,
+    }
+}
+
+/// `set_gateway_log_level`: the group's level, live on every gateway and control-plane
+/// replica (`nvmeofctl log-level set`). `critical` is `error` here (tracing has no level
+/// above it); `notset` is refused.
+async fn set_log_level(cp: &Arc<ControlPlane>, r: &pb::SetGatewayLogLevelReq) -> Outcome<String> {
+    let level =
+        match pb::GwLogLevel::try_from(r.log_level) {
+            Err(_) => {
+                return Err(Refusal::new(
+                    libc::ENOKEY,
+                    format!("Unknown log level {}", r.log_level),
+                ))
+            }
+            Ok(pb::GwLogLevel::Notset) => return Err(Refusal::new(
+                libc::EINVAL,
+                "log level notset is not supported: give debug, info, warning, error or critical",
+            )),
+            Ok(pb::GwLogLevel::Debug) => "debug",
+            Ok(pb::GwLogLevel::Info) => "info",
+            Ok(pb::GwLogLevel::Warning) => "warn",
+            Ok(pb::GwLogLevel::Error | pb::GwLogLevel::Critical) => "error",
+        };
+    cp.set_log_level(Some(level.to_string())).await?;
+    tracing::info!(level, "group log level set (ceph-nvmeof API)");
+    Ok(format!("log level {level}"))
+}
+
+/// `show_gateway_listeners_info`: each listener of the subsystem with the ANA state of
+/// every load-balancing (ANA) group on that listener's gateway, as the group map has it
+/// (1 optimized, 2 non-optimized, 3 inaccessible; 15, ANA change, while a group moves).
+fn listeners_info(
+    cp: &Arc<ControlPlane>,
+    r: &pb::ShowGatewayListenersInfoReq,
+) -> Outcome<pb::GatewayListenersInfo> {
+    let st = cp.snapshot();
+    subsystem_exists(&st, &r.subsystem_nqn)?;
+    let listed = list_listeners(
+        cp,
+        &pb::ListListenersReq {
+            subsystem: r.subsystem_nqn.clone(),
+        },
+    )?;
+    let gw_listeners = listed
+        .listeners
+        .into_iter()
+        .map(|l| pb::GatewayListenerInfo {
+            lb_states: st
+                .map
+                .as_ref()
+                .map(|m| m.ana_states(&l.host_name))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(grp_id, state)| pb::AnaGroupState {
+                    grp_id,
+                    state: i32::from(state.code()),
+                })
+                .collect(),
+            listener: Some(l),
+        })
+        .collect();
+    Ok(pb::GatewayListenersInfo {
+        status: 0,
+        error_message: String::new(),
+        gw_listeners,
+    })
 }
 
 // ------------------------------------------------------------------ the service
@@ -981,10 +1398,11 @@ impl pb::gateway_server::Gateway for CephGatewayService {
         &self,
         r: Request<pb::ListNamespacesReq>,
     ) -> Reply<pb::NamespacesInfo> {
-        Ok(Response::new(listing!(
-            list_namespaces(&self.0, r.get_ref()),
-            NamespacesInfo
-        )))
+        let listed = match list_namespaces(&self.0, r.get_ref()) {
+            Ok(info) => Ok(with_image_sizes(&self.0, info).await),
+            Err(e) => Err(e),
+        };
+        Ok(Response::new(listing!(listed, NamespacesInfo)))
     }
 
     async fn namespace_resize(&self, r: Request<pb::NamespaceResizeReq>) -> Reply<pb::ReqStatus> {
@@ -1123,6 +1541,132 @@ impl pb::gateway_server::Gateway for CephGatewayService {
     async fn get_gateway_info(&self, r: Request<pb::GetGatewayInfoReq>) -> Reply<pb::GatewayInfo> {
         Ok(Response::new(gateway_info(&self.0, r.get_ref())))
     }
+
+    async fn change_subsystem_key(
+        &self,
+        r: Request<pb::ChangeSubsystemKeyReq>,
+    ) -> Reply<pb::ReqStatus> {
+        let outcome = change_subsystem_key(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged(
+            "change_subsystem_key",
+            outcome,
+        ))))
+    }
+
+    async fn namespace_change_load_balancing_group(
+        &self,
+        r: Request<pb::NamespaceChangeLoadBalancingGroupReq>,
+    ) -> Reply<pb::ReqStatus> {
+        let outcome = change_load_balancing_group(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged(
+            "namespace_change_load_balancing_group",
+            outcome,
+        ))))
+    }
+
+    async fn namespace_change_visibility(
+        &self,
+        r: Request<pb::NamespaceChangeVisibilityReq>,
+    ) -> Reply<pb::ReqStatus> {
+        let outcome = change_visibility(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged(
+            "namespace_change_visibility",
+            outcome,
+        ))))
+    }
+
+    async fn namespace_set_rbd_trash_image(
+        &self,
+        r: Request<pb::NamespaceSetRbdTrashImageReq>,
+    ) -> Reply<pb::ReqStatus> {
+        let outcome = set_rbd_trash_image(&self.0, r.into_inner()).await;
+        Ok(Response::new(req_status(logged(
+            "namespace_set_rbd_trash_image",
+            outcome,
+        ))))
+    }
+
+    async fn namespace_set_auto_resize(
+        &self,
+        r: Request<pb::NamespaceSetAutoResizeReq>,
+    ) -> Reply<pb::ReqStatus> {
+        let outcome = set_auto_resize(&self.0, r.get_ref());
+        Ok(Response::new(req_status(logged(
+            "namespace_set_auto_resize",
+            outcome,
+        ))))
+    }
+
+    async fn get_subsystems(&self, _: Request<pb::GetSubsystemsReq>) -> Reply<pb::SubsystemsInfo> {
+        Ok(Response::new(get_subsystems(&self.0)))
+    }
+
+    async fn set_ana_state(&self, _: Request<pb::AnaInfo>) -> Reply<pb::ReqStatus> {
+        Ok(Response::new(req_status(logged(
+            "set_ana_state",
+            Err(Refusal::new(
+                libc::EOPNOTSUPP,
+                "set_ana_state is not supported: ANA states are decided by the control \
+                 plane's leader (failover, failback), not set by a client; move a namespace \
+                 with namespace_change_load_balancing_group",
+            )),
+        ))))
+    }
+
+    async fn get_spdk_nvmf_log_flags_and_level(
+        &self,
+        _: Request<pb::GetSpdkNvmfLogFlagsAndLevelReq>,
+    ) -> Reply<pb::SpdkNvmfLogFlagsAndLevelInfo> {
+        let r = no_spdk("get_spdk_nvmf_log_flags_and_level");
+        Ok(Response::new(pb::SpdkNvmfLogFlagsAndLevelInfo {
+            status: r.errno,
+            error_message: r.message,
+            ..Default::default()
+        }))
+    }
+
+    async fn disable_spdk_nvmf_logs(
+        &self,
+        _: Request<pb::DisableSpdkNvmfLogsReq>,
+    ) -> Reply<pb::ReqStatus> {
+        Ok(Response::new(req_status(Err(no_spdk(
+            "disable_spdk_nvmf_logs",
+        )))))
+    }
+
+    async fn set_spdk_nvmf_logs(&self, _: Request<pb::SetSpdkNvmfLogsReq>) -> Reply<pb::ReqStatus> {
+        Ok(Response::new(req_status(Err(no_spdk(
+            "set_spdk_nvmf_logs",
+        )))))
+    }
+
+    async fn get_gateway_log_level(
+        &self,
+        _: Request<pb::GetGatewayLogLevelReq>,
+    ) -> Reply<pb::GatewayLogLevelInfo> {
+        Ok(Response::new(get_log_level(&self.0)))
+    }
+
+    async fn set_gateway_log_level(
+        &self,
+        r: Request<pb::SetGatewayLogLevelReq>,
+    ) -> Reply<pb::ReqStatus> {
+        let outcome = set_log_level(&self.0, r.get_ref()).await;
+        Ok(Response::new(req_status(logged(
+            "set_gateway_log_level",
+            outcome,
+        ))))
+    }
+
+    async fn show_gateway_listeners_info(
+        &self,
+        r: Request<pb::ShowGatewayListenersInfoReq>,
+    ) -> Reply<pb::GatewayListenersInfo> {
+        Ok(Response::new(listing!(
+            listeners_info(&self.0, r.get_ref()),
+            GatewayListenersInfo
+        )))
+    }
 }
 
 // ------------------------------------------------------------------ keys stay out of logs
@@ -1154,6 +1698,15 @@ impl std::fmt::Debug for pb::ChangeHostKeyReq {
             .field("host_nqn", &self.host_nqn)
             .field("dhchap_key", &key_shown(&self.dhchap_key))
             .field("dhchap_ctrlr_key", &key_shown(&self.dhchap_ctrlr_key))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for pb::ChangeSubsystemKeyReq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("change_subsystem_key_req")
+            .field("subsystem_nqn", &self.subsystem_nqn)
+            .field("dhchap_key", &key_shown(&self.dhchap_key))
             .finish()
     }
 }

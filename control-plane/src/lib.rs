@@ -8,6 +8,7 @@
 pub mod ana;
 pub mod ceph_api;
 pub mod health;
+pub mod log_level;
 pub mod metrics;
 pub mod nqn;
 pub mod osd_reports;
@@ -37,6 +38,21 @@ pub mod proto {
                 .field("dhchap_ctrl_key", &set(&self.dhchap_ctrl_key))
                 .field("auth", &self.auth)
                 .field("psk", &self.psk)
+                .finish()
+        }
+    }
+
+    /// Leaves the key out (whether it is set shows).
+    impl std::fmt::Debug for SubsystemKeyRequest {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let set = if self.dhchap_key.is_empty() {
+                "<none>"
+            } else {
+                "<set>"
+            };
+            f.debug_struct("SubsystemKeyRequest")
+                .field("nqn", &self.nqn)
+                .field("dhchap_key", &set)
                 .finish()
         }
     }

@@ -118,6 +118,7 @@ fn config_status(e: ConfigError) -> Status {
         | ConfigError::ImageInUse(..)
         | ConfigError::IdentityInUse { .. } => Status::already_exists(msg),
         ConfigError::SubsystemNotEmpty { .. }
+        | ConfigError::NamespaceHasHosts { .. }
         | ConfigError::NoFreeNsid { .. }
         | ConfigError::NamespaceAutoVisible { .. } => Status::failed_precondition(msg),
         ConfigError::TooManyNamespaceHosts { .. } => Status::resource_exhausted(msg),
@@ -178,6 +179,9 @@ impl ControlPlane {
             ending_moves: Mutex::new(std::collections::BTreeSet::new()),
             stopping: AtomicBool::new(false),
         });
+        if let Err(e) = crate::log_level::follow(cp.snapshot().settings.log_level.as_deref()) {
+            tracing::warn!("group log level: {e}");
+        }
         // Follow every notify off the librados thread: apply the write it carries, or re-read.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<Vec<u8>>>();
         let weak = Arc::downgrade(&cp);
@@ -240,8 +244,13 @@ impl ControlPlane {
     fn set_cached(&self, st: Arc<GroupState>) {
         let mut c = self.cached.write().unwrap_or_else(|e| e.into_inner());
         if st.version > c.version || (st.version == c.version && st != *c) {
+            let level = st.settings.log_level.clone();
             *c = st;
             drop(c);
+            // The group's log level applies to the replicas too (not only to the gateways).
+            if let Err(e) = crate::log_level::follow(level.as_deref()) {
+                tracing::warn!("group log level: {e}");
+            }
             self.changed.send_modify(|v| *v += 1);
         }
     }
@@ -397,6 +406,119 @@ impl ControlPlane {
         let (nqn, host) = (nqn.to_string(), host.to_string());
         self.try_update(move |st| st.add_host_with_key_text(&nqn, &host, &keys))
             .await
+    }
+
+    /// Moves a namespace to ANA group `group` and waits for the gateway serving the group it
+    /// leaves to drain it: the Admin API's NamespaceMove and the ceph-nvmeof API's
+    /// namespace_change_load_balancing_group. Returns the state and a note on the drain.
+    pub(crate) async fn move_namespace(
+        self: &Arc<Self>,
+        nqn: &str,
+        nsid: u32,
+        group: u32,
+    ) -> Result<(Arc<GroupState>, String), StoreError> {
+        let key = (nqn.to_string(), nsid);
+        // Claimed before the move is marked, so the leader never takes it for one whose
+        // request died.
+        let _claim = EndingClaim::new(self, &key);
+        let n = nqn.to_string();
+        let (_, st) = self
+            .try_update(move |st| st.move_namespace(&n, nsid, group))
+            .await?;
+        // Drain: the gateway serving the old group moves the namespace at once and
+        // acknowledges once its commands in flight are done; everyone else keeps it in the
+        // old group (not served) until then. Only then does the new group's gateway serve it.
+        let moving_from = st.namespaces.get(&key).map(|n| n.moving_from).unwrap_or(0);
+        if moving_from == 0 {
+            return Ok((st, String::new()));
+        }
+        let drained = self.wait_for_drain(moving_from, st.version).await;
+        let k = key.clone();
+        let (_, st) = self
+            .try_update(move |st| st.finish_move_from(&k.0, k.1, moving_from))
+            .await?;
+        Ok((st, drained))
+    }
+
+    /// Sets the group's log level (None: each process its own), live on every replica and
+    /// gateway: the Admin API's LogLevelSet and the ceph-nvmeof API's set_gateway_log_level.
+    pub(crate) async fn set_log_level(
+        self: &Arc<Self>,
+        level: Option<String>,
+    ) -> Result<(bool, Arc<GroupState>), StoreError> {
+        self.try_update(move |st| st.set_log_level(level.as_deref()))
+            .await
+    }
+
+    /// Changes a namespace's visibility (`force`: dropping its host list) and its
+    /// trash-on-delete flag in one state change: the Admin API's NamespaceSet (the
+    /// ceph-nvmeof API's namespace_change_visibility and namespace_set_rbd_trash_image set
+    /// one each). Returns what changed, for the reply.
+    pub(crate) async fn set_namespace(
+        self: &Arc<Self>,
+        nqn: &str,
+        nsid: u32,
+        auto_visible: Option<bool>,
+        trash_image: Option<bool>,
+        force: bool,
+    ) -> Result<(Vec<String>, Arc<GroupState>), StoreError> {
+        let n = nqn.to_string();
+        let (notes, st) = self
+            .try_update(move |st| {
+                let mut notes = Vec::new();
+                if let Some(auto) = auto_visible {
+                    let changed = st.set_namespace_visibility(&n, nsid, auto, force)?;
+                    notes.push(format!(
+                        "visible to {}{}",
+                        if auto {
+                            "every allowed host"
+                        } else {
+                            "the hosts on its list"
+                        },
+                        if changed { "" } else { " (unchanged)" }
+                    ));
+                }
+                if let Some(trash) = trash_image {
+                    let changed = st.set_trash_image(&n, nsid, trash)?;
+                    notes.push(format!(
+                        "image {} the RBD trash when deleted{}",
+                        if trash { "goes to" } else { "does not go to" },
+                        if changed { "" } else { " (unchanged)" }
+                    ));
+                }
+                Ok(notes)
+            })
+            .await?;
+        tracing::info!(
+            nqn,
+            nsid,
+            ?auto_visible,
+            ?trash_image,
+            "namespace settings changed"
+        );
+        Ok((notes, st))
+    }
+
+    /// Sets (or, empty, removes) a subsystem's DH-HMAC-CHAP key: the Admin API's
+    /// SubsystemChangeKey and the ceph-nvmeof API's change_subsystem_key. Returns whether it
+    /// changed.
+    pub(crate) async fn set_subsystem_key(
+        self: &Arc<Self>,
+        nqn: &str,
+        key: String,
+    ) -> Result<(bool, Arc<GroupState>), StoreError> {
+        let n = nqn.to_string();
+        let set = !key.is_empty();
+        let out = self
+            .try_update(move |st| st.set_subsystem_key(&n, &key))
+            .await?;
+        tracing::info!(
+            nqn,
+            set,
+            changed = out.0,
+            "subsystem DH-HMAC-CHAP key changed"
+        );
+        Ok(out)
     }
 
     /// The host connections to `nqn` the gateways reported in their last beacons.
@@ -878,7 +1000,7 @@ fn subsystem_proto(
 ) -> proto::Subsystem {
     let entries: Vec<proto::Host> = st
         .host_entries_of(&s.nqn)
-        .map(|(host, auth)| host_proto(&s.nqn, host, auth, with_keys))
+        .map(|(host, auth)| host_proto(&s.nqn, host, &st.auth_in_force(&s.nqn, auth), with_keys))
         .collect();
     proto::Subsystem {
         nqn: s.nqn.clone(),
@@ -893,6 +1015,7 @@ fn subsystem_proto(
         max_namespaces: s.max_namespaces,
         host_entries: entries,
         require_tls: s.require_tls,
+        has_dhchap_key: s.dhchap_key.is_some(),
     }
 }
 
@@ -947,6 +1070,7 @@ fn namespace_proto(n: &NamespaceEntry) -> proto::Namespace {
         no_auto_visible: n.no_auto_visible,
         hosts: n.hosts.iter().cloned().collect(),
         qos: (!n.qos.is_unlimited()).then(|| n.qos.to_proto()),
+        trash_image: n.trash_image,
     }
 }
 
@@ -965,6 +1089,7 @@ fn namespace_entry(r: proto::NamespaceAddRequest) -> NamespaceEntry {
         hosts: std::collections::BTreeSet::new(),
         nguid: String::new(),
         uuid: r.uuid,
+        trash_image: false,
     }
 }
 
@@ -1045,6 +1170,7 @@ impl ControlPlane {
             wait_for_osdmap: true,
             group_listeners: st.listeners.iter().map(listener_proto).collect(),
             state_version: st.version,
+            log_level: st.settings.log_level.clone().unwrap_or_default(),
         })
     }
 
@@ -1612,6 +1738,15 @@ impl proto::admin_server::Admin for AdminService {
             .namespaces
             .get(&(nqn.clone(), nsid))
             .cloned();
+        if let Some(e) = entry.as_ref().filter(|e| e.trash_image && !r.delete_image) {
+            // The image goes to the trash with the namespace: the admin says so (as
+            // ceph-nvmeof's i_am_sure), or clears the flag first.
+            return Err(Status::failed_precondition(format!(
+                "namespace {nsid} of {nqn} moves its image {} to the RBD trash when deleted: \
+                 give --delete-image, or clear that with namespace set --trash-image false",
+                state::image_spec(e)
+            )));
+        }
         if r.delete_image {
             // Refused before anything changes: a connected host would lose its data.
             let Some(entry) = entry.as_ref() else {
@@ -1641,7 +1776,14 @@ impl proto::admin_server::Admin for AdminService {
         let started = Instant::now();
         loop {
             let (b, e) = (backend.clone(), entry.clone());
-            match blocking(move || b.remove_image(&e.pool, &e.rados_namespace, &e.image)).await {
+            let gone = blocking(move || {
+                if e.trash_image {
+                    b.trash_image(&e.pool, &e.rados_namespace, &e.image)
+                } else {
+                    b.remove_image(&e.pool, &e.rados_namespace, &e.image)
+                }
+            });
+            match gone.await {
                 Ok(()) => break,
                 Err(s)
                     if s.code() == tonic::Code::FailedPrecondition
@@ -1660,10 +1802,15 @@ impl proto::admin_server::Admin for AdminService {
                 }
             }
         }
-        tracing::info!(nqn = %nqn, nsid, image = %spec, "namespace and its image deleted");
+        let gone = if entry.trash_image {
+            "moved to the RBD trash"
+        } else {
+            "removed"
+        };
+        tracing::info!(nqn = %nqn, nsid, image = %spec, gone, "namespace and its image deleted");
         Ok(reply(
             &st,
-            format!("namespace {nsid} deleted from {nqn}, image {spec} removed"),
+            format!("namespace {nsid} deleted from {nqn}, image {spec} {gone}"),
         ))
     }
 
@@ -1692,34 +1839,91 @@ impl proto::admin_server::Admin for AdminService {
         ))
     }
 
+    async fn namespace_set(
+        &self,
+        r: Request<proto::NamespaceSetRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        if r.auto_visible.is_none() && r.trash_image.is_none() {
+            return Err(Status::invalid_argument(
+                "namespace set: give a setting to change (auto_visible, trash_image)",
+            ));
+        }
+        let (nqn, nsid) = (r.subsystem_nqn.clone(), r.nsid);
+        let (notes, st) = self
+            .0
+            .set_namespace(&nqn, nsid, r.auto_visible, r.trash_image, r.force)
+            .await
+            .map_err(status)?;
+        Ok(reply(
+            &st,
+            format!("namespace {nsid} of {nqn}: {}", notes.join(", ")),
+        ))
+    }
+
+    async fn subsystem_change_key(
+        &self,
+        r: Request<proto::SubsystemKeyRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let r = r.into_inner();
+        let set = !r.dhchap_key.is_empty();
+        let (changed, st) = self
+            .0
+            .set_subsystem_key(&r.nqn, r.dhchap_key)
+            .await
+            .map_err(status)?;
+        Ok(reply(
+            &st,
+            format!(
+                "subsystem {}: DH-HMAC-CHAP key {}{}",
+                r.nqn,
+                if set { "set" } else { "removed" },
+                if changed { "" } else { " (unchanged)" }
+            ),
+        ))
+    }
+
+    async fn log_level_get(
+        &self,
+        _: Request<proto::Empty>,
+    ) -> Result<Response<proto::LogLevelReply>, Status> {
+        Ok(Response::new(proto::LogLevelReply {
+            group: self
+                .0
+                .snapshot()
+                .settings
+                .log_level
+                .clone()
+                .unwrap_or_default(),
+            replica: crate::log_level::current(),
+        }))
+    }
+
+    async fn log_level_set(
+        &self,
+        r: Request<proto::LogLevelRequest>,
+    ) -> Result<Response<proto::Reply>, Status> {
+        let level = r.into_inner().level;
+        let group = (!level.is_empty()).then(|| level.clone());
+        let (changed, st) = self.0.set_log_level(group).await.map_err(status)?;
+        tracing::info!(level = %level, changed, "group log level set");
+        Ok(reply(
+            &st,
+            if level.is_empty() {
+                "log level: each gateway and replica its own again (RUST_LOG, else info)".into()
+            } else {
+                format!("log level {level} on every gateway and replica")
+            },
+        ))
+    }
+
     async fn namespace_move(
         &self,
         r: Request<proto::NamespaceMoveRequest>,
     ) -> Result<Response<proto::Reply>, Status> {
         let r = r.into_inner();
         let (nqn, nsid, g) = (r.subsystem_nqn.clone(), r.nsid, r.ana_group);
-        let key = (nqn.clone(), nsid);
-        // Claimed before the move is marked, so the leader never takes it for one whose
-        // request died.
-        let _claim = EndingClaim::new(&self.0, &key);
-        let (_, st) = self
-            .0
-            .update(move |st| st.move_namespace(&r.subsystem_nqn, r.nsid, r.ana_group))
-            .await?;
-        // Drain: the gateway serving the old group moves the namespace at once and acknowledges
-        // once its commands in flight are done; everyone else keeps it in the old group (not
-        // served) until then. Only then does the new group's gateway serve it.
-        let moving_from = st
-            .namespaces
-            .get(&(nqn.clone(), nsid))
-            .map(|n| n.moving_from)
-            .unwrap_or(0);
-        let (st, drained) = if moving_from != 0 {
-            let drained = self.0.wait_for_drain(moving_from, st.version).await;
-            (self.0.end_move(&key, moving_from).await?, drained)
-        } else {
-            (st, String::new())
-        };
+        let (st, drained) = self.0.move_namespace(&nqn, nsid, g).await.map_err(status)?;
         Ok(reply(
             &st,
             format!("namespace {nsid} of {nqn} moved to ANA group {g}{drained}"),

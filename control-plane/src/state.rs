@@ -11,6 +11,7 @@
 //! | `listener/<nqn>/<gateway>/<transport>/<address>/<port>` | JSON [`ListenerEntry`] |
 //! | `host/<nqn>/<host nqn>` | JSON `[nqn, host nqn]`; a host with DH-HMAC-CHAP keys or a TLS PSK: `[nqn, host nqn, {"dhchap_key": ..., "dhchap_ctrl_key": ..., "psk": ..., "psk_derivation": ...}]` ([`HostAuth`], unset ones left out) |
 //! | `groupmap` | JSON [`GroupMap`] (written by the leader) |
+//! | `settings` | JSON [`GroupSettings`] (group-wide settings such as the log level; absent while none is set) |
 //!
 //! Key parts are escaped (`%` → `%25`, `/` → `%2F`): NQNs may contain `/`. Items are decoded
 //! from their values, never from their keys. A host without keys is written as before keys
@@ -32,7 +33,7 @@ pub const DEFAULT_MAX_NAMESPACES: u32 = 1024;
 
 pub type Omap = BTreeMap<String, Vec<u8>>;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubsystemEntry {
     pub nqn: String,
     #[serde(default)]
@@ -44,6 +45,26 @@ pub struct SubsystemEntry {
     /// so states of older replicas load and are written unchanged.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub require_tls: bool,
+    /// The subsystem's DH-HMAC-CHAP key (canonical `DHHC-1:XX:<base64>:`), ceph-nvmeof's
+    /// `change_subsystem_key`: the key the gateway proves itself with to a host that has a
+    /// key of its own but no controller key (bidirectional authentication). Left out of the
+    /// JSON when unset, so older states load and older replicas read the entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_key: Option<String>,
+}
+
+/// `Debug` says whether the subsystem has a key, never the key.
+impl std::fmt::Debug for SubsystemEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubsystemEntry")
+            .field("nqn", &self.nqn)
+            .field("serial", &self.serial)
+            .field("allow_any_host", &self.allow_any_host)
+            .field("max_namespaces", &self.max_namespaces)
+            .field("require_tls", &self.require_tls)
+            .field("dhchap_key", &self.dhchap_key.as_ref().map(|_| "<set>"))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +103,10 @@ pub struct NamespaceEntry {
     pub nguid: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub uuid: String,
+    /// Move the image to the RBD trash when the namespace is deleted (ceph-nvmeof's
+    /// `trash_image`; the delete then needs `i_am_sure`). Left out of the JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trash_image: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -344,6 +369,21 @@ pub enum ConfigError {
     TooManyNamespaceHosts { nqn: String, nsid: u32, max: usize },
     #[error(transparent)]
     Qos(#[from] QosError),
+    /// `change_subsystem_key` while a host of the subsystem has no key.
+    #[error(
+        "subsystem {nqn} cannot have a DH-HMAC-CHAP key while host {host} has none of its own"
+    )]
+    HostWithoutKey { nqn: String, host: String },
+    /// A namespace with a host list made visible to every host without `force`.
+    #[error(
+        "namespace {nsid} of {nqn} has {count} host(s) on its list: remove them first, or \
+         force it (--force) to make it visible to every allowed host and drop the list"
+    )]
+    NamespaceHasHosts {
+        nqn: String,
+        nsid: u32,
+        count: usize,
+    },
 }
 
 /// Checks an NQN as Linux nvmet takes it ([`crate::nqn::check`]); `what` names it in the
@@ -419,7 +459,32 @@ pub struct GroupState {
     /// (subsystem NQN, host NQN) → the host's keys.
     pub hosts: BTreeMap<(String, String), HostAuth>,
     pub map: Option<GroupMap>,
+    /// Group-wide settings (`settings` key; absent in states written before it).
+    pub settings: GroupSettings,
 }
+
+/// Settings of the whole group, stored under the omap key `settings` (left out while
+/// none is set, so a state without them is written as before).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSettings {
+    /// The log level every gateway and control-plane replica runs at (ceph-nvmeof's
+    /// `set_gateway_log_level`, `nvmeofctl log-level set`): one of [`LOG_LEVELS`]. None:
+    /// each process keeps its own (`RUST_LOG`, else info).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
+}
+
+impl GroupSettings {
+    fn is_empty(&self) -> bool {
+        self.log_level.is_none()
+    }
+}
+
+/// The log levels a group can be set to, most verbose first.
+pub const LOG_LEVELS: [&str; 5] = ["trace", "debug", "info", "warn", "error"];
+
+/// The omap key of [`GroupSettings`].
+const SETTINGS_KEY: &str = "settings";
 
 fn json<T: Serialize>(v: &T) -> Vec<u8> {
     // Serialising these plain structs cannot fail.
@@ -438,6 +503,8 @@ impl GroupState {
             if k == "version" {
                 let text = String::from_utf8_lossy(v);
                 st.version = text.parse().map_err(|e| corrupt(k, format!("{e}")))?;
+            } else if k == SETTINGS_KEY {
+                st.settings = serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?;
             } else if k == "groupmap" {
                 st.map = Some(serde_json::from_slice(v).map_err(|e| corrupt(k, e.to_string()))?);
             } else if k.starts_with("subsystem/") {
@@ -487,6 +554,9 @@ impl GroupState {
         }
         if let Some(map) = &self.map {
             m.insert("groupmap".into(), json(map));
+        }
+        if !self.settings.is_empty() {
+            m.insert(SETTINGS_KEY.into(), json(&self.settings));
         }
         m
     }
@@ -538,6 +608,13 @@ impl GroupState {
             (None, Some(_)) => remove.push("groupmap".into()),
             _ => {}
         }
+        if self.settings != old.settings {
+            if self.settings.is_empty() {
+                remove.push(SETTINGS_KEY.into());
+            } else {
+                set.push((SETTINGS_KEY.into(), json(&self.settings)));
+            }
+        }
         (set, remove)
     }
 
@@ -564,6 +641,7 @@ impl GroupState {
                 }
                 (Some("listener"), ..) => self.listeners.retain(|l| listener_key(l) != *k),
                 (Some("groupmap"), None, None) => self.map = None,
+                (Some(SETTINGS_KEY), None, None) => self.settings = GroupSettings::default(),
                 _ => {} // a newer writer's key
             }
         }
@@ -578,6 +656,9 @@ impl GroupState {
         self.hosts.extend(part.hosts);
         if part.map.is_some() {
             self.map = part.map;
+        }
+        if set.iter().any(|(k, _)| k == SETTINGS_KEY) {
+            self.settings = part.settings;
         }
         Ok(())
     }
@@ -640,6 +721,7 @@ impl GroupState {
                 allow_any_host,
                 max_namespaces: max,
                 require_tls: false,
+                dhchap_key: None,
             },
         );
         Ok(())
@@ -813,6 +895,119 @@ impl GroupState {
         limits.check()?;
         ns.qos = limits;
         Ok(limits)
+    }
+
+    /// Makes a namespace visible to every allowed host (`auto_visible`) or only to the
+    /// hosts on its list (none at first): ceph-nvmeof's `namespace_change_visibility`.
+    /// Turning a namespace with a host list visible to all drops the list, which needs
+    /// `force` ([`ConfigError::NamespaceHasHosts`] otherwise). Returns whether it changed.
+    pub fn set_namespace_visibility(
+        &mut self,
+        nqn: &str,
+        nsid: u32,
+        auto_visible: bool,
+        force: bool,
+    ) -> Result<bool, ConfigError> {
+        let ns = self.namespace_mut(nqn, nsid)?;
+        if auto_visible && !ns.hosts.is_empty() && !force {
+            return Err(ConfigError::NamespaceHasHosts {
+                nqn: nqn.into(),
+                nsid,
+                count: ns.hosts.len(),
+            });
+        }
+        let changed = ns.no_auto_visible == auto_visible;
+        ns.no_auto_visible = !auto_visible;
+        if auto_visible {
+            ns.hosts.clear();
+        }
+        Ok(changed)
+    }
+
+    /// Sets whether a namespace's image goes to the RBD trash when the namespace is deleted
+    /// with it. Returns whether it changed.
+    pub fn set_trash_image(
+        &mut self,
+        nqn: &str,
+        nsid: u32,
+        trash: bool,
+    ) -> Result<bool, ConfigError> {
+        let ns = self.namespace_mut(nqn, nsid)?;
+        let changed = ns.trash_image != trash;
+        ns.trash_image = trash;
+        Ok(changed)
+    }
+
+    /// Sets (a key) or removes (empty) subsystem `nqn`'s DH-HMAC-CHAP key, checked with the
+    /// gateway's parser and stored in canonical text. As in ceph-nvmeof, a key is refused
+    /// while a host of the subsystem has no key of its own (it could never be asked for the
+    /// subsystem's). Returns whether it changed.
+    pub fn set_subsystem_key(&mut self, nqn: &str, key: &str) -> Result<bool, ConfigError> {
+        self.subsystem(nqn)?;
+        let key = if key.is_empty() {
+            None
+        } else {
+            let parsed = nvme_auth::DhchapSecret::parse(key).map_err(|e| ConfigError::BadKey {
+                field: "dhchap_key",
+                why: e.to_string(),
+            })?;
+            if let Some((host, _)) = self
+                .host_entries_of(nqn)
+                .find(|(_, auth)| auth.dhchap_key.is_none())
+            {
+                return Err(ConfigError::HostWithoutKey {
+                    nqn: nqn.into(),
+                    host: host.into(),
+                });
+            }
+            Some(parsed.to_representation().to_string())
+        };
+        let entry = self
+            .subsystems
+            .get_mut(nqn)
+            .ok_or_else(|| ConfigError::NoSubsystem(nqn.to_string()))?;
+        let changed = entry.dhchap_key != key;
+        entry.dhchap_key = key;
+        Ok(changed)
+    }
+
+    /// The keys a gateway enforces for a host of `nqn` stored with `auth`: a host that
+    /// authenticates but has no controller key of its own gets the subsystem's key as its
+    /// controller key (ceph-nvmeof's "subsystem implicit" controller key).
+    pub fn auth_in_force(&self, nqn: &str, auth: &HostAuth) -> HostAuth {
+        let mut auth = auth.clone();
+        if auth.dhchap_key.is_some() && auth.dhchap_ctrl_key.is_none() {
+            auth.dhchap_ctrl_key = self.subsystems.get(nqn).and_then(|s| s.dhchap_key.clone());
+        }
+        auth
+    }
+
+    /// Sets the group's log level (one of [`LOG_LEVELS`]; None: each process its own).
+    /// Returns whether it changed.
+    pub fn set_log_level(&mut self, level: Option<&str>) -> Result<bool, ConfigError> {
+        if let Some(l) = level {
+            if !LOG_LEVELS.contains(&l) {
+                return Err(ConfigError::Invalid {
+                    what: "log level",
+                    value: l.into(),
+                    why: "not one of trace, debug, info, warn, error",
+                });
+            }
+        }
+        let level = level.map(str::to_string);
+        let changed = self.settings.log_level != level;
+        self.settings.log_level = level;
+        Ok(changed)
+    }
+
+    fn namespace_mut(&mut self, nqn: &str, nsid: u32) -> Result<&mut NamespaceEntry, ConfigError> {
+        self.subsystem(nqn)?;
+        self.namespaces
+            .get_mut(&(nqn.to_string(), nsid))
+            .ok_or(ConfigError::NoNamespace {
+                nqn: nqn.into(),
+                nsid,
+            })
     }
 
     /// Moves a namespace to another ANA group (another gateway's optimized path).
@@ -1236,6 +1431,7 @@ mod tests {
             qos: Default::default(),
             nguid: String::new(),
             uuid: String::new(),
+            trash_image: false,
         }
     }
 

@@ -137,6 +137,11 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
     /// Removes an RBD image; [`ImageError::Busy`] while a client has it open.
     fn remove_image(&self, pool: &str, namespace: &str, image: &str) -> Result<(), StoreError>;
+    /// Moves an RBD image to its pool's trash; [`ImageError::Busy`] while a client has it
+    /// open.
+    fn trash_image(&self, pool: &str, namespace: &str, image: &str) -> Result<(), StoreError>;
+    /// An RBD image's size in bytes ([`ImageError::NotFound`] when it does not exist).
+    fn image_size(&self, pool: &str, namespace: &str, image: &str) -> Result<u64, StoreError>;
 }
 
 /// How long a fence blocklists a client: long enough to outlive any fenced process (a
@@ -342,6 +347,22 @@ impl Backend for RadosBackend {
             .map_err(|e| ImageError::from_rbd(&spec, pool, &e).into())
     }
 
+    fn trash_image(&self, pool: &str, namespace: &str, image: &str) -> Result<(), StoreError> {
+        let spec = image_spec(pool, namespace, image);
+        let admin = self.image_admin(pool, namespace, &spec)?;
+        admin
+            .trash_image(image)
+            .map_err(|e| ImageError::from_rbd(&spec, pool, &e).into())
+    }
+
+    fn image_size(&self, pool: &str, namespace: &str, image: &str) -> Result<u64, StoreError> {
+        let spec = image_spec(pool, namespace, image);
+        let admin = self.image_admin(pool, namespace, &spec)?;
+        admin
+            .image_size(image)
+            .map_err(|e| ImageError::from_rbd(&spec, pool, &e).into())
+    }
+
     fn image_exists(&self, pool: &str, namespace: &str, image: &str) -> Result<bool, StoreError> {
         let p = if pool == self.pool_name && namespace.is_empty() {
             self.pool.clone()
@@ -386,6 +407,8 @@ pub struct MemoryBackend {
     pub pools: Mutex<BTreeSet<String>>,
     /// Images `remove_image` finds open by a client.
     pub busy_images: Mutex<BTreeSet<String>>,
+    /// Images `trash_image` moved to the trash.
+    pub trashed: Mutex<BTreeSet<String>>,
     /// The OSDs that do not answer this replica (`probe_osds`); None: it has no cluster
     /// connection to ask through.
     pub osds_unanswered: Mutex<Option<Vec<i32>>>,
@@ -544,6 +567,29 @@ impl Backend for MemoryBackend {
             return Err(ImageError::NotFound(spec).into());
         }
         Ok(())
+    }
+
+    fn trash_image(&self, pool: &str, namespace: &str, image: &str) -> Result<(), StoreError> {
+        self.remove_image(pool, namespace, image)?;
+        self.trashed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(image_spec(pool, namespace, image));
+        Ok(())
+    }
+
+    fn image_size(&self, pool: &str, namespace: &str, image: &str) -> Result<u64, StoreError> {
+        let spec = image_spec(pool, namespace, image);
+        if !self.image_exists(pool, namespace, image)? {
+            return Err(ImageError::NotFound(spec).into());
+        }
+        Ok(self
+            .sizes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&spec)
+            .copied()
+            .unwrap_or(1 << 30))
     }
 
     fn image_exists(&self, pool: &str, namespace: &str, image: &str) -> Result<bool, StoreError> {

@@ -152,6 +152,7 @@ mod tests {
                 qos: Default::default(),
                 nguid: String::new(),
                 uuid: String::new(),
+                trash_image: false,
             })
             .expect("namespace");
         }

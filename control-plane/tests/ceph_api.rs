@@ -1350,7 +1350,9 @@ async fn methods_are_served_at_package_less_paths() {
     let missing: Result<tonic::Response<pb::ReqStatus>, _> = grpc
         .unary(
             tonic::Request::new(pb::ListSubsystemsReq::default()),
-            tonic::codegen::http::uri::PathAndQuery::from_static("/Gateway/set_ana_state"),
+            tonic::codegen::http::uri::PathAndQuery::from_static(
+                "/Gateway/add_kmip_server_endpoints",
+            ),
             tonic::codec::ProstCodec::default(),
         )
         .await;
@@ -1395,6 +1397,556 @@ async fn the_api_is_behind_the_same_mtls() {
         list(tls::TlsFiles::default()).await.is_err(),
         "plain text served"
     );
+}
+
+const ENOKEY: i32 = 126;
+
+/// A beacon of another gateway, owning ANA group `group`.
+async fn beacon_gateway(c: &mut GatewayControlClient<Channel>, name: &str, group: u32) {
+    c.send_beacon(proto::Beacon {
+        gateway: name.into(),
+        ana_group: group,
+        incarnation: 1,
+        client_addrs: vec![format!("127.0.0.1:0/{group}")],
+        ..Default::default()
+    })
+    .await
+    .expect("beacon");
+}
+
+/// The calls ceph-nvmeof's CLI and the Ceph dashboard make beyond ceph-csi's: the gateway's
+/// version (an X.Y.Z the CLI accepts, ours in the message), log levels (group-wide, pushed
+/// to gateways in their assignment), listener status per gateway, the subsystem's
+/// DH-HMAC-CHAP key (the controller key its hosts get), load-balancing group = ANA group,
+/// visibility, trash-on-delete, auto-resize, get_subsystems, the images' real sizes, the
+/// SPDK calls refused; every bad input answers its errno and leaves the state as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_and_dashboard_calls() {
+    let mut f = start().await;
+    beacon_gateway(&mut f.control, "gw2", 2).await;
+    let gw = &mut f.gw;
+    f.backend
+        .sizes
+        .lock()
+        .expect("sizes")
+        .insert("rbd/img1".into(), 3 * GIB);
+    assert_eq!(
+        gw.create_subsystem(subsystem_req(NQN))
+            .await
+            .expect("rpc")
+            .get_ref()
+            .status,
+        0
+    );
+    assert_eq!(
+        gw.create_listener(listener_req("gw1"))
+            .await
+            .expect("rpc")
+            .get_ref()
+            .status,
+        0
+    );
+    let mut ns = namespace_req("img1", 512);
+    ns.anagrpid = Some(1);
+    assert_eq!(gw.namespace_add(ns).await.expect("rpc").get_ref().status, 0);
+
+    // Version: X.Y.Z >= 1.1.0 (what the CLI checks), ours in the message.
+    let info = gw
+        .get_gateway_info(pb::GetGatewayInfoReq {
+            cli_version: Some("1.5.4".into()),
+        })
+        .await
+        .expect("info")
+        .into_inner();
+    let parts: Vec<u32> = info
+        .version
+        .split('.')
+        .map(|p| p.parse().expect("numeric"))
+        .collect();
+    assert_eq!(parts.len(), 3, "{}", info.version);
+    assert!(parts >= vec![1, 1, 0], "{}", info.version);
+    assert_eq!(info.version, control_plane::ceph_api::CEPH_NVMEOF_API_LEVEL);
+    assert!(
+        info.error_message
+            .contains(&format!("ceph-nvmeof-rs {}", env!("CARGO_PKG_VERSION"))),
+        "{}",
+        info.error_message
+    );
+
+    // rbd_image_size: the image's size in RBD, and after a resize the new one.
+    let listed = |gw: &mut GatewayClient<Channel>| {
+        let mut gw = gw.clone();
+        async move {
+            gw.list_namespaces(pb::ListNamespacesReq {
+                subsystem: NQN.into(),
+                nsid: Some(1),
+                uuid: None,
+            })
+            .await
+            .expect("list")
+            .into_inner()
+            .namespaces
+            .remove(0)
+        }
+    };
+    assert_eq!(listed(gw).await.rbd_image_size, 3 * GIB);
+    let grown = gw
+        .namespace_resize(pb::NamespaceResizeReq {
+            subsystem_nqn: NQN.into(),
+            nsid: 1,
+            new_size: 4096,
+            ..Default::default()
+        })
+        .await
+        .expect("resize")
+        .into_inner();
+    assert_eq!(grown.status, 0, "{grown:?}");
+    assert_eq!(listed(gw).await.rbd_image_size, 4 * GIB);
+
+    // Load-balancing group = ANA group, as `nvmeofctl namespace move`.
+    let lb = |nsid: u32, anagrpid: i32| pb::NamespaceChangeLoadBalancingGroupReq {
+        subsystem_nqn: NQN.into(),
+        nsid,
+        anagrpid,
+        ..Default::default()
+    };
+    let moved = gw
+        .namespace_change_load_balancing_group(lb(1, 2))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(moved.status, 0, "{moved:?}");
+    let entry = f.cp.state().namespaces[&(NQN.to_string(), 1)].clone();
+    assert_eq!((entry.ana_group, entry.moving_from), (2, 0));
+    assert_eq!(listed(gw).await.load_balancing_group, 2);
+    let before = config(&f.cp);
+    for (req, errno, text) in [
+        (lb(1, 7), ENODEV, "ANA group 7 has no gateway"),
+        (lb(9, 1), ENODEV, "namespace 9 not found"),
+        (lb(1, -1), EINVAL, "negative"),
+    ] {
+        let r = gw
+            .namespace_change_load_balancing_group(req)
+            .await
+            .expect("rpc")
+            .into_inner();
+        assert_eq!(r.status, errno, "{r:?}");
+        assert!(r.error_message.contains(text), "{r:?}");
+    }
+    let mut unknown = lb(1, 1);
+    unknown.subsystem_nqn = "nqn.2016-06.io.test:none".into();
+    let r = gw
+        .namespace_change_load_balancing_group(unknown)
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, ENOENT, "{r:?}");
+    assert_eq!(config(&f.cp), before, "refusals changed the state");
+
+    // Visibility: to the listed hosts only, a host added, back to all only with force.
+    let vis = |nsid: u32, auto_visible: bool, force: bool| pb::NamespaceChangeVisibilityReq {
+        subsystem_nqn: NQN.into(),
+        nsid,
+        auto_visible,
+        force: Some(force),
+    };
+    let r = gw
+        .namespace_change_visibility(vis(1, false, false))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert!(!listed(gw).await.auto_visible);
+    let add = gw
+        .namespace_add_host(pb::NamespaceAddHostReq {
+            subsystem_nqn: NQN.into(),
+            nsid: 1,
+            host_nqn: NODE.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(add.status, 0, "{add:?}");
+    let before = config(&f.cp);
+    let r = gw
+        .namespace_change_visibility(vis(1, true, false))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, EBUSY, "{r:?}");
+    assert!(r.error_message.contains("1 host(s) on its list"), "{r:?}");
+    let r = gw
+        .namespace_change_visibility(vis(5, true, true))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, ENODEV, "{r:?}");
+    assert_eq!(config(&f.cp), before, "refusals changed the state");
+    let r = gw
+        .namespace_change_visibility(vis(1, true, true))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    let n = listed(gw).await;
+    assert!(n.auto_visible && n.hosts.is_empty(), "{n:?}");
+    let pushed = f.cp.assignment("gw1").expect("assignment");
+    assert!(!pushed.namespaces[0].no_auto_visible);
+
+    // Auto-resize: always on here.
+    let ar = |nsid: u32, auto_resize: bool| pb::NamespaceSetAutoResizeReq {
+        subsystem_nqn: NQN.into(),
+        nsid,
+        auto_resize,
+    };
+    let r = gw
+        .namespace_set_auto_resize(ar(1, true))
+        .await
+        .expect("rpc");
+    assert_eq!(r.get_ref().status, 0);
+    let r = gw
+        .namespace_set_auto_resize(ar(1, false))
+        .await
+        .expect("rpc");
+    assert_eq!(r.get_ref().status, EOPNOTSUPP, "{:?}", r.get_ref());
+    let r = gw
+        .namespace_set_auto_resize(ar(4, true))
+        .await
+        .expect("rpc");
+    assert_eq!(r.get_ref().status, ENODEV);
+
+    // Trash on delete: the flag is kept with the namespace; a delete needs i_am_sure, and
+    // then the image is in the trash, not deleted outright and not left in the pool.
+    let trash = |nsid: u32, trash_image: bool| pb::NamespaceSetRbdTrashImageReq {
+        subsystem_nqn: NQN.into(),
+        nsid,
+        trash_image,
+    };
+    let r = gw
+        .namespace_set_rbd_trash_image(trash(3, true))
+        .await
+        .expect("rpc");
+    assert_eq!(r.get_ref().status, ENODEV);
+    let r = gw
+        .namespace_set_rbd_trash_image(trash(1, true))
+        .await
+        .expect("rpc");
+    assert_eq!(r.get_ref().status, 0);
+    assert!(f.cp.state().namespaces[&(NQN.to_string(), 1)].trash_image);
+    assert_eq!(listed(gw).await.trash_image, Some(true));
+    let del = |i_am_sure: bool| pb::NamespaceDeleteReq {
+        subsystem_nqn: NQN.into(),
+        nsid: 1,
+        i_am_sure: Some(i_am_sure),
+        ..Default::default()
+    };
+    let before = config(&f.cp);
+    let r = gw
+        .namespace_delete(del(false))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, EINVAL, "{r:?}");
+    assert!(r.error_message.contains("i_am_sure"), "{r:?}");
+    assert_eq!(
+        config(&f.cp),
+        before,
+        "an unconfirmed delete changed the state"
+    );
+    let r = gw
+        .namespace_delete(del(true))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert!(f.cp.state().namespaces.is_empty());
+    assert!(f
+        .backend
+        .trashed
+        .lock()
+        .expect("trashed")
+        .contains("rbd/img1"));
+    assert!(!f
+        .backend
+        .images
+        .lock()
+        .expect("images")
+        .contains("rbd/img1"));
+    // Added with create_image and trash_image: trashed with its namespace too.
+    let mut created = namespace_req("made", 512);
+    created.create_image = Some(true);
+    created.size = Some(GIB);
+    created.trash_image = Some(true);
+    let r = gw.namespace_add(created).await.expect("rpc").into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert!(f.cp.state().namespaces[&(NQN.to_string(), r.nsid)].trash_image);
+    // An existing image is not trashed unless asked for explicitly (as in ceph-nvmeof).
+    let mut existing = namespace_req("img2", 512);
+    existing.trash_image = Some(true);
+    let r = gw.namespace_add(existing).await.expect("rpc").into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert!(!f.cp.state().namespaces[&(NQN.to_string(), r.nsid)].trash_image);
+
+    // The subsystem's DH-HMAC-CHAP key: every host needs a key of its own first; it is the
+    // controller key of hosts without one, pushed to the gateways.
+    let key_req = |nqn: &str, k: &str| pb::ChangeSubsystemKeyReq {
+        subsystem_nqn: nqn.into(),
+        dhchap_key: Some(k.into()),
+    };
+    let keyed = pb::AddHostReq {
+        subsystem_nqn: NQN.into(),
+        host_nqn: NODE.into(),
+        dhchap_key: Some(key(1)),
+        ..Default::default()
+    };
+    assert_eq!(gw.add_host(keyed).await.expect("rpc").get_ref().status, 0);
+    let plain = "nqn.2014-08.org.nvmexpress:node-plain";
+    assert_eq!(
+        gw.add_host(pb::AddHostReq {
+            subsystem_nqn: NQN.into(),
+            host_nqn: plain.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("rpc")
+        .get_ref()
+        .status,
+        0
+    );
+    let before = config(&f.cp);
+    for (req, errno, text) in [
+        (key_req(NQN, &key(9)), EINVAL, plain),
+        (key_req(NQN, "DHHC-1:00:bad:"), EINVAL, "invalid dhchap_key"),
+        (
+            key_req("nqn.2016-06.io.test:none", &key(9)),
+            ENOENT,
+            "not found",
+        ),
+    ] {
+        let r = gw
+            .change_subsystem_key(req)
+            .await
+            .expect("rpc")
+            .into_inner();
+        assert_eq!(r.status, errno, "{r:?}");
+        assert!(r.error_message.contains(text), "{r:?}");
+        assert!(!r.error_message.contains("DHHC-1:00:bad"), "a key in {r:?}");
+    }
+    assert_eq!(config(&f.cp), before, "refusals changed the state");
+    assert_eq!(
+        gw.remove_host(pb::RemoveHostReq {
+            subsystem_nqn: NQN.into(),
+            host_nqn: plain.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("rpc")
+        .get_ref()
+        .status,
+        0
+    );
+    let r = gw
+        .change_subsystem_key(key_req(NQN, &key(9)))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(
+        f.cp.state().subsystems[NQN].dhchap_key.as_deref(),
+        Some(key(9).as_str())
+    );
+    let pushed = f.cp.assignment("gw1").expect("assignment");
+    let node = pushed.subsystems[0]
+        .host_entries
+        .iter()
+        .find(|h| h.host_nqn == NODE)
+        .expect("node pushed");
+    assert_eq!(
+        (node.dhchap_key.clone(), node.dhchap_ctrl_key.clone()),
+        (key(1), key(9))
+    );
+    let hosts = gw
+        .list_hosts(pb::ListHostsReq {
+            subsystem: NQN.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(
+        hosts.hosts[0].dhchap_controller_origin,
+        Some(pb::DhchapControllerKeyOrigin::SubsystemImplicit as i32)
+    );
+    let subs = gw
+        .list_subsystems(pb::ListSubsystemsReq::default())
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(subs.subsystems[0].has_dhchap_key, Some(true));
+    let r = gw
+        .change_subsystem_key(key_req(NQN, ""))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(f.cp.state().subsystems[NQN].dhchap_key, None);
+    let pushed = f.cp.assignment("gw1").expect("assignment");
+    assert_eq!(pushed.subsystems[0].host_entries[0].dhchap_ctrl_key, "");
+
+    // create_subsystem with a key: created with it in one change; a bad key creates nothing.
+    let mut keyed = subsystem_req("nqn.2016-06.io.test:keyed");
+    keyed.dhchap_key = Some("DHHC-1:00:bad:".into());
+    let before = config(&f.cp);
+    let r = gw
+        .create_subsystem(keyed.clone())
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, EINVAL, "{r:?}");
+    assert!(r.error_message.contains("invalid dhchap_key"), "{r:?}");
+    assert_eq!(config(&f.cp), before, "a bad key created the subsystem");
+    keyed.dhchap_key = Some(key(5));
+    let r = gw.create_subsystem(keyed).await.expect("rpc").into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(
+        f.cp.state().subsystems["nqn.2016-06.io.test:keyed"]
+            .dhchap_key
+            .as_deref(),
+        Some(key(5).as_str())
+    );
+    assert_eq!(
+        gw.delete_subsystem(pb::DeleteSubsystemReq {
+            subsystem_nqn: "nqn.2016-06.io.test:keyed".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("rpc")
+        .get_ref()
+        .status,
+        0
+    );
+
+    // get_subsystems: listeners, hosts and namespaces of every subsystem.
+    let all = gw
+        .get_subsystems(pb::GetSubsystemsReq {})
+        .await
+        .expect("rpc")
+        .into_inner();
+    let s = &all.subsystems[0];
+    assert_eq!(s.nqn, NQN);
+    assert_eq!(
+        (
+            s.listen_addresses[0].traddr.as_str(),
+            s.listen_addresses[0].trsvcid.as_str()
+        ),
+        ("127.0.0.1", "4420")
+    );
+    assert_eq!(
+        s.hosts.iter().map(|h| h.nqn.as_str()).collect::<Vec<_>>(),
+        [NODE]
+    );
+    let nsids: Vec<u32> = s.namespaces.iter().map(|n| n.nsid).collect();
+    let stored: Vec<u32> = f.cp.state().namespaces.keys().map(|(_, id)| *id).collect();
+    assert_eq!(nsids, stored);
+    assert_eq!(s.has_dhchap_key, Some(false));
+
+    // Listener status: each listener with the ANA state of every group on its gateway.
+    let li = gw
+        .show_gateway_listeners_info(pb::ShowGatewayListenersInfoReq {
+            subsystem_nqn: NQN.into(),
+        })
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(li.status, 0, "{li:?}");
+    let l = &li.gw_listeners[0];
+    assert_eq!(
+        l.listener.as_ref().map(|l| l.host_name.as_str()),
+        Some("gw1")
+    );
+    let states: Vec<(u32, i32)> = l.lb_states.iter().map(|s| (s.grp_id, s.state)).collect();
+    let expected: Vec<(u32, i32)> =
+        f.cp.state()
+            .map
+            .expect("map")
+            .ana_states("gw1")
+            .into_iter()
+            .map(|(g, s)| (g, i32::from(s.code())))
+            .collect();
+    assert_eq!(states, expected);
+    assert!(
+        states.contains(&(1, pb::AnaState::Optimized as i32)),
+        "gw1 holds its own group: {states:?}"
+    );
+    let r = gw
+        .show_gateway_listeners_info(pb::ShowGatewayListenersInfoReq {
+            subsystem_nqn: "nqn.2016-06.io.test:none".into(),
+        })
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, ENOENT, "{r:?}");
+
+    // Log level: group-wide, in the state and pushed to gateways; bad levels refused.
+    let set = |level: i32| pb::SetGatewayLogLevelReq { log_level: level };
+    let r = gw
+        .set_gateway_log_level(set(pb::GwLogLevel::Warning as i32))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(f.cp.state().settings.log_level.as_deref(), Some("warn"));
+    assert_eq!(
+        f.cp.assignment("gw2").expect("assignment").log_level,
+        "warn"
+    );
+    let got = gw
+        .get_gateway_log_level(pb::GetGatewayLogLevelReq {})
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(
+        (got.status, got.log_level),
+        (0, pb::GwLogLevel::Warning as i32)
+    );
+    let before = config(&f.cp);
+    for (level, errno) in [(15, ENOKEY), (pb::GwLogLevel::Notset as i32, EINVAL)] {
+        let r = gw.set_gateway_log_level(set(level)).await.expect("rpc");
+        assert_eq!(r.get_ref().status, errno, "{:?}", r.get_ref());
+    }
+    assert_eq!(config(&f.cp), before, "refusals changed the state");
+    let r = gw
+        .set_gateway_log_level(set(pb::GwLogLevel::Critical as i32))
+        .await
+        .expect("rpc");
+    assert_eq!(r.get_ref().status, 0);
+    assert_eq!(f.cp.state().settings.log_level.as_deref(), Some("error"));
+
+    // SPDK-internal calls: EOPNOTSUPP saying why.
+    let r = gw
+        .get_spdk_nvmf_log_flags_and_level(pb::GetSpdkNvmfLogFlagsAndLevelReq {})
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, EOPNOTSUPP);
+    assert!(r.error_message.contains("no SPDK"), "{r:?}");
+    for r in [
+        gw.disable_spdk_nvmf_logs(pb::DisableSpdkNvmfLogsReq {})
+            .await
+            .expect("rpc")
+            .into_inner(),
+        gw.set_spdk_nvmf_logs(pb::SetSpdkNvmfLogsReq::default())
+            .await
+            .expect("rpc")
+            .into_inner(),
+        gw.set_ana_state(pb::AnaInfo::default())
+            .await
+            .expect("rpc")
+            .into_inner(),
+    ] {
+        assert_eq!(r.status, EOPNOTSUPP, "{r:?}");
+    }
 }
 
 /// A namespace's UUID is its own for its whole life: a client may name it (kept as named,

@@ -348,6 +348,42 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
         "--host",
         &host(8),
     ]);
+    // Namespace settings: the image of namespace 3 goes to the trash with it; nothing to set;
+    // back to every host with a host list needs --force.
+    ctl(&[
+        "namespace",
+        "set",
+        "-n",
+        NQN,
+        "--nsid",
+        "3",
+        "--trash-image",
+        "true",
+    ]);
+    ctl(&["namespace", "set", "-n", NQN, "--nsid", "3"]);
+    ctl(&[
+        "namespace",
+        "set",
+        "-n",
+        NQN,
+        "--nsid",
+        "4",
+        "--auto-visible",
+        "true",
+    ]);
+    // The subsystem key is refused while a host has none; the log level.
+    ctl(&[
+        "subsystem",
+        "change-key",
+        "--nqn",
+        NQN,
+        "--dhchap-key",
+        &keys[0],
+    ]);
+    ctl(&["subsystem", "change-key", "--nqn", NQN]);
+    ctl(&["log-level", "set", "warn"]);
+    ctl(&["log-level", "get"]);
+    ctl(&["-o", "json", "log-level", "reset"]);
     for output in ["table", "json"] {
         ctl(&["-o", output, "subsystem", "list"]);
         ctl(&["-o", output, "namespace", "list"]);

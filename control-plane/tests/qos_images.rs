@@ -1,7 +1,9 @@
 //! Per-namespace QoS limits and the image lifecycle (`namespace add --create-image`, `namespace
 //! del --delete-image`) through the admin API, with the in-process state backend: limits set,
 //! changed, cleared and refused (state unchanged), kept in the group state and pushed in the
-//! assignment; images created and removed, and the refusals that leave everything as it was.
+//! assignment; images created and removed, and the refusals that leave everything as it was;
+//! the namespace settings (`namespace set`: visibility, trash on delete), the subsystem key
+//! (`subsystem change-key`) and the group log level (`log-level`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -304,4 +306,196 @@ async fn images_are_created_and_deleted_with_their_namespaces() {
     .await
     .expect("deleted");
     assert!(f.backend.images.lock().unwrap().contains("rbd/img1"));
+}
+
+fn dhchap(byte: u8) -> String {
+    nvme_auth::DhchapSecret::from_bytes(&[byte; 32], None)
+        .expect("32 bytes")
+        .to_representation()
+        .to_string()
+}
+
+/// `namespace set` (visibility, trash on delete; the image then goes to the trash with
+/// `namespace del --delete-image`, and a delete without it is refused), `subsystem
+/// change-key` and `log-level`: each changes the group state the gateways are pushed, and
+/// every refusal leaves it as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_settings_subsystem_key_and_log_level() {
+    let mut f = start().await;
+    let a = &mut f.admin;
+    a.namespace_add(proto::NamespaceAddRequest {
+        subsystem_nqn: NQN.into(),
+        pool: "rbd".into(),
+        image: "img1".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("add");
+    let set = |auto_visible: Option<bool>, trash_image: Option<bool>, force: bool| {
+        proto::NamespaceSetRequest {
+            subsystem_nqn: NQN.into(),
+            nsid: 1,
+            auto_visible,
+            trash_image,
+            force,
+        }
+    };
+    let entry = |cp: &ControlPlane| cp.state().namespaces[&(NQN.to_string(), 1)].clone();
+
+    // Visibility: to listed hosts only, one added; back to all needs --force.
+    a.namespace_set(set(Some(false), None, false))
+        .await
+        .expect("restrict");
+    assert!(entry(&f.cp).no_auto_visible);
+    a.namespace_add_host(proto::NamespaceHostRequest {
+        subsystem_nqn: NQN.into(),
+        nsid: 1,
+        host_nqn: HOST.into(),
+    })
+    .await
+    .expect("add host");
+    let before = f.cp.state();
+    let e = a
+        .namespace_set(set(Some(true), None, false))
+        .await
+        .expect_err("a host list");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let e = a
+        .namespace_set(set(None, None, false))
+        .await
+        .expect_err("nothing to set");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let mut missing = set(None, Some(true), false);
+    missing.nsid = 9;
+    let e = a.namespace_set(missing).await.expect_err("no namespace 9");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert_eq!(f.cp.state(), before, "refusals changed the state");
+    a.namespace_set(set(Some(true), Some(true), true))
+        .await
+        .expect("all hosts, trash");
+    let e1 = entry(&f.cp);
+    assert!(!e1.no_auto_visible && e1.hosts.is_empty() && e1.trash_image);
+    let pushed = f.cp.assignment("gw1").expect("assignment");
+    assert!(pushed.namespaces[0].trash_image && !pushed.namespaces[0].no_auto_visible);
+
+    // Deleting a namespace whose image goes to the trash needs --delete-image; then the
+    // image is in the trash.
+    let del = |delete_image: bool| proto::NamespaceDelRequest {
+        subsystem_nqn: NQN.into(),
+        nsid: 1,
+        delete_image,
+        force: false,
+    };
+    let before = f.cp.state();
+    let e = a.namespace_del(del(false)).await.expect_err("unconfirmed");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("RBD trash"), "{e:?}");
+    assert_eq!(f.cp.state(), before);
+    let r = a
+        .namespace_del(del(true))
+        .await
+        .expect("deleted")
+        .into_inner();
+    assert!(r.message.contains("moved to the RBD trash"), "{r:?}");
+    assert!(f
+        .backend
+        .trashed
+        .lock()
+        .expect("trashed")
+        .contains("rbd/img1"));
+    assert!(!f
+        .backend
+        .images
+        .lock()
+        .expect("images")
+        .contains("rbd/img1"));
+
+    // The subsystem key: refused while a host has no key of its own, and when malformed.
+    let plain = "nqn.2014-08.org.nvmexpress:uuid:0f0f0f0f-0000-0000-0000-000000000002";
+    a.host_add(proto::Host {
+        subsystem_nqn: NQN.into(),
+        host_nqn: HOST.into(),
+        dhchap_key: dhchap(1),
+        ..Default::default()
+    })
+    .await
+    .expect("keyed host");
+    a.host_add(proto::Host {
+        subsystem_nqn: NQN.into(),
+        host_nqn: plain.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("plain host");
+    let key = |k: &str| proto::SubsystemKeyRequest {
+        nqn: NQN.into(),
+        dhchap_key: k.into(),
+    };
+    let before = f.cp.state();
+    let e = a
+        .subsystem_change_key(key(&dhchap(9)))
+        .await
+        .expect_err("a host without a key");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains(plain), "{e:?}");
+    let e = a
+        .subsystem_change_key(key("DHHC-1:00:nope:"))
+        .await
+        .expect_err("malformed");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(!e.message().contains("nope"), "the key in {e:?}");
+    assert_eq!(f.cp.state(), before, "refusals changed the state");
+    a.host_del(proto::Host {
+        subsystem_nqn: NQN.into(),
+        host_nqn: plain.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("del plain");
+    a.subsystem_change_key(key(&dhchap(9)))
+        .await
+        .expect("key set");
+    let pushed = f.cp.assignment("gw1").expect("assignment");
+    let s = &pushed.subsystems[0];
+    assert!(s.has_dhchap_key);
+    assert_eq!(s.host_entries[0].dhchap_ctrl_key, dhchap(9));
+    let listed = a
+        .subsystem_list(proto::Empty {})
+        .await
+        .expect("list")
+        .into_inner();
+    assert!(listed.subsystems[0].has_dhchap_key);
+    assert!(
+        listed.subsystems[0]
+            .host_entries
+            .iter()
+            .all(|h| h.dhchap_key.is_empty() && h.dhchap_ctrl_key.is_empty()),
+        "keys in a listing"
+    );
+    a.subsystem_change_key(key("")).await.expect("key removed");
+    assert_eq!(f.cp.state().subsystems[NQN].dhchap_key, None);
+
+    // The log level: group-wide, pushed; refused when unknown; reset.
+    let level = |l: &str| proto::LogLevelRequest { level: l.into() };
+    let before = f.cp.state();
+    let e = a
+        .log_level_set(level("loud"))
+        .await
+        .expect_err("unknown level");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(f.cp.state(), before);
+    a.log_level_set(level("debug")).await.expect("debug");
+    let got = a
+        .log_level_get(proto::Empty {})
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(got.group, "debug");
+    assert_eq!(
+        f.cp.assignment("gw1").expect("assignment").log_level,
+        "debug"
+    );
+    a.log_level_set(level("")).await.expect("reset");
+    assert_eq!(f.cp.state().settings.log_level, None);
+    assert_eq!(f.cp.assignment("gw1").expect("assignment").log_level, "");
 }

@@ -299,3 +299,60 @@ fn images_are_created_and_removed_in_the_cluster() {
         other => panic!("remove again: {other:?}"),
     }
 }
+
+/// The ceph-nvmeof API's `rbd_image_size` and trash-on-delete against the cluster: an
+/// image's size as RBD has it (after a grow too), a missing image named; the image moved to
+/// the pool's RBD trash while a client has it open (`rbd trash ls` lists it, `rbd ls` no
+/// longer); trashing it again: not found.
+#[test]
+fn image_sizes_are_read_and_images_go_to_the_trash() {
+    use control_plane::store::{ImageError, StoreError};
+    let g = group();
+    let b = backend(&g);
+    let pool = ceph_pool();
+    let name = format!("store-trash-{}", std::process::id());
+    b.create_image(&pool, "", &name, 8 << 20).expect("created");
+    assert_eq!(b.image_size(&pool, "", &name).expect("size"), 8 << 20);
+    b.grow_image(&pool, "", &name, 16 << 20).expect("grown");
+    assert_eq!(b.image_size(&pool, "", &name).expect("size"), 16 << 20);
+    match b.image_size(&pool, "", "no-such-image") {
+        Err(StoreError::Image(ImageError::NotFound(spec))) => {
+            assert_eq!(spec, format!("{pool}/no-such-image"))
+        }
+        other => panic!("size of a missing image: {other:?}"),
+    }
+    // librbd moves an image that a client has open to the trash (that client's handle
+    // works on until it closes it): the control plane trashes a deleted namespace's image
+    // without waiting for the gateways to close it.
+    let images = rbd_backend::ClusterPool::new(ceph_settings());
+    let open = images
+        .open(&rbd_backend::rbd::ImageSpec {
+            pool: pool.clone(),
+            namespace: None,
+            image: name.clone(),
+        })
+        .expect("open");
+    b.trash_image(&pool, "", &name).expect("trashed while open");
+    drop(open);
+    assert!(!b.image_exists(&pool, "", &name).expect("not in the pool"));
+    let rbd = |args: &[&str]| {
+        let out = std::process::Command::new("rbd")
+            .args(args)
+            .output()
+            .expect("rbd");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let trash = rbd(&["trash", "ls", &pool]);
+    let line = trash
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(name.as_str()))
+        .unwrap_or_else(|| panic!("{name} not in the trash: {trash}"));
+    assert!(!rbd(&["ls", &pool]).lines().any(|l| l == name));
+    match b.trash_image(&pool, "", &name) {
+        Err(StoreError::Image(ImageError::NotFound(_))) => {}
+        other => panic!("trash again: {other:?}"),
+    }
+    // Leave the cluster as found.
+    let id = line.split_whitespace().next().unwrap_or_default();
+    rbd(&["trash", "rm", &format!("{pool}/{id}")]);
+}

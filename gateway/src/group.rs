@@ -1186,6 +1186,11 @@ async fn assignment_loop(
                     }
                     match next {
                         Ok(Some(a)) => {
+                            // The group's log level, live (empty: this process's own).
+                            let level = Some(a.log_level.as_str()).filter(|l| !l.is_empty());
+                            if let Err(e) = control_plane::log_level::follow(level) {
+                                tracing::warn!("group log level: {e}");
+                            }
                             if let Some(config) = &settings.config {
                                 clients.refresh_lost_groups_before_opening(&target, &a);
                                 apply_config(&target, config, &a).await;

@@ -1,6 +1,5 @@
 //! `nvmeof-gateway`: serves the subsystems of a configuration file over NVMe/TCP and NVMe/RDMA.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -41,15 +40,8 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // colour codes only for a terminal: journald and log files get plain text
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    // The log filter follows the group's log level once one is set (`log-level set`).
+    control_plane::log_level::init();
     let config = match Config::load(&args.config) {
         Ok(c) => c,
         Err(e) => {

@@ -4,7 +4,6 @@
 //! replicas against the same object: one leads (RADOS lock with a lease), the others serve
 //! admin requests and gateways' assignment streams and take over when the lease lapses.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock, Weak};
@@ -76,15 +75,8 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // colour codes only for a terminal: journald and log files get plain text
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    // The log filter follows the group's log level once one is set (`log-level set`).
+    control_plane::log_level::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -75,6 +75,23 @@ enum Cmd {
     /// ANA groups and states.
     #[command(subcommand)]
     Ana(AnaCmd),
+    /// The log level of every gateway and control-plane replica, changed live.
+    #[command(subcommand)]
+    LogLevel(LogLevelCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum LogLevelCmd {
+    /// The group's level (none: each process runs at its own, RUST_LOG or info) and the
+    /// answering replica's.
+    Get,
+    /// Sets the level of every gateway and replica, live: trace, debug, info, warn or error.
+    Set {
+        #[arg(value_parser = ["trace", "debug", "info", "warn", "error"])]
+        level: String,
+    },
+    /// Drops the group's level: each process runs at its own again.
+    Reset,
 }
 
 #[derive(Debug, Subcommand)]
@@ -111,6 +128,40 @@ enum SubsystemCmd {
         force: bool,
     },
     List,
+    /// Sets, replaces or removes the subsystem's DH-HMAC-CHAP key: the key the gateways
+    /// prove themselves with to hosts that have a key of their own but no controller key
+    /// (bidirectional authentication). Refused while a host of the subsystem has no key.
+    ChangeKey {
+        #[arg(long, short)]
+        nqn: String,
+        #[command(flatten)]
+        key: SubsystemKeyArgs,
+        /// Removes the subsystem's key.
+        #[arg(long, conflicts_with_all = ["dhchap_key", "dhchap_key_file"])]
+        remove: bool,
+    },
+}
+
+/// A subsystem's DH-HMAC-CHAP key.
+#[derive(clap::Args)]
+struct SubsystemKeyArgs {
+    /// `DHHC-1:XX:<base64>:` as `nvme gen-dhchap-key` prints it. Prefer --dhchap-key-file
+    /// (a key on the command line shows in the process list and the shell's history).
+    #[arg(long, conflicts_with = "dhchap_key_file")]
+    dhchap_key: Option<String>,
+    /// Reads --dhchap-key from this file (`-`: standard input).
+    #[arg(long)]
+    dhchap_key_file: Option<PathBuf>,
+}
+
+/// Says whether the key is given, never what it is.
+impl std::fmt::Debug for SubsystemKeyArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubsystemKeyArgs")
+            .field("dhchap_key", &self.dhchap_key.as_ref().map(|_| "<set>"))
+            .field("dhchap_key_file", &self.dhchap_key_file)
+            .finish()
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -243,6 +294,24 @@ enum NamespaceCmd {
         nsid: u32,
         #[arg(long)]
         host: String,
+    },
+    /// Changes settings of a namespace, live; settings not given stay.
+    Set {
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        #[arg(long)]
+        nsid: u32,
+        /// true: every allowed host sees it; false: only the hosts add-host names (none at
+        /// first). Connected hosts see the change without reconnecting.
+        #[arg(long, value_name = "true|false")]
+        auto_visible: Option<bool>,
+        /// true: `namespace del` moves the image to the RBD trash (and then needs
+        /// --delete-image); false: the image stays unless --delete-image removes it.
+        #[arg(long, value_name = "true|false")]
+        trash_image: Option<bool>,
+        /// With --auto-visible true: drop the namespace's host list.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -468,6 +537,21 @@ impl KeyArgs {
     }
 }
 
+/// `subsystem change-key`'s key, from its option or its file (trimmed; empty: none given).
+/// An empty key given is bad usage (an unset shell variable must not remove the key:
+/// --remove does). Messages never contain the key.
+fn subsystem_key(text: &Option<String>, file: &Option<PathBuf>) -> Result<String, String> {
+    let key = match (text, file) {
+        (Some(t), _) => t.trim().to_string(),
+        (None, Some(path)) => read_key_file("dhchap-key", path)?,
+        (None, None) => return Ok(String::new()),
+    };
+    if key.is_empty() {
+        return Err("--dhchap-key: empty (use --remove to remove the key)".into());
+    }
+    Ok(key)
+}
+
 /// A key file's text, trimmed (`-`: standard input). Errors name the file, not its content.
 fn read_key_file(option: &str, path: &std::path::Path) -> Result<String, String> {
     let text = if path.as_os_str() == "-" {
@@ -640,6 +724,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         _ => Keys::default(),
     };
+    let subsystem_key = match &cli.cmd {
+        Cmd::Subsystem(SubsystemCmd::ChangeKey { key, .. }) => {
+            subsystem_key(&key.dhchap_key, &key.dhchap_key_file).map_err(Failure::Usage)?
+        }
+        _ => String::new(),
+    };
     let mut c = connect(&cli.server, tls_config.as_ref()).await?;
     let out = cli.output;
     let tls_on = tls_config.is_some();
@@ -677,6 +767,66 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Cmd::Subsystem(SubsystemCmd::List) => {
             let r = answer(c.subsystem_list(proto::Empty {}), tls_on).await?;
             print_list(out, &r, &r.subsystems);
+        }
+        Cmd::Subsystem(SubsystemCmd::ChangeKey { nqn, remove, .. }) => {
+            if !remove && subsystem_key.is_empty() {
+                return Err(Failure::Usage(
+                    "subsystem change-key: give --dhchap-key or --dhchap-key-file, or --remove"
+                        .into(),
+                ));
+            }
+            let request = proto::SubsystemKeyRequest {
+                nqn,
+                dhchap_key: subsystem_key,
+            };
+            done(out, answer(c.subsystem_change_key(request), tls_on).await?)
+        }
+        Cmd::Namespace(NamespaceCmd::Set {
+            subsystem,
+            nsid,
+            auto_visible,
+            trash_image,
+            force,
+        }) => {
+            if auto_visible.is_none() && trash_image.is_none() {
+                return Err(Failure::Usage(
+                    "namespace set: give a setting to change (--auto-visible, --trash-image)"
+                        .into(),
+                ));
+            }
+            let request = proto::NamespaceSetRequest {
+                subsystem_nqn: subsystem,
+                nsid,
+                auto_visible,
+                trash_image,
+                force,
+            };
+            done(out, answer(c.namespace_set(request), tls_on).await?)
+        }
+        Cmd::LogLevel(LogLevelCmd::Get) => {
+            let r = answer(c.log_level_get(proto::Empty {}), tls_on).await?;
+            match out {
+                Output::Json => json(&r),
+                Output::Table => {
+                    println!(
+                        "group: {}",
+                        if r.group.is_empty() {
+                            "none (each process its own: RUST_LOG, else info)"
+                        } else {
+                            &r.group
+                        }
+                    );
+                    println!("this replica: {}", r.replica);
+                }
+            }
+        }
+        Cmd::LogLevel(cmd @ (LogLevelCmd::Set { .. } | LogLevelCmd::Reset)) => {
+            let level = match cmd {
+                LogLevelCmd::Set { level } => level,
+                _ => String::new(),
+            };
+            let request = proto::LogLevelRequest { level };
+            done(out, answer(c.log_level_set(request), tls_on).await?)
         }
         Cmd::Namespace(NamespaceCmd::Add {
             subsystem,

@@ -284,6 +284,11 @@ pub struct CephLib {
         io: rados_ioctx_t,
         name: *const ::std::os::raw::c_char,
     ) -> ::std::os::raw::c_int,
+    pub rbd_trash_move: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        name: *const ::std::os::raw::c_char,
+        delay: u64,
+    ) -> ::std::os::raw::c_int,
     pub rbd_open: unsafe extern "C" fn(
         io: rados_ioctx_t,
         name: *const ::std::os::raw::c_char,
@@ -442,6 +447,7 @@ impl CephLib {
         let rbd_version = __library.get(b"rbd_version\0").map(|sym| *sym)?;
         let rbd_create = __library.get(b"rbd_create\0").map(|sym| *sym)?;
         let rbd_remove = __library.get(b"rbd_remove\0").map(|sym| *sym)?;
+        let rbd_trash_move = __library.get(b"rbd_trash_move\0").map(|sym| *sym)?;
         let rbd_open = __library.get(b"rbd_open\0").map(|sym| *sym)?;
         let rbd_close = __library.get(b"rbd_close\0").map(|sym| *sym)?;
         let rbd_resize = __library.get(b"rbd_resize\0").map(|sym| *sym)?;
@@ -513,6 +519,7 @@ impl CephLib {
             rbd_version,
             rbd_create,
             rbd_remove,
+            rbd_trash_move,
             rbd_open,
             rbd_close,
             rbd_resize,
@@ -872,6 +879,14 @@ impl CephLib {
         name: *const ::std::os::raw::c_char,
     ) -> ::std::os::raw::c_int {
         (self.rbd_remove)(io, name)
+    }
+    pub unsafe fn rbd_trash_move(
+        &self,
+        io: rados_ioctx_t,
+        name: *const ::std::os::raw::c_char,
+        delay: u64,
+    ) -> ::std::os::raw::c_int {
+        (self.rbd_trash_move)(io, name, delay)
     }
     pub unsafe fn rbd_open(
         &self,

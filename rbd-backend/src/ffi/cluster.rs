@@ -209,6 +209,18 @@ impl IoCtx {
         })?;
         Ok(())
     }
+
+    /// `rbd_trash_move` with no delay: moves an image to the pool's RBD trash (`rbd trash
+    /// ls`, restorable with `rbd trash restore` until purged). Refused while a client has it
+    /// open.
+    pub fn trash_image(&self, name: &str) -> Result<(), FfiError> {
+        let n = cstring("rbd_trash_move", name)?;
+        // SAFETY: valid context and C string.
+        check("rbd_trash_move", unsafe {
+            self.lib.rbd_trash_move(self.handle, n.as_ptr(), 0)
+        })?;
+        Ok(())
+    }
 }
 
 impl Drop for IoCtx {

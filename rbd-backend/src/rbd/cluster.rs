@@ -605,6 +605,17 @@ impl PoolAdmin {
             })
     }
 
+    /// Moves an image to the pool's RBD trash.
+    pub fn trash_image(&self, name: &str) -> Result<(), RbdError> {
+        self.ioctx
+            .trash_image(name)
+            .map_err(|source| RbdError::Image {
+                what: "rbd_trash_move",
+                image: format!("{}/{name}", self.pool),
+                source,
+            })
+    }
+
     /// The size of an image in bytes (opens it briefly).
     pub fn image_size(&self, name: &str) -> Result<u64, RbdError> {
         let image = ffi::Image::open(&self.ioctx, name).map_err(|source| RbdError::Image {
