@@ -8,9 +8,11 @@
 //! carries only the namespaces whose counters changed since the previous beacon (an idle
 //! group sends none), every [`FULL_EVERY`]th beacon carries them all, and so does the one
 //! after a beacon that some replica did not take (so a replica that restarted or missed one
-//! catches up within a beacon or [`FULL_EVERY`] of them).
+//! catches up within a beacon or [`FULL_EVERY`] of them). No beacon carries more than
+//! [`MAX_PER_BEACON`] namespaces; the others wait their turn (their totals are not lost, only
+//! reported a beacon or more later).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use control_plane::proto::{NamespaceIoCounters, OpCounters, SubsystemIoCounters};
 use rbd_backend::{IoStatsSnapshot, OpKind};
@@ -21,13 +23,32 @@ use crate::core::Target;
 /// beacon interval of 1 s: every 30 s).
 pub const FULL_EVERY: u32 = 30;
 
+/// The most namespaces one beacon carries: about 95 KB of counters (92 bytes each with
+/// day-long totals, `control-plane/examples/beacon_io_cost.rs`), far below gRPC's 4 MiB
+/// message limit, which a beacon must never reach (a refused beacon is a dead gateway). The
+/// rest go in the next beacons, in turn.
+pub const MAX_PER_BEACON: usize = 1024;
+
+type Key = (String, u32);
+
 /// What the previous beacons reported, to send only what changed.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct IoReport {
     /// (subsystem NQN, NSID) -> the counters last put in a beacon.
-    sent: BTreeMap<(String, u32), NamespaceIoCounters>,
+    sent: BTreeMap<Key, NamespaceIoCounters>,
+    /// Namespaces a full report still owes (sent only when they change otherwise).
+    owed: BTreeSet<Key>,
+    /// The last namespace sent: the next beacon starts after it when not all fit.
+    cursor: Option<Key>,
     /// Beacons since the last full report; None: the next one is full.
     since_full: Option<u32>,
+    cap: usize,
+}
+
+impl Default for IoReport {
+    fn default() -> Self {
+        IoReport::with_cap(MAX_PER_BEACON)
+    }
 }
 
 fn op(s: &IoStatsSnapshot, kind: OpKind) -> Option<OpCounters> {
@@ -64,7 +85,19 @@ pub fn counters(
 }
 
 impl IoReport {
-    /// The counters for the next beacon: the namespaces that changed, or all of them.
+    /// At most `cap` namespaces per beacon.
+    pub fn with_cap(cap: usize) -> IoReport {
+        IoReport {
+            sent: BTreeMap::new(),
+            owed: BTreeSet::new(),
+            cursor: None,
+            since_full: None,
+            cap: cap.max(1),
+        }
+    }
+
+    /// The counters for the next beacon: the namespaces that changed since they were last
+    /// sent, and those a full report still owes, at most `cap` of them, taking turns.
     pub fn next(&mut self, target: &Target) -> Vec<SubsystemIoCounters> {
         let full = match self.since_full {
             Some(n) if n + 1 < FULL_EVERY => {
@@ -77,36 +110,61 @@ impl IoReport {
             }
         };
         let mut now = BTreeMap::new();
-        let mut out = Vec::new();
         for sub in target.subsystems() {
             if sub.is_discovery() {
                 continue;
             }
-            let mut namespaces = Vec::new();
             for ns in sub.namespaces() {
                 let Some(stats) = ns.device.io_stats() else {
                     continue;
                 };
                 let c = counters(ns.nsid, &ns.uuid, &stats, ns.device.in_flight());
-                let key = (sub.nqn().to_string(), ns.nsid);
-                if full || self.sent.get(&key) != Some(&c) {
-                    namespaces.push(c.clone());
-                }
-                now.insert(key, c);
-            }
-            if !namespaces.is_empty() {
-                out.push(SubsystemIoCounters {
-                    nqn: sub.nqn().to_string(),
-                    namespaces,
-                });
+                now.insert((sub.nqn().to_string(), ns.nsid), c);
             }
         }
-        // Namespaces no longer here are dropped: one added again is reported afresh.
-        self.sent = now;
+        // Namespaces no longer here are forgotten: one added again is reported afresh.
+        self.sent.retain(|k, _| now.contains_key(k));
+        if full {
+            self.owed = now.keys().cloned().collect();
+        } else {
+            self.owed.retain(|k| now.contains_key(k));
+        }
+        let due =
+            |k: &Key, c: &NamespaceIoCounters| self.owed.contains(k) || self.sent.get(k) != Some(c);
+        // In turn from the one after the last sent, so every namespace gets its turn when
+        // more are due than fit.
+        let after = self.cursor.clone();
+        let (later, earlier): (Vec<_>, Vec<_>) = now
+            .iter()
+            .filter(|(k, c)| due(k, c))
+            .partition(|(k, _)| after.as_ref().is_none_or(|a| *k > a));
+        let chosen: Vec<(Key, NamespaceIoCounters)> = later
+            .into_iter()
+            .chain(earlier)
+            .take(self.cap)
+            .map(|(k, c)| (k.clone(), c.clone()))
+            .collect();
+        if let Some((k, _)) = chosen.last() {
+            self.cursor = Some(k.clone());
+        }
+        let mut out: Vec<SubsystemIoCounters> = Vec::new();
+        let mut sorted = chosen;
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        for (key, c) in sorted {
+            self.owed.remove(&key);
+            self.sent.insert(key.clone(), c.clone());
+            match out.last_mut() {
+                Some(s) if s.nqn == key.0 => s.namespaces.push(c),
+                _ => out.push(SubsystemIoCounters {
+                    nqn: key.0,
+                    namespaces: vec![c],
+                }),
+            }
+        }
         out
     }
 
-    /// A replica did not take the last beacon: the next one reports every namespace.
+    /// A replica did not take a beacon: the next ones report every namespace.
     pub fn resend_all(&mut self) {
         self.since_full = None;
     }
@@ -194,5 +252,45 @@ mod tests {
             }
         }
         assert_eq!(full_at, [FULL_EVERY, 2 * FULL_EVERY]);
+    }
+
+    #[test]
+    fn a_capped_report_gives_every_namespace_its_turn() {
+        let target = target();
+        let mut report = IoReport::with_cap(2);
+        // The first (full) report over two beacons.
+        assert_eq!(nsids(&report.next(&target)), [1, 2]);
+        assert_eq!(nsids(&report.next(&target)), [3]);
+        assert_eq!(nsids(&report.next(&target)), Vec::<u32>::new());
+        // All three busy, two fit: each is sent at least every other beacon.
+        let mut last_sent = [0usize; 3];
+        for beacon in 1..=12usize {
+            for nsid in 1..=3 {
+                read(&target, nsid);
+            }
+            let sent = nsids(&report.next(&target));
+            assert_eq!(sent.len(), 2, "{sent:?}");
+            for nsid in sent {
+                last_sent[nsid as usize - 1] = beacon;
+            }
+            for (i, &at) in last_sent.iter().enumerate() {
+                assert!(
+                    beacon - at <= 1 || beacon < 2,
+                    "namespace {} waits: {last_sent:?}",
+                    i + 1
+                );
+            }
+        }
+        // Once the I/O stops, the last counts of each go out within a beacon or two.
+        report.next(&target);
+        report.next(&target);
+        for nsid in 1..=3u32 {
+            let sent = &report.sent[&(NQN.to_string(), nsid)];
+            assert_eq!(
+                sent.read.as_ref().map(|r| r.ops),
+                Some(12),
+                "namespace {nsid}"
+            );
+        }
     }
 }
