@@ -20,6 +20,8 @@ use control_plane::store::Store;
 use control_plane::test_support::{self, plain_channel};
 use tonic::transport::Channel;
 
+mod common;
+
 const NQN: &str = "nqn.2016-06.io.test:stats";
 
 const ENOENT: i32 = 2;
@@ -27,6 +29,7 @@ const ENODEV: i32 = 19;
 const EINVAL: i32 = 22;
 
 struct Fixture {
+    addr: String,
     cp: std::sync::Arc<ControlPlane>,
     gw: GatewayClient<Channel>,
     admin: AdminClient<Channel>,
@@ -47,6 +50,7 @@ async fn start() -> Fixture {
     let addr = test_support::serve_plain(cp.clone()).await;
     test_support::wait_for_lease(&cp, Duration::from_secs(5)).await;
     let mut f = Fixture {
+        addr: addr.clone(),
         cp,
         gw: GatewayClient::new(plain_channel(&addr).await),
         admin: AdminClient::new(plain_channel(&addr).await),
@@ -288,6 +292,29 @@ async fn io_stats_sum_the_gateways_and_never_go_down() {
         })
         .collect();
     assert_eq!(shares, [("gw1".to_string(), 103), ("gw2".to_string(), 5)]);
+
+    // nvmeofctl namespace stats: a row per gateway and the total; JSON as the reply.
+    let (code, table, err) =
+        common::ctl(&f.addr, &["namespace", "stats", "-n", NQN, "--nsid", "1"]);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0][..3], ["GATEWAY", "READS", "READ"], "{table}");
+    assert_eq!(rows[1][..4], ["gw1", "103", "421888", "10"], "{table}");
+    assert_eq!(rows[2][..4], ["gw2", "5", "20480", "0"], "{table}");
+    assert_eq!(rows[3][..4], ["(total)", "108", "442368", "10"], "{table}");
+    let (code, text, err) = common::ctl(
+        &f.addr,
+        &["-o", "json", "namespace", "stats", "-n", NQN, "--nsid", "1"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["total"]["read"]["ops"], 108, "{text}");
+    assert_eq!(v["total"]["write"]["failed"], 1, "{text}");
+    let (code, _, err) = common::ctl(&f.addr, &["namespace", "stats", "-n", NQN, "--nsid", "9"]);
+    assert_eq!(code, 1, "no namespace 9: {err}");
 
     // get_gateway_stats: one poll group per gateway, queues summed over gw1's restarts.
     let g =
