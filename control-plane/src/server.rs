@@ -954,6 +954,10 @@ impl ControlPlane {
         counters: &[proto::SubsystemIoCounters],
         totals: Option<&proto::GatewayIoTotals>,
     ) {
+        // Refused as a beacon anyway (no gateway to count them for).
+        if gateway.is_empty() {
+            return;
+        }
         let now = self.now_ms();
         let st = self.snapshot();
         let mut guard = self.io_stats.lock().unwrap_or_else(|e| e.into_inner());
