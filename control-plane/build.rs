@@ -42,6 +42,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "#[serde(skip_serializing)]",
         )
         .skip_debug(".nvmeof.control.v1.SubsystemKeyRequest")
+        // Raw bytes would print as a list of numbers; `namespace list` shows the UUID.
+        .field_attribute(
+            ".nvmeof.control.v1.NamespaceIoCounters.uuid",
+            "#[serde(skip_serializing)]",
+        )
         // The ceph-nvmeof API's requests that carry keys: `Debug` written in src/ceph_api.rs.
         .skip_debug(".add_host_req")
         .skip_debug(".change_host_key_req")

@@ -920,31 +920,136 @@ fn gateway_info(cp: &Arc<ControlPlane>, r: &pb::GetGatewayInfoReq) -> pb::Gatewa
         max_hosts: None,
         // The replica answers only once it has loaded the group state.
         gateway_initialization_over: Some(true),
-        io_stats_enabled: Some(false),
+        io_stats_enabled: Some(true),
     }
 }
 
-/// `namespace_get_io_stats`: the control plane collects no I/O counters (beacons carry
-/// connections only); each gateway exports them per namespace on its Prometheus endpoint.
+/// The clock the I/O statistics' `ticks` and latencies count in: nanoseconds.
+const TICK_RATE: u64 = 1_000_000_000;
+
+/// `ticks`: the time of the answer in [`TICK_RATE`] units. Wall-clock time since the Unix
+/// epoch, so two answers (from one replica or two) give the interval a client divides by.
+fn ticks_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// `namespace_get_io_stats`: the namespace's counters summed over every gateway that served
+/// it, from their beacons (`crate::io_stats`: they never go down across failovers, moves
+/// and gateway restarts). Ticks are nanoseconds (`tick_rate` 10^9). Refusals as
+/// ceph-nvmeof's: no NSID or no subsystem NQN EINVAL, an unknown subsystem ENOENT, an
+/// unknown NSID ENODEV.
 fn namespace_io_stats(
     cp: &Arc<ControlPlane>,
     r: &pb::NamespaceGetIoStatsReq,
-) -> pb::NamespaceIoStatsInfo {
-    let refusal = match namespace_of(&cp.snapshot(), &r.subsystem_nqn, r.nsid) {
-        Err(missing) => missing,
-        Ok(_) => Refusal::new(
-            libc::EOPNOTSUPP,
-            "I/O statistics are not collected by the control plane: each gateway exports \
-             them per namespace on its metrics endpoint (nvmeof_namespace_ops_total, \
-             nvmeof_namespace_bytes_total, nvmeof_namespace_op_seconds_total)",
-        ),
-    };
-    pb::NamespaceIoStatsInfo {
-        status: refusal.errno,
-        error_message: refusal.message,
+) -> Outcome<pb::NamespaceIoStatsInfo> {
+    if r.nsid == 0 {
+        return Err(Refusal::new(
+            libc::EINVAL,
+            "Failure getting IO stats for namespace, missing ID",
+        ));
+    }
+    if r.subsystem_nqn.is_empty() {
+        return Err(Refusal::new(
+            libc::EINVAL,
+            format!(
+                "Failure getting IO stats for namespace {}, missing subsystem NQN",
+                r.nsid
+            ),
+        ));
+    }
+    let (n, t, _) = cp.namespace_io_stats(&r.subsystem_nqn, r.nsid)?;
+    let ns = namespace_cli(&n);
+    let failed = [
+        ("read", t.read.failed),
+        ("write", t.write.failed),
+        ("unmap", t.unmap.failed),
+    ];
+    Ok(pb::NamespaceIoStatsInfo {
+        status: 0,
+        error_message: String::new(),
         subsystem_nqn: r.subsystem_nqn.clone(),
         nsid: r.nsid,
-        ..Default::default()
+        uuid: Some(ns.uuid),
+        bdev_name: ns.bdev_name,
+        tick_rate: TICK_RATE,
+        ticks: ticks_now(),
+        bytes_read: t.read.bytes,
+        num_read_ops: t.read.ops,
+        bytes_written: t.write.bytes,
+        num_write_ops: t.write.ops,
+        bytes_unmapped: t.unmap.bytes,
+        num_unmap_ops: t.unmap.ops,
+        read_latency_ticks: t.read.latency_ns,
+        max_read_latency_ticks: t.read.max_latency_ns,
+        min_read_latency_ticks: t.read.min_latency_ns,
+        write_latency_ticks: t.write.latency_ns,
+        max_write_latency_ticks: t.write.max_latency_ns,
+        min_write_latency_ticks: t.write.min_latency_ns,
+        unmap_latency_ticks: t.unmap.latency_ns,
+        max_unmap_latency_ticks: t.unmap.max_latency_ns,
+        min_unmap_latency_ticks: t.unmap.min_latency_ns,
+        // No Copy command is offered (ONCS), so none is ever counted.
+        copy_latency_ticks: 0,
+        max_copy_latency_ticks: 0,
+        min_copy_latency_ticks: 0,
+        // Failed ops per kind (SPDK keys its errors by status; the gateway counts failures
+        // per kind of op).
+        io_error: failed
+            .into_iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(name, v)| pb::NamespaceIoError {
+                name: name.to_string(),
+                value: u32::try_from(v).unwrap_or(u32::MAX),
+            })
+            .collect(),
+    })
+}
+
+/// `get_gateway_stats`: SPDK's poll groups (its reactor threads) have no counterpart here,
+/// so each gateway of the group is one "poll group", named after it: queues connected since
+/// this replica heard from it (restarts summed) and now (its last beacon's controllers), ops
+/// at its devices and completed, the transports of its listeners.
+fn gateway_stats(cp: &Arc<ControlPlane>) -> pb::GatewayStatsInfo {
+    let st = cp.snapshot();
+    let totals = cp.gateway_io_totals();
+    let current = cp.queues_by_gateway();
+    let mut names: std::collections::BTreeSet<String> =
+        cp.gateway_infos().into_iter().map(|g| g.name).collect();
+    names.extend(totals.keys().cloned());
+    let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    let poll_groups = names
+        .into_iter()
+        .map(|gw| {
+            let t = totals.get(&gw).copied().unwrap_or_default();
+            let (admin_now, io_now) = current.get(&gw).copied().unwrap_or((0, 0));
+            let transports: std::collections::BTreeSet<String> = st
+                .listeners
+                .iter()
+                .filter(|l| l.gateway == gw)
+                .map(|l| l.transport.to_ascii_uppercase())
+                .collect();
+            pb::PollGroupInfo {
+                name: gw,
+                admin_qpairs: clamp(t.admin_queues.max(admin_now)),
+                io_qpairs: clamp(t.io_queues.max(io_now)),
+                current_admin_qpairs: clamp(admin_now),
+                current_io_qpairs: clamp(io_now),
+                pending_bdev_io: t.in_flight,
+                completed_nvme_io: t.completed,
+                transports: transports
+                    .into_iter()
+                    .map(|trtype| pb::PollGroupTransportInfo { trtype })
+                    .collect(),
+            }
+        })
+        .collect();
+    pb::GatewayStatsInfo {
+        status: 0,
+        error_message: String::new(),
+        tick_rate: TICK_RATE,
+        poll_groups,
     }
 }
 
@@ -1417,7 +1522,18 @@ impl pb::gateway_server::Gateway for CephGatewayService {
         &self,
         r: Request<pb::NamespaceGetIoStatsReq>,
     ) -> Reply<pb::NamespaceIoStatsInfo> {
-        Ok(Response::new(namespace_io_stats(&self.0, r.get_ref())))
+        let r = r.get_ref();
+        let outcome = logged("namespace_get_io_stats", namespace_io_stats(&self.0, r));
+        Ok(Response::new(match outcome {
+            Ok(info) => info,
+            Err(refusal) => pb::NamespaceIoStatsInfo {
+                status: refusal.errno,
+                error_message: refusal.message,
+                subsystem_nqn: r.subsystem_nqn.clone(),
+                nsid: r.nsid,
+                ..Default::default()
+            },
+        }))
     }
 
     async fn namespace_set_qos_limits(
@@ -1666,6 +1782,13 @@ impl pb::gateway_server::Gateway for CephGatewayService {
             listeners_info(&self.0, r.get_ref()),
             GatewayListenersInfo
         )))
+    }
+
+    async fn get_gateway_stats(
+        &self,
+        _: Request<pb::GetGatewayStatsReq>,
+    ) -> Reply<pb::GatewayStatsInfo> {
+        Ok(Response::new(gateway_stats(&self.0)))
     }
 }
 

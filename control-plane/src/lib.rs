@@ -8,6 +8,7 @@
 pub mod ana;
 pub mod ceph_api;
 pub mod health;
+pub mod io_stats;
 pub mod log_level;
 pub mod metrics;
 pub mod nqn;

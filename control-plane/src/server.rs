@@ -87,6 +87,9 @@ pub struct ControlPlane {
     stopping: AtomicBool,
     /// The gateways' reports of OSDs that do not answer them, as the leader checked them.
     osd_reports: Mutex<crate::osd_reports::OsdReports>,
+    /// The gateways' I/O counters from their group beacons (every replica keeps them, as it
+    /// keeps connections), and the state version they were last pruned at.
+    io_stats: Mutex<(crate::io_stats::IoStatsBook, u64)>,
 }
 
 /// How long the leader waits for the OSDs a gateway reports not answering it.
@@ -178,6 +181,7 @@ impl ControlPlane {
             )),
             ending_moves: Mutex::new(std::collections::BTreeSet::new()),
             stopping: AtomicBool::new(false),
+            io_stats: Mutex::new(Default::default()),
         });
         if let Err(e) = crate::log_level::follow(cp.snapshot().settings.log_level.as_deref()) {
             tracing::warn!("group log level: {e}");
@@ -1052,6 +1056,106 @@ fn key_text(h: &proto::Host) -> state::HostKeyText {
         dhchap_ctrl_key: h.dhchap_ctrl_key.clone(),
         psk: psk.key,
         psk_derivation: psk.derivation,
+    }
+}
+
+// ------------------------------------------------------------------ I/O statistics
+
+/// The UUID the gateways serve `n` under (what they report their counters with).
+fn namespace_uuid(n: &NamespaceEntry) -> Option<Vec<u8>> {
+    uuid::Uuid::parse_str(&namespace_proto(n).uuid)
+        .ok()
+        .map(|u| u.as_bytes().to_vec())
+}
+
+impl ControlPlane {
+    /// Takes in the I/O counters of a gateway's group beacon ([`crate::io_stats`]), and
+    /// forgets those of namespaces deleted since the last time.
+    fn record_io_stats(
+        &self,
+        gateway: &str,
+        incarnation: u64,
+        counters: &[proto::SubsystemIoCounters],
+        totals: Option<&proto::GatewayIoTotals>,
+    ) {
+        // Refused as a beacon anyway (no gateway to count them for).
+        if gateway.is_empty() {
+            return;
+        }
+        let now = self.now_ms();
+        let st = self.snapshot();
+        let mut guard = self.io_stats.lock().unwrap_or_else(|e| e.into_inner());
+        let (book, pruned) = &mut *guard;
+        book.on_beacon(gateway, incarnation, now, counters, totals);
+        // Namespaces go only with a state change: look again only after one.
+        if *pruned != st.version {
+            book.retain(|nqn, nsid, uuid| {
+                st.namespaces
+                    .get(&(nqn.to_string(), nsid))
+                    .is_some_and(|n| uuid.is_empty() || namespace_uuid(n).as_deref() == Some(uuid))
+            });
+            *pruned = st.version;
+        }
+    }
+
+    /// A namespace's I/O counters summed over the gateways that reported it, with each
+    /// gateway's share and how long ago (ms) it last reported.
+    pub(crate) fn namespace_io_stats(
+        &self,
+        nqn: &str,
+        nsid: u32,
+    ) -> Result<
+        (
+            NamespaceEntry,
+            crate::io_stats::NamespaceTotals,
+            Vec<crate::io_stats::GatewayShare>,
+        ),
+        ConfigError,
+    > {
+        let st = self.snapshot();
+        if !st.subsystems.contains_key(nqn) {
+            return Err(ConfigError::NoSubsystem(nqn.to_string()));
+        }
+        let n = st
+            .namespaces
+            .get(&(nqn.to_string(), nsid))
+            .cloned()
+            .ok_or_else(|| ConfigError::NoNamespace {
+                nqn: nqn.to_string(),
+                nsid,
+            })?;
+        let uuid = namespace_uuid(&n);
+        let now = self.now_ms();
+        let guard = self.io_stats.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, mut shares) = guard.0.namespace(nqn, nsid, uuid.as_deref());
+        for s in &mut shares {
+            s.at_ms = now.saturating_sub(s.at_ms);
+        }
+        Ok((n, total, shares))
+    }
+
+    /// Every gateway's I/O totals over its namespaces, as reported to this replica.
+    pub(crate) fn gateway_io_totals(
+        &self,
+    ) -> std::collections::BTreeMap<String, crate::io_stats::GatewayTotals> {
+        self.io_stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .gateways()
+    }
+
+    /// Host connections per gateway, from the last beacons: (controllers, I/O queues).
+    pub(crate) fn queues_by_gateway(&self) -> std::collections::BTreeMap<String, (u64, u64)> {
+        self.connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(gw, conns)| {
+                let io: u64 = conns.iter().map(|c| u64::from(c.io_queues)).sum();
+                (gw.clone(), (conns.len() as u64, io))
+            })
+            .collect()
     }
 }
 
@@ -2200,6 +2304,40 @@ impl proto::admin_server::Admin for AdminService {
     ) -> Result<Response<proto::AnaShowReply>, Status> {
         Ok(Response::new(self.0.ana_show()))
     }
+
+    async fn namespace_io_stats(
+        &self,
+        r: Request<proto::NamespaceIoStatsRequest>,
+    ) -> Result<Response<proto::NamespaceIoStatsReply>, Status> {
+        let r = r.into_inner();
+        let (n, total, shares) = self
+            .0
+            .namespace_io_stats(&r.subsystem_nqn, r.nsid)
+            .map_err(config_status)?;
+        let ids = |mut c: proto::NamespaceIoCounters| {
+            c.nsid = n.nsid;
+            c.uuid = namespace_uuid(&n).unwrap_or_default();
+            c
+        };
+        let in_flight = shares.iter().map(|s| s.in_flight).sum();
+        Ok(Response::new(proto::NamespaceIoStatsReply {
+            total: Some(proto::NamespaceIoCounters {
+                in_flight,
+                ..ids(total.to_wire())
+            }),
+            gateways: shares
+                .into_iter()
+                .map(|s| proto::GatewayNamespaceIo {
+                    gateway: s.gateway,
+                    counters: Some(proto::NamespaceIoCounters {
+                        in_flight: s.in_flight,
+                        ..ids(s.totals.to_wire())
+                    }),
+                    reported_ms_ago: s.at_ms,
+                })
+                .collect(),
+        }))
+    }
 }
 
 type AssignmentStream = Pin<Box<dyn Stream<Item = Result<proto::Assignment, Status>> + Send>>;
@@ -2226,6 +2364,12 @@ impl proto::gateway_control_server::GatewayControl for GatewayService {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(beacon.gateway.clone(), r.applied_state_version);
+        self.0.record_io_stats(
+            &beacon.gateway,
+            beacon.incarnation,
+            &r.io_counters,
+            r.io_totals.as_ref(),
+        );
         let mut groups = std::collections::BTreeMap::<u32, Vec<String>>::new();
         for g in r.group_clients {
             groups.entry(g.ana_group).or_default().extend(g.addrs);

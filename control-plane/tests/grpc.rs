@@ -665,6 +665,7 @@ fn group_beacons(
                         addrs: vec![format!("127.0.0.1:0/{group}")],
                     }],
                     applied_state_version: applied.load(std::sync::atomic::Ordering::SeqCst),
+                    ..Default::default()
                 })
                 .await;
             if let Err(e) = r {

@@ -251,6 +251,7 @@ fn group_beacons(
                             addrs: vec![addr],
                         }],
                         applied_state_version: applied.load(std::sync::atomic::Ordering::SeqCst),
+                        ..Default::default()
                     })
                     .await;
             }

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use control_plane::proto::gateway_control_client::GatewayControlClient;
 use control_plane::proto::{
-    Assignment, Beacon, Connection, GroupBeacon, GroupClients, JoinRequest,
+    Assignment, Beacon, Connection, GatewayIoTotals, GroupBeacon, GroupClients, JoinRequest,
 };
 use rbd_backend::rbd::{ClusterPool, RbdDevice};
 use rbd_backend::BlockDevice;
@@ -567,6 +567,11 @@ async fn beacon_loop(
     let mut failing: BTreeMap<String, bool> = BTreeMap::new();
     let mut fenced_logged = false;
     let witness = Arc::new(Mutex::new(crate::osd_witness::Witness::default()));
+    let mut io_report = crate::io_report::IoReport::default();
+    // Replicas that did not take a beacon since they last did: they may lack the counters of
+    // namespaces that went idle meanwhile, so the beacon after they take one again reports
+    // every namespace.
+    let mut missed_counters: BTreeSet<String> = BTreeSet::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -603,6 +608,15 @@ async fn beacon_loop(
                 .map(|(ana_group, addrs)| GroupClients { ana_group, addrs })
                 .collect(),
             applied_state_version: clients.applied_state.load(Ordering::SeqCst),
+            io_counters: io_report.next(&target),
+            io_totals: Some(GatewayIoTotals {
+                admin_queues: crate::core::fabrics::QUEUES_CONNECTED
+                    .admin
+                    .load(Ordering::Relaxed),
+                io_queues: crate::core::fabrics::QUEUES_CONNECTED
+                    .io
+                    .load(Ordering::Relaxed),
+            }),
         };
         let sent = Instant::now();
         let sends = channels.iter().map(|(addr, ch)| {
@@ -613,6 +627,16 @@ async fn beacon_loop(
         });
         for (addr, result) in futures_join_all(sends).await {
             let was_failing = failing.get(&addr).copied().unwrap_or(false);
+            // A replica that does not lead takes the counters before it refuses the beacon.
+            let took_counters = match &result {
+                Ok(_) => true,
+                Err(s) => s.code() == tonic::Code::Unavailable && s.message().contains("lead"),
+            };
+            if !took_counters {
+                missed_counters.insert(addr.clone());
+            } else if missed_counters.remove(&addr) {
+                io_report.resend_all();
+            }
             if let Ok(reply) = &result {
                 // Only the leader answers a beacon: the lease runs from this one's send.
                 let mut lease = lease.lock().unwrap_or_else(|e| e.into_inner());

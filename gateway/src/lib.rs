@@ -10,6 +10,7 @@ pub mod events;
 pub mod group;
 pub mod health;
 pub mod host;
+pub mod io_report;
 mod keep_alive;
 pub mod lease;
 pub mod limits;

@@ -96,6 +96,10 @@ pub struct OpTotals {
     pub bytes: u64,
     /// Time from submission to completion, summed over all completed ops.
     pub seconds: f64,
+    /// The longest and the shortest of those times, in nanoseconds (0: no op yet): what
+    /// ceph-nvmeof's `namespace_get_io_stats` answers as max/min latency.
+    pub max_nanos: u64,
+    pub min_nanos: u64,
     /// Reads and writes only: completed ops per [`LATENCY_BUCKETS_NS`] bucket (not cumulative;
     /// ops slower than the last bound are `completed` minus their sum).
     pub latency_buckets: Option<[u64; 13]>,
@@ -124,6 +128,10 @@ struct Counters {
     failed: AtomicU64,
     bytes: AtomicU64,
     nanos: AtomicU64,
+    max_nanos: AtomicU64,
+    /// The shortest time, bitwise inverted: the largest inverted value is the shortest time,
+    /// so `fetch_max` keeps it as for the longest, and 0 (the default) means no op yet.
+    min_nanos_inverted: AtomicU64,
     /// Used for reads and writes only (the ops whose latency hosts feel).
     buckets: [AtomicU64; 13],
 }
@@ -148,6 +156,14 @@ impl IoStats {
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         c.completed.fetch_add(1, Ordering::Relaxed);
         c.nanos.fetch_add(nanos, Ordering::Relaxed);
+        // A load first: once the extremes settle, almost no op changes them, and a plain
+        // load costs less than the locked compare-and-swap `fetch_max` is on x86.
+        if nanos > c.max_nanos.load(Ordering::Relaxed) {
+            c.max_nanos.fetch_max(nanos, Ordering::Relaxed);
+        }
+        if !nanos > c.min_nanos_inverted.load(Ordering::Relaxed) {
+            c.min_nanos_inverted.fetch_max(!nanos, Ordering::Relaxed);
+        }
         if has_latency_buckets(kind) {
             if let Some(i) = LATENCY_BUCKETS_NS.iter().position(|&bound| nanos <= bound) {
                 c.buckets[i].fetch_add(1, Ordering::Relaxed);
@@ -172,6 +188,11 @@ impl IoStats {
                 failed: c.failed.load(Ordering::Relaxed),
                 bytes: c.bytes.load(Ordering::Relaxed),
                 seconds: c.nanos.load(Ordering::Relaxed) as f64 / 1e9,
+                max_nanos: c.max_nanos.load(Ordering::Relaxed),
+                min_nanos: match c.min_nanos_inverted.load(Ordering::Relaxed) {
+                    0 => 0,
+                    inverted => !inverted,
+                },
                 latency_buckets: has_latency_buckets(kind)
                     .then(|| std::array::from_fn(|i| c.buckets[i].load(Ordering::Relaxed))),
             };
@@ -202,6 +223,17 @@ mod tests {
             stats.record(&write, started, &Ok(()));
         }
         let w = stats.snapshot().get(OpKind::Write);
+        assert!(
+            (3_000_000..30_000_000).contains(&w.min_nanos),
+            "shortest {} ns",
+            w.min_nanos
+        );
+        assert!(w.max_nanos >= 7_000_000_000, "longest {} ns", w.max_nanos);
+        assert_eq!(
+            stats.snapshot().get(OpKind::Read).min_nanos,
+            0,
+            "no read yet"
+        );
         let buckets = w.latency_buckets.expect("writes have buckets");
         // 3 ms -> le 0.005 (index 5); 30 ms -> le 0.05 (index 8); 7 s -> beyond the last
         let mut want = [0u64; 13];

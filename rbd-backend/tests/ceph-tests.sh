@@ -77,5 +77,7 @@ bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_removals -- --igno
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test health -- --ignored "$@" || rc=1
 { bounded "${CARGO:-cargo}" build -p control-plane --bin nvmeofctl &&
   bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_auth -- --ignored "$@"; } || rc=1
+{ bounded "${CARGO:-cargo}" build -p control-plane --bin nvmeofctl &&
+  bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_io_stats_ceph -- --ignored "$@"; } || rc=1
 bash "$root/tests/micro-ceph-ports.sh" || rc=1
 exit $rc

@@ -1541,6 +1541,7 @@ fn a_fence_of_one_ana_group_leaves_the_other_working() {
             .is_none_or(|a| !a.contains(&addrs_a[0])),
         "a retired client is still reported for its group"
     );
+    let counted = dev_a.io_stats().expect("an RBD device counts its ops");
     let fresh = dev_a.reopen_in_group(1).expect("reopen on a fresh client");
     assert_ne!(pool.group_addrs(1), addrs_a, "the same client again");
     assert!(!fresh.client().is_blocklisted());
@@ -1557,6 +1558,14 @@ fn a_fence_of_one_ana_group_leaves_the_other_working() {
     );
     write(&fresh, 0, &pattern(4096, 6), true);
     assert_eq!(read(&fresh, 0, 4096), pattern(4096, 6));
+    // The reopened device counts on from the old one's totals (a namespace's counters do
+    // not go back to 0 when a failback gives its group fresh clients).
+    let writes = |s: rbd_backend::IoStatsSnapshot| s.get(OpKind::Write).completed;
+    assert_eq!(
+        writes(fresh.io_stats().expect("counts")),
+        writes(counted) + 1,
+        "the reopened device started counting from 0"
+    );
 
     let _ = admin.blocklist_rm(&addrs_a[0]);
     drop(fresh);

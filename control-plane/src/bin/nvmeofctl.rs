@@ -313,6 +313,20 @@ enum NamespaceCmd {
         #[arg(long)]
         force: bool,
     },
+    /// A namespace's I/O counters, per gateway that served it and in total.
+    ///
+    /// As the gateways' beacons reported them to the answering replica (what ceph-nvmeof's
+    /// namespace_get_io_stats answers): totals since each gateway first served the namespace,
+    /// its restarts included, so they never go down while this replica runs. Latencies in
+    /// milliseconds; REPORTED: when that gateway last sent them.
+    Stats {
+        /// The subsystem's NQN.
+        #[arg(long, short = 'n')]
+        subsystem: String,
+        /// The namespace's NSID.
+        #[arg(long)]
+        nsid: u32,
+    },
 }
 
 /// QoS limits (ceph-nvmeof's names); absent: unchanged (set-qos) or none (add).
@@ -1044,6 +1058,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 host_nqn: host,
             };
             done(out, answer(c.namespace_del_host(request), tls_on).await?)
+        }
+        Cmd::Namespace(NamespaceCmd::Stats { subsystem, nsid }) => {
+            let request = proto::NamespaceIoStatsRequest {
+                subsystem_nqn: subsystem,
+                nsid,
+            };
+            let r = answer(c.namespace_io_stats(request), tls_on).await?;
+            listing::print_io_stats(out, &r);
         }
         Cmd::Listener(ListenerCmd::Add(a)) => {
             done(out, answer(c.listener_add(listener(a)), tls_on).await?)

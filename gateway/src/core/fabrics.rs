@@ -37,6 +37,19 @@ fn invalid_param_location(offset: usize, in_data: bool) -> u64 {
     (offset as u64) | if in_data { 1 << 16 } else { 0 }
 }
 
+/// Queues of NVM subsystems (not discovery) connected since the process started: admin
+/// queues (one per controller) and I/O queues. What ceph-nvmeof's `get_gateway_stats` calls
+/// a poll group's `admin_qpairs` and `io_qpairs`; the group agent beacons them.
+pub struct QueuesConnected {
+    pub admin: std::sync::atomic::AtomicU64,
+    pub io: std::sync::atomic::AtomicU64,
+}
+
+pub static QUEUES_CONNECTED: QueuesConnected = QueuesConnected {
+    admin: std::sync::atomic::AtomicU64::new(0),
+    io: std::sync::atomic::AtomicU64::new(0),
+};
+
 /// The parsed Connect command and data.
 struct ConnectRequest {
     qid: u16,
@@ -320,6 +333,14 @@ impl Queue {
         self.target
             .connect_refusals()
             .forget(&req.hostnqn, &req.subnqn);
+        if !controller.subsystem.is_discovery() {
+            let connected = if req.qid == 0 {
+                &QUEUES_CONNECTED.admin
+            } else {
+                &QUEUES_CONNECTED.io
+            };
+            connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.binding = Some(Binding {
             controller,
             qid: req.qid,

@@ -437,6 +437,16 @@ impl ClusterPool {
         spec: &ImageSpec,
         group: u32,
     ) -> Result<RbdDevice, RbdError> {
+        self.open_with_stats(spec, group, Arc::default())
+    }
+
+    /// The same, counting the device's ops into `stats` (an earlier device's, when reopening).
+    pub(super) fn open_with_stats(
+        self: &Arc<Self>,
+        spec: &ImageSpec,
+        group: u32,
+        stats: Arc<IoStats>,
+    ) -> Result<RbdDevice, RbdError> {
         let started = Instant::now();
         let name = spec.to_string();
         let lease = self.shard_set(group).lease_shard();
@@ -476,7 +486,7 @@ impl ClusterPool {
             fence_reported: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             ages: Default::default(),
-            stats: IoStats::default(),
+            stats,
         });
         let weak = Arc::downgrade(&state);
         state

@@ -34,8 +34,10 @@ pub struct DeviceState {
     pub(super) in_flight: AtomicUsize,
     /// The same ops by the slice of their start: whether one has waited too long.
     pub(super) ages: crate::op_ages::OpAges,
-    /// Every op's outcome, recorded just before its completion is delivered.
-    pub(super) stats: IoStats,
+    /// Every op's outcome, recorded just before its completion is delivered. Shared with the
+    /// devices that reopen the image ([`RbdDevice::reopen_in_group`]), so a namespace's counts
+    /// go on across a reopen on fresh clients instead of starting from 0.
+    pub(super) stats: Arc<IoStats>,
 }
 
 impl DeviceState {
@@ -179,7 +181,8 @@ impl RbdDevice {
     /// [`ClusterPool::retire_group`] that is a fresh client; after a namespace moved to
     /// another ANA group, that group's clients.
     pub fn reopen_in_group(&self, group: u32) -> Result<RbdDevice, RbdError> {
-        self.pool.open_in_group(&self.spec, group)
+        self.pool
+            .open_with_stats(&self.spec, group, self.state.stats.clone())
     }
 
     /// Re-reads the size from the cluster now (blocking), reporting a change like a watch

@@ -282,3 +282,79 @@ impl Listing for proto::GatewayAnaState {
         ]
     }
 }
+
+/// `namespace stats`: a row per gateway, then the total; or the reply as JSON.
+pub fn print_io_stats(output: Output, r: &proto::NamespaceIoStatsReply) {
+    if output == Output::Json {
+        return json(r);
+    }
+    fn ms(nanos: u64) -> String {
+        format!("{:.3}", nanos as f64 / 1e6)
+    }
+    fn mean_ms(o: Option<&proto::OpCounters>) -> String {
+        match o {
+            Some(o) if o.ops > 0 => ms(o.latency_ns / o.ops),
+            _ => "-".into(),
+        }
+    }
+    fn row(name: String, c: &proto::NamespaceIoCounters, ago: String) -> Vec<String> {
+        let (r, w, u) = (c.read.as_ref(), c.write.as_ref(), c.unmap.as_ref());
+        let ops = |o: Option<&proto::OpCounters>| o.map_or(0, |o| o.ops);
+        let bytes = |o: Option<&proto::OpCounters>| o.map_or(0, |o| o.bytes);
+        let failed = [r, w, u]
+            .iter()
+            .map(|o| o.map_or(0, |o| o.failed))
+            .sum::<u64>();
+        vec![
+            name,
+            ops(r).to_string(),
+            bytes(r).to_string(),
+            ops(w).to_string(),
+            bytes(w).to_string(),
+            ops(u).to_string(),
+            c.other_ops.to_string(),
+            failed.to_string(),
+            mean_ms(r),
+            r.map_or("-".into(), |o| ms(o.max_latency_ns)),
+            mean_ms(w),
+            w.map_or("-".into(), |o| ms(o.max_latency_ns)),
+            c.in_flight.to_string(),
+            ago,
+        ]
+    }
+    let mut rows: Vec<Vec<String>> = r
+        .gateways
+        .iter()
+        .map(|g| {
+            row(
+                g.gateway.clone(),
+                &g.counters.clone().unwrap_or_default(),
+                format!("{:.1}s ago", g.reported_ms_ago as f64 / 1000.0),
+            )
+        })
+        .collect();
+    rows.push(row(
+        "(total)".into(),
+        &r.total.clone().unwrap_or_default(),
+        String::new(),
+    ));
+    table(
+        &[
+            "GATEWAY",
+            "READS",
+            "READ BYTES",
+            "WRITES",
+            "WRITE BYTES",
+            "UNMAPS",
+            "OTHER",
+            "FAILED",
+            "READ MS (MEAN)",
+            "READ MS (MAX)",
+            "WRITE MS (MEAN)",
+            "WRITE MS (MAX)",
+            "IN FLIGHT",
+            "REPORTED",
+        ],
+        rows,
+    );
+}
