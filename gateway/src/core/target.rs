@@ -279,7 +279,11 @@ impl Target {
         self.discovery_generation.load(Ordering::SeqCst)
     }
 
-    fn discovery_changed(&self) {
+    /// Bumps the discovery log's generation and raises a Discovery Log Change event on every
+    /// discovery controller. Called for every change of what the log lists: subsystems and
+    /// listeners here, and by whoever changes a subsystem's TLS requirement or a listener's
+    /// secure flag, which decide where a subsystem is offered.
+    pub fn discovery_changed(&self) {
         self.discovery_generation.fetch_add(1, Ordering::SeqCst);
         for ctrl in self.discovery.controllers() {
             ctrl.notify_discovery_change();
