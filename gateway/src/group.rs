@@ -469,6 +469,13 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
     // that acknowledgement before the fence, so the next tick would add up to a beacon
     // interval to the hosts' I/O pause.
     let beacon_now = Arc::new(tokio::sync::Notify::new());
+    // A host that disconnected is beaconed at once too: the control plane refuses to delete
+    // an image while a host is connected (`namespace del --delete-image`), and a script or
+    // ceph-csi deletes right after the host disconnected.
+    {
+        let beacon_now = beacon_now.clone();
+        target.set_on_controller_gone(Arc::new(move || beacon_now.notify_one()));
+    }
     let lease = Arc::new(Mutex::new(LeaseWatch::default()));
     let stall = Arc::new(Mutex::new(
         settings
