@@ -1029,9 +1029,11 @@ impl ControlPlane {
     /// before the beacon that reports it (a gateway beacons at once when a host's controller
     /// ends, but the host's `nvme disconnect` returns without waiting for the gateway). So
     /// while a gateway still reports a connection to `nqn`, wait until it has beaconed twice
-    /// since this call began (the second one sent after the call began: the gateway had a
-    /// beacon interval to see the disconnect), at most [`CONNECTIONS_SETTLE_WAIT`]; then
-    /// decide from what the gateways said last. No connection: no wait.
+    /// since this call began, at most [`CONNECTIONS_SETTLE_WAIT`]; then decide from what the
+    /// gateways said last. The second was sent after this call began (a gateway sends its
+    /// next beacon only once the last one is answered, and the first was received after the
+    /// call began), so the gateway had had a beacon interval to see the disconnect. No
+    /// connection: no wait.
     pub async fn connected_hosts_settled(&self, nqn: &str) -> Vec<String> {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + CONNECTIONS_SETTLE_WAIT;
@@ -1043,7 +1045,7 @@ impl ControlPlane {
                 .clone()
         };
         let at_start = counts();
-        let mut reported_at_start = None;
+        let mut waited = false;
         loop {
             let reporting: std::collections::BTreeSet<String> = self
                 .connections_of(nqn)
@@ -1052,7 +1054,7 @@ impl ControlPlane {
                 .collect();
             let hosts = self.connected_hosts(nqn);
             if hosts.is_empty() {
-                if reported_at_start.is_some() {
+                if waited {
                     tracing::info!(
                         nqn,
                         waited_ms = started.elapsed().as_millis() as u64,
@@ -1061,7 +1063,6 @@ impl ControlPlane {
                 }
                 return hosts;
             }
-            reported_at_start.get_or_insert_with(|| hosts.clone());
             let now = counts();
             let settled = reporting.iter().all(|g| {
                 now.get(g).copied().unwrap_or(0) >= at_start.get(g).copied().unwrap_or(0) + 2
@@ -1076,6 +1077,7 @@ impl ControlPlane {
                 );
                 return hosts;
             }
+            waited = true;
             // Err: the sender is ours and lives as long as `self`; the deadline ends the wait.
             let _ = tokio::time::timeout_at(deadline, arrived.changed()).await;
         }
