@@ -42,7 +42,7 @@ echo "port $taken is held by pid $holder"
 
 # 1. retry on a fresh port
 rc=0
-MICRO_CEPH_FIRST_PORT=$taken "$mc" start --dir "$work/retry" --image '' \
+MICRO_CEPH_FIRST_PORT=$taken "$mc" start --dir "$work/retry" --image '' --no-mgr \
   > "$work/retry.env" 2> "$work/retry.err" || rc=$?
 check "a start whose first port is taken exits 0 (rc $rc)" [ "$rc" = 0 ]
 check "it says it starts again on another port" grep -q 'starting again on another' "$work/retry.err"
@@ -54,7 +54,7 @@ check "its daemons are found by their environment" [ -n "$(processes_of "$work/r
 
 # 2. --port on the taken port: a clear failure, nothing left behind
 rc=0
-"$mc" start --dir "$work/fixed" --port "$taken" --image '' > /dev/null 2> "$work/fixed.err" || rc=$?
+"$mc" start --dir "$work/fixed" --port "$taken" --image '' --no-mgr > /dev/null 2> "$work/fixed.err" || rc=$?
 check "a start told to use the taken port exits 75 (rc $rc)" [ "$rc" = 75 ]
 check "it names the port" grep -q "could not bind 127.0.0.1:$taken" "$work/fixed.err"
 check "it leaves no directory" [ ! -e "$work/fixed" ]

@@ -51,6 +51,12 @@ const MOVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// it reports the image still open.
 const IMAGE_CLOSE_WAIT: Duration = Duration::from_secs(15);
 
+/// How long a check of the connected hosts waits for the gateways still reporting one to
+/// beacon twice ([`ControlPlane::connected_hosts_settled`]): two beacon intervals at their
+/// longest (`beacon_interval_ms` is at most 1000), plus the time a leader may take to answer
+/// a beacon.
+const CONNECTIONS_SETTLE_WAIT: Duration = Duration::from_secs(3);
+
 /// One replica.
 pub struct ControlPlane {
     store: Store,
@@ -76,6 +82,10 @@ pub struct ControlPlane {
     background_written: tokio::sync::watch::Sender<u64>,
     /// Host connections per gateway, from the last beacon this replica received.
     connections: Mutex<std::collections::BTreeMap<String, Vec<proto::Connection>>>,
+    /// Beacons this replica received, per gateway, and in all (to wait on): how a check of
+    /// the connections knows a gateway has spoken since it began.
+    beacons_seen: Mutex<std::collections::BTreeMap<String, u64>>,
+    beacon_arrived: tokio::sync::watch::Sender<u64>,
     /// The state version each gateway last reported applied (group beacons), per replica:
     /// what a namespace move waits for.
     applied_state: Mutex<std::collections::BTreeMap<String, u64>>,
@@ -173,6 +183,8 @@ impl ControlPlane {
             background_persist: Mutex::new(BackgroundPersist::default()),
             background_written: tokio::sync::watch::Sender::new(0),
             connections: Mutex::new(std::collections::BTreeMap::new()),
+            beacons_seen: Mutex::new(std::collections::BTreeMap::new()),
+            beacon_arrived: tokio::sync::watch::Sender::new(0),
             applied_state: Mutex::new(std::collections::BTreeMap::new()),
             osd_reports: Mutex::new(crate::osd_reports::OsdReports::with_witness_ids_from(
                 std::time::SystemTime::now()
@@ -1242,6 +1254,66 @@ impl ControlPlane {
         hosts.into_iter().collect()
     }
 
+    /// The hosts connected to subsystem `nqn` (sorted, each once), as fresh as the gateways
+    /// can say, for a refusal that must not be stale (`namespace del --delete-image`). A
+    /// beacon is up to a beacon interval old, and a host's disconnect can reach this request
+    /// before the beacon that reports it (a gateway beacons at once when a host's controller
+    /// ends, but the host's `nvme disconnect` returns without waiting for the gateway). So
+    /// while a gateway still reports a connection to `nqn`, wait until it has beaconed twice
+    /// since this call began, at most [`CONNECTIONS_SETTLE_WAIT`]; then decide from what the
+    /// gateways said last. The second was sent after this call began (a gateway sends its
+    /// next beacon only once the last one is answered, and the first was received after the
+    /// call began), so the gateway had had a beacon interval to see the disconnect. No
+    /// connection: no wait.
+    pub async fn connected_hosts_settled(&self, nqn: &str) -> Vec<String> {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + CONNECTIONS_SETTLE_WAIT;
+        let mut arrived = self.beacon_arrived.subscribe();
+        let counts = || {
+            self.beacons_seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        };
+        let at_start = counts();
+        let mut waited = false;
+        loop {
+            let reporting: std::collections::BTreeSet<String> = self
+                .connections_of(nqn)
+                .into_iter()
+                .map(|c| c.gateway)
+                .collect();
+            let hosts = self.connected_hosts(nqn);
+            if hosts.is_empty() {
+                if waited {
+                    tracing::info!(
+                        nqn,
+                        waited_ms = started.elapsed().as_millis() as u64,
+                        "the hosts the gateways reported connected have disconnected"
+                    );
+                }
+                return hosts;
+            }
+            let now = counts();
+            let settled = reporting.iter().all(|g| {
+                now.get(g).copied().unwrap_or(0) >= at_start.get(g).copied().unwrap_or(0) + 2
+            });
+            if settled || tokio::time::Instant::now() >= deadline {
+                tracing::debug!(
+                    nqn,
+                    ?hosts,
+                    settled,
+                    waited_ms = started.elapsed().as_millis() as u64,
+                    "hosts connected"
+                );
+                return hosts;
+            }
+            waited = true;
+            // Err: the sender is ours and lives as long as `self`; the deadline ends the wait.
+            let _ = tokio::time::timeout_at(deadline, arrived.changed()).await;
+        }
+    }
+
     /// What `gateway` serves, from the cached state; None before it ever beaconed.
     pub fn assignment(&self, gateway: &str) -> Option<proto::Assignment> {
         let st = self.snapshot();
@@ -1341,6 +1413,13 @@ impl ControlPlane {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(name.clone(), conns);
+        *self
+            .beacons_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.clone())
+            .or_default() += 1;
+        self.beacon_arrived.send_modify(|n| *n += 1);
         // OSDs that do not answer the gateway but answer the leader: cut off from them, as
         // good as cut off from the cluster (`crate::osd_reports`).
         let osds_cut_off = self
@@ -1856,8 +1935,13 @@ impl proto::admin_server::Admin for AdminService {
             let Some(entry) = entry.as_ref() else {
                 return Err(config_status(ConfigError::NoNamespace { nqn, nsid }));
             };
-            let connected = self.0.connected_hosts(&nqn);
-            if !connected.is_empty() && !r.force {
+            // Forced: no need to know.
+            let connected = if r.force {
+                Vec::new()
+            } else {
+                self.0.connected_hosts_settled(&nqn).await
+            };
+            if !connected.is_empty() {
                 return Err(Status::failed_precondition(format!(
                     "hosts are connected to {nqn} ({}): disconnect them first, or --force to \
                      delete the image {} anyway",

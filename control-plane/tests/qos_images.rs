@@ -81,6 +81,20 @@ async fn beacon(g: &mut GatewayControlClient<Channel>, connected: bool) {
     .expect("beacon");
 }
 
+/// gw1 beaconing every 100 ms, as a live gateway does, until aborted.
+fn keep_beaconing(
+    g: &GatewayControlClient<Channel>,
+    connected: bool,
+) -> tokio::task::JoinHandle<()> {
+    let mut g = g.clone();
+    tokio::spawn(async move {
+        loop {
+            beacon(&mut g, connected).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
 fn add(image: &str, create: bool, size: u64) -> proto::NamespaceAddRequest {
     proto::NamespaceAddRequest {
         subsystem_nqn: NQN.into(),
@@ -272,7 +286,12 @@ async fn images_are_created_and_deleted_with_their_namespaces() {
         delete_image: true,
         force,
     };
+    // The gateway goes on beaconing the connection: the control plane decides on fresh
+    // beacons (and gw1 stays available, so the map is not written meanwhile).
+    let beaconing = keep_beaconing(&f.gateways, true);
     let refused = a.namespace_del(del(false)).await.expect_err("connected");
+    beaconing.abort();
+    let _ = beaconing.await;
     assert_eq!(refused.code(), Code::FailedPrecondition);
     assert!(refused.message().contains(HOST), "{}", refused.message());
     assert_eq!(f.cp.snapshot().version, before, "nothing written");
@@ -498,4 +517,75 @@ async fn namespace_settings_subsystem_key_and_log_level() {
     a.log_level_set(level("")).await.expect("reset");
     assert_eq!(f.cp.state().settings.log_level, None);
     assert_eq!(f.cp.assignment("gw1").expect("assignment").log_level, "");
+}
+
+/// `namespace del --delete-image` right after the last host disconnected: the request can
+/// reach the control plane before the gateway's beacon that reports the disconnect (issue
+/// 51: refused for about 2 s with "hosts are connected"). The control plane waits for the
+/// gateway's next beacons before it refuses: here the disconnect is beaconed 150 ms after
+/// the request, and the deletion succeeds. A host that stays connected (the gateway keeps
+/// beaconing it) is refused, within two beacons, and nothing is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_image_right_after_the_last_disconnect_is_not_refused() {
+    let mut f = start().await;
+    let size = 64 << 20;
+    let del = proto::NamespaceDelRequest {
+        subsystem_nqn: NQN.into(),
+        nsid: 1,
+        delete_image: true,
+        force: false,
+    };
+
+    // Still connected: the gateway beacons the connection every 100 ms.
+    f.admin
+        .namespace_add(add("kept", true, size))
+        .await
+        .expect("added");
+    beacon(&mut f.gateways, true).await;
+    let beaconing = keep_beaconing(&f.gateways, true);
+    let t0 = std::time::Instant::now();
+    let refused = f
+        .admin
+        .namespace_del(del.clone())
+        .await
+        .expect_err("a host is connected");
+    beaconing.abort();
+    let _ = beaconing.await;
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(refused.message().contains(HOST), "{}", refused.message());
+    assert!(
+        t0.elapsed() < Duration::from_millis(2500),
+        "decided on two fresh beacons, not the bound: {:?}",
+        t0.elapsed()
+    );
+    assert!(f.backend.images.lock().unwrap().contains("rbd/kept"));
+    assert_eq!(f.cp.snapshot().namespaces.len(), 1);
+
+    // The host disconnects; the request is sent before the gateway's beacon says so.
+    let mut g = f.gateways.clone();
+    let disconnect = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        beacon(&mut g, false).await;
+    });
+    let t0 = std::time::Instant::now();
+    let deleted = f.admin.namespace_del(del.clone()).await;
+    disconnect.await.expect("beacon task");
+    deleted.expect("no host connected any more: deleted, not refused");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(!f.backend.images.lock().unwrap().contains("rbd/kept"));
+    assert!(f.cp.snapshot().namespaces.is_empty());
+
+    // Already reported gone: deleted at once.
+    f.admin
+        .namespace_add(add("again", true, size))
+        .await
+        .expect("added");
+    let t0 = std::time::Instant::now();
+    f.admin.namespace_del(del).await.expect("deleted");
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert!(!f.backend.images.lock().unwrap().contains("rbd/again"));
 }

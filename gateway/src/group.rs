@@ -469,6 +469,13 @@ pub fn spawn(target: Arc<Target>, settings: GroupSettings) -> GroupAgent {
     // that acknowledgement before the fence, so the next tick would add up to a beacon
     // interval to the hosts' I/O pause.
     let beacon_now = Arc::new(tokio::sync::Notify::new());
+    // A host that disconnected is beaconed at once too: the control plane refuses to delete
+    // an image while a host is connected (`namespace del --delete-image`), and a script or
+    // ceph-csi deletes right after the host disconnected.
+    {
+        let beacon_now = beacon_now.clone();
+        target.set_on_controller_gone(Arc::new(move || beacon_now.notify_one()));
+    }
     let lease = Arc::new(Mutex::new(LeaseWatch::default()));
     let stall = Arc::new(Mutex::new(
         settings
@@ -1271,8 +1278,11 @@ const PUSHED_PORT_ID_BASE: u16 = 0x8000;
 /// (`pushed_hosts`); whether this gateway's own sockets take TLS comes with them
 /// ([`own_listeners`]).
 pub fn apply_tls(target: &Target, a: &Assignment) {
+    // Both decide where the discovery log offers a subsystem: a change is announced.
+    let mut changed = false;
     for l in a.group_listeners.iter().chain(&a.listeners) {
         if let (Ok(port), "tcp") = (u16::try_from(l.port), l.transport.as_str()) {
+            changed |= target.secure_listeners.is_secure(&l.address, port) != l.secure;
             target.secure_listeners.set(&l.address, port, l.secure);
         }
     }
@@ -1281,9 +1291,13 @@ pub fn apply_tls(target: &Target, a: &Assignment) {
             let was = sub.tls.required();
             let closed = sub.set_tls_required(s.require_tls);
             if was != s.require_tls {
+                changed = true;
                 tracing::info!(nqn = %s.nqn, require_tls = s.require_tls, controllers_closed = closed.len(), "TLS requirement changed in the control plane (controllers without TLS closed)");
             }
         }
+    }
+    if changed {
+        target.discovery_changed();
     }
 }
 
@@ -2812,6 +2826,100 @@ ana_group = 2
         for k in [&p1, &p2, &bad] {
             assert!(!logged.contains(&k[16..48]), "a PSK in the log:\n{logged}");
         }
+    }
+
+    /// The (subsystem NQN, address, port, TREQ) of every NVM subsystem record of `host`'s
+    /// discovery log on `target`.
+    fn offered_paths(target: &Target, host: &str) -> Vec<(String, String, u16, u8)> {
+        use crate::spec::disc;
+        let page = crate::core::log_page::discovery_page(target, host, None);
+        let n = u64::from_le_bytes(page[8..16].try_into().expect("NUMREC")) as usize;
+        let mut out: Vec<_> = (0..n)
+            .map(|i| &page[disc::HEADER_LEN + i * disc::ENTRY_LEN..][..disc::ENTRY_LEN])
+            .filter(|e| e[2] == disc::SUBTYPE_NVME)
+            .map(|e| {
+                let text = |r: std::ops::Range<usize>| {
+                    String::from_utf8_lossy(&e[r])
+                        .trim_end_matches(['\0', ' '])
+                        .to_string()
+                };
+                let port = text(32..64).parse().expect("TRSVCID");
+                (text(256..512), text(512..768), port, e[3])
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Every gateway lists the group's listeners (those of the other gateways too): a
+    /// subsystem the control plane makes require TLS is offered on the secure ones only, on
+    /// every gateway's address, with TREQ "required"; the change raises a Discovery Log
+    /// Change (the generation moves), and the plain listeners offer it again once TLS is no
+    /// longer required.
+    #[tokio::test]
+    async fn pushed_listeners_offer_a_tls_required_subsystem_on_secure_ones_only() {
+        use crate::spec::disc;
+        let base = Config::from_toml_str(TOML).expect("config");
+        let target = base.build_target().expect("target");
+        let listener = |gateway: &str, address: &str, port: u32, secure: bool| {
+            control_plane::proto::Listener {
+                subsystem_nqn: PUSHED.into(),
+                gateway: gateway.into(),
+                transport: "tcp".into(),
+                address: address.into(),
+                port,
+                secure,
+            }
+        };
+        let group = vec![
+            listener("gw1", "127.0.0.1", 4430, true),
+            listener("gw1", "127.0.0.1", 4431, false),
+            listener("gw2", "127.0.0.2", 4430, true),
+            listener("gw2", "127.0.0.2", 4431, false),
+        ];
+        let assignment = |version: u64, require_tls: bool| Assignment {
+            version,
+            state_version: version,
+            subsystems: vec![tls_subsystem(require_tls, &[(KEYED, &psk_text(0x41), "")])],
+            listeners: group[..2].to_vec(),
+            group_listeners: group.clone(),
+            ..Assignment::default()
+        };
+        apply_all(&target, &base, &assignment(1, true)).await;
+        let required = disc::TREQ_SECURE_CHANNEL_REQUIRED | disc::TREQ_DISABLE_SQFLOW;
+        let plain = disc::TREQ_SECURE_CHANNEL_NOT_SPECIFIED | disc::TREQ_DISABLE_SQFLOW;
+        let pushed: Vec<_> = offered_paths(&target, KEYED)
+            .into_iter()
+            .filter(|p| p.0 == PUSHED)
+            .collect();
+        assert_eq!(
+            pushed,
+            vec![
+                (PUSHED.into(), "127.0.0.1".into(), 4430, required),
+                (PUSHED.into(), "127.0.0.2".into(), 4430, required),
+            ]
+        );
+
+        let generation = target.discovery_generation();
+        apply_all(&target, &base, &assignment(2, false)).await;
+        assert!(
+            target.discovery_generation() > generation,
+            "no Discovery Log Change for the TLS requirement"
+        );
+        let pushed: Vec<_> = offered_paths(&target, KEYED)
+            .into_iter()
+            .filter(|p| p.0 == PUSHED)
+            .collect();
+        assert_eq!(
+            pushed,
+            vec![
+                (PUSHED.into(), "127.0.0.1".into(), 4420, plain),
+                (PUSHED.into(), "127.0.0.1".into(), 4430, required),
+                (PUSHED.into(), "127.0.0.1".into(), 4431, plain),
+                (PUSHED.into(), "127.0.0.2".into(), 4430, required),
+                (PUSHED.into(), "127.0.0.2".into(), 4431, plain),
+            ]
+        );
     }
 
     /// The target of `TOML`, every group inaccessible as at a group gateway's start, and its

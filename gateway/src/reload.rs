@@ -276,6 +276,8 @@ impl Reloader {
                 let closed = sub.set_tls_required(s.require_tls);
                 if was != s.require_tls {
                     tracing::info!(nqn = %s.nqn, require_tls = s.require_tls, controllers_closed = closed.len(), "TLS requirement changed in the configuration file (controllers without TLS closed)");
+                    // It decides which listeners the discovery log offers the subsystem on.
+                    target.discovery_changed();
                 }
             }
         }

@@ -262,3 +262,102 @@ async fn removals_in_the_control_plane_reach_a_running_gateway() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `namespace del --delete-image` right after the last host disconnected (issue 51: refused
+/// for about 2 s, "hosts are connected", as the control plane judged from the gateway's last
+/// beacon). While host A is connected the deletion is refused and the image stays; A shuts
+/// its controller down and closes its connection as Linux's `nvme disconnect` does, and the
+/// deletion sent at once succeeds: the gateway beacons the disconnect at once, and the
+/// control plane waits for fresh beacons before it would refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Ceph cluster: bash rbd-backend/tests/ceph-tests.sh"]
+async fn an_image_is_deleted_right_after_its_last_host_disconnects() {
+    ceph_conf();
+    let name = format!("del-after-disc-{}", unique_tag());
+    let images = create_image_pair(&name, "16M");
+    let dir = scratch_dir(&name);
+    let control = start_rados_control_plane(&name, 200).await;
+    let port = free_port();
+    let _gw = spawn_gw1_configured_by(&dir, port, &control.addr);
+    let mut admin = admin_client(&control.addr).await;
+    admin
+        .subsystem_add(proto::SubsystemAddRequest {
+            nqn: SUBNQN.into(),
+            allow_any_host: true,
+            ..Default::default()
+        })
+        .await
+        .expect("subsystem");
+    add_namespace_once_its_group_exists(
+        &mut admin,
+        proto::NamespaceAddRequest {
+            subsystem_nqn: SUBNQN.into(),
+            nsid: 1,
+            pool: pool(),
+            image: images[0].clone(),
+            ana_group: 1,
+            ..Default::default()
+        },
+    )
+    .await;
+    let del = proto::NamespaceDelRequest {
+        subsystem_nqn: SUBNQN.into(),
+        nsid: 1,
+        delete_image: true,
+        force: false,
+    };
+
+    let a = admin_queue(port, HOST_A).await;
+    wait_for_namespaces(&a, &[1]).await;
+    let mut cp = admin.clone();
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            let listed = cp
+                .connection_list(proto::ConnectionListRequest {
+                    subsystem_nqn: SUBNQN.into(),
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .into_inner()
+                .connections;
+            match listed.iter().any(|c| c.host_nqn == HOST_A) {
+                true => Ok(()),
+                false => Err(format!("host A not beaconed yet: {listed:?}")),
+            }
+        },
+    )
+    .await;
+    let refused = admin
+        .namespace_del(del.clone())
+        .await
+        .expect_err("host A is connected");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(refused.message().contains(HOST_A), "{}", refused.message());
+    assert!(
+        String::from_utf8_lossy(&common::ceph::rbd(&["ls", &pool()]))
+            .lines()
+            .any(|l| l == images[0]),
+        "the image was removed while its host was connected"
+    );
+
+    a.shutdown_controller().await.expect("CC.SHN");
+    a.close().await;
+    let t0 = Instant::now();
+    admin
+        .namespace_del(del)
+        .await
+        .expect("deleted right after the last host disconnected");
+    eprintln!(
+        "namespace and image deleted {} ms after the host's disconnect",
+        t0.elapsed().as_millis()
+    );
+    assert!(
+        !String::from_utf8_lossy(&common::ceph::rbd(&["ls", &pool()]))
+            .lines()
+            .any(|l| l == images[0]),
+        "the image is still there"
+    );
+    remove_image(&images[1]);
+}

@@ -354,20 +354,51 @@ async fn secure_listener_serves_hosts_with_their_psk_and_refuses_the_rest() {
         .await
         .expect("the gateway keeps serving");
 
-    // The discovery log: TLS 1.3 required on the secure listener, not specified elsewhere
-    // (TREQ bits 1:0, TSAS byte 0 = SECTYPE), as Linux's nvme discover reads them.
-    let (discovery, _) = try_connect_admin(loopback(plain), &attach(PLAIN, DISCOVERY_NQN))
-        .await
-        .expect("discovery");
-    let log = discovery.discovery_log().await.expect("log");
-    let mut seen = 0;
-    for e in log.entries.iter().filter(|e| e.subnqn == SUBNQN) {
-        let port: u16 = e.trsvcid.parse().expect("port");
-        let want = if port == secure { (1, 2) } else { (0, 0) };
-        assert_eq!((e.treq & 0x3, e.tsas[0]), want, "port {port}");
-        seen += 1;
+    // The discovery log, read through the plain listener: each subsystem only where the
+    // host can connect to it, with TLS 1.3 required on the secure listener and not
+    // specified elsewhere (TREQ bits 1:0, TSAS byte 0 = SECTYPE), as Linux's nvme discover
+    // reads them. KEYED (a PSK in both): SUBNQN, which requires TLS, on the secure listener
+    // only; OPEN_SUBNQN on both. PLAIN (no PSK): SUBNQN nowhere, OPEN_SUBNQN on the plain
+    // listener only.
+    for (host, want) in [
+        (
+            KEYED,
+            vec![
+                (OPEN_SUBNQN, plain, (0, 0)),
+                (OPEN_SUBNQN, secure, (1, 2)),
+                (SUBNQN, secure, (1, 2)),
+            ],
+        ),
+        (PLAIN, vec![(OPEN_SUBNQN, plain, (0, 0))]),
+    ] {
+        let (discovery, _) = try_connect_admin(loopback(plain), &attach(host, DISCOVERY_NQN))
+            .await
+            .expect("discovery");
+        let log = discovery.discovery_log().await.expect("log");
+        let mut got: Vec<(&str, u16, (u8, u8))> = log
+            .entries
+            .iter()
+            .filter(|e| e.subnqn != DISCOVERY_NQN)
+            .map(|e| {
+                let sub = if e.subnqn == SUBNQN {
+                    SUBNQN
+                } else {
+                    OPEN_SUBNQN
+                };
+                assert!(
+                    e.subnqn == SUBNQN || e.subnqn == OPEN_SUBNQN,
+                    "{}",
+                    e.subnqn
+                );
+                let port: u16 = e.trsvcid.parse().expect("port");
+                (sub, port, (e.treq & 0x3, e.tsas[0]))
+            })
+            .collect();
+        got.sort();
+        let mut want = want;
+        want.sort();
+        assert_eq!(got, want, "discovery log of {host}");
     }
-    assert_eq!(seen, 2);
 
     let answer = http_exchange(
         loopback(metrics),

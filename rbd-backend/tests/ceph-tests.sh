@@ -24,6 +24,8 @@
 #   - control-plane/tests/health.rs (nvmeof-control with its keyring missing: up, not ready,
 #                                  then ready once the file appears)
 #   - gateway/tests/health.rs     (a gateway whose keyring appears later turns ready)
+#   - tests/micro-ceph-mgr.sh     (the cluster's ceph-mgr: available, rbd trash purge, a trash
+#                                  remove task through rbd_support, as ceph-csi deletes)
 #   - tests/micro-ceph-ports.sh   (micro-ceph.sh when the mon's port is taken: retry, or exit 75)
 # and stops the cluster whatever happened. Exit code: non-zero if any test failed.
 #
@@ -79,5 +81,6 @@ bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test health -- --ignored "$@"
   bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_auth -- --ignored "$@"; } || rc=1
 { bounded "${CARGO:-cargo}" build -p control-plane --bin nvmeofctl &&
   bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_io_stats_ceph -- --ignored "$@"; } || rc=1
+bash "$root/tests/micro-ceph-mgr.sh" || rc=1
 bash "$root/tests/micro-ceph-ports.sh" || rc=1
 exit $rc

@@ -23,7 +23,7 @@ RBD_DEV=""
 rbd_ceph_start() {
   local envl
   envl=$(MICRO_CEPH_NO_INSTALL=1 MICRO_CEPH_VERBOSE=1 MICRO_CEPH_MEMSTORE_SIZE=$((768 << 20)) \
-    timeout -k 10 400 "$RBD_ROOT/scripts/micro-ceph.sh" start --dir "$RBD_DIR" --store memstore \
+    timeout -k 10 400 "$RBD_ROOT/scripts/micro-ceph.sh" start --dir "$RBD_DIR" --store memstore --no-mgr \
     --image "$RBD_IMG" --size 128M 2> "$WORK/micro-ceph.log" 3>&-) ||
     { say "micro-ceph.sh start failed:"; tail -n 8 "$WORK/micro-ceph.log" | sed 's/^/    | /'; return 1; }
   eval "$envl"

@@ -32,7 +32,12 @@
 #   keys             gen-tls-key for A, B, W (and W's other key); inserted with check-tls-key
 #   target           the gateway (or nvmet) listens on both ports
 #   a.discover-tls   nvme discover --tls through the secure port: ...:tls listed there with
-#                    treq "required" and sectype tls13
+#                    treq "required" and sectype tls13, and not at the plain port
+#   a2.discover-plain  nvme discover without TLS through the plain port: ...:tls not listed at
+#                    all (a host cannot reach it there), ...:plain at the plain port, treq not
+#                    "required"
+#   a3.connect-all-tls  host C (a PSK for ...:tls only): nvme connect-all --tls through the
+#                    secure port connects ...:tls there over TLS and prints no error
 #   b.tls-sha256     host A: nvme connect --tls; sysfs tls_key is the keyring's key;
 #                    fio crc32c verify 8M; the gateway counted a TLS handshake for every queue
 #                    (nvmeof_tls_handshakes_total), every one on kernel TLS (no relayed connection)
@@ -73,8 +78,8 @@ PLAIN_NQN=nqn.2016-06.io.ceph-nvmeof-rs:plain
 DISC_NQN=nqn.2014-08.org.nvmexpress.discovery
 U=nqn.2014-08.org.nvmexpress:uuid:
 ID_A=b0000000-0000-4000-8000-000000000001 ID_B=b0000000-0000-4000-8000-000000000002
-ID_W=b0000000-0000-4000-8000-000000000003
-H_A=$U$ID_A H_B=$U$ID_B H_W=$U$ID_W
+ID_W=b0000000-0000-4000-8000-000000000003 ID_C=b0000000-0000-4000-8000-000000000004
+H_A=$U$ID_A H_B=$U$ID_B H_W=$U$ID_W H_C=$U$ID_C
 NS_BYTES=$((64 * 1024 * 1024))
 export RUST_LOG=${RUST_LOG:-info}
 export NO_COLOR=1
@@ -86,7 +91,7 @@ GWLOG=$WORK/gateway.log
 : > "$GWLOG"
 GWPID="" TLSHD_PID=""
 SKIPPED=0
-ALL=(kernel.tls tools keys target a.discover-tls b.tls-sha256 c.tls-sha384 d.no-plaintext e.wrong-key
+ALL=(kernel.tls tools keys target a.discover-tls a2.discover-plain a3.connect-all-tls b.tls-sha256 c.tls-sha384 d.no-plaintext e.wrong-key
      f.plain-to-required g.plain-to-secure h.good-after k.sigterm)
 
 . "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
@@ -145,7 +150,7 @@ tools_start() {
 }
 
 # ------------------------------------------------------------------ keys --
-K_A="" K_B="" K_W="" K_W_GW=""
+K_A="" K_B="" K_W="" K_W_GW="" K_C=""
 gen_key() { # hostnqn hmac: a configured PSK, checked for its format
   local k
   k=$(nvme gen-tls-key --hmac="$2" --hostnqn="$1" --subsysnqn="$NQN" 2>&1 | tail -n 1) ||
@@ -160,12 +165,13 @@ insert_key() { # key hostnqn subnqn: the retained PSK into the .nvme keyring for
   say "inserted for $3: $out"
 }
 keys() {
-  K_A=$(gen_key "$H_A" 1) && K_B=$(gen_key "$H_B" 2) && K_W=$(gen_key "$H_W" 1) && K_W_GW=$(gen_key "$H_W" 1) || return 1
+  K_A=$(gen_key "$H_A" 1) && K_B=$(gen_key "$H_B" 2) && K_W=$(gen_key "$H_W" 1) && K_W_GW=$(gen_key "$H_W" 1) &&
+    K_C=$(gen_key "$H_C" 1) || return 1
   [ "$K_W" != "$K_W_GW" ] || { say "two gen-tls-key runs gave the same key"; return 1; }
   insert_key "$K_A" "$H_A" "$NQN" && insert_key "$K_A" "$H_A" "$DISC_NQN" && insert_key "$K_B" "$H_B" "$NQN" &&
-    insert_key "$K_W" "$H_W" "$NQN" || return 1
+    insert_key "$K_W" "$H_W" "$NQN" && insert_key "$K_C" "$H_C" "$NQN" && insert_key "$K_C" "$H_C" "$DISC_NQN" || return 1
   grep -E 'NVMe[01]R0' /proc/keys | awk '{print "    keyring: " $0}'
-  { echo "A $H_A $K_A"; echo "B $H_B $K_B"; echo "W $H_W host $K_W gateway $K_W_GW"; } > "$LOGDIR/keys.txt"
+  { echo "A $H_A $K_A"; echo "B $H_B $K_B"; echo "W $H_W host $K_W gateway $K_W_GW"; echo "C $H_C $K_C"; } > "$LOGDIR/keys.txt"
 }
 
 # ---------------------------------------------------------------- target --
@@ -176,7 +182,7 @@ write_config() {
     printf '[[listener]]\ntransport = "tcp"\naddress = "%s"\nport = %s\nsecure = true\n\n' "$ADDR" "$PORT"
     printf '[[listener]]\ntransport = "tcp"\naddress = "%s"\nport = %s\n\n' "$ADDR" "$PLAIN_PORT"
     printf '[[subsystem]]\nnqn = "%s"\nallow_any_host = false\nrequire_tls = true\nhosts = [\n' "$NQN"
-    for h in "$H_A $K_A" "$H_B $K_B" "$H_W $K_W_GW"; do
+    for h in "$H_A $K_A" "$H_B $K_B" "$H_W $K_W_GW" "$H_C $K_C"; do
       printf '  { nqn = "%s", psk = "%s", psk_derivation = "libnvme-compat" },\n' ${h}
     done
     printf ']\n\n[[subsystem.namespace]]\nnsid = 1\nbackend = "memory"\nsize = "64MiB"\n\n'
@@ -190,14 +196,14 @@ kernel_start() {
   local s h p
   say "kernel nvmet target (--kernel-target), not our binary"
   nullb tlsns && nullb plainns || return 1
-  for h in "$H_A" "$H_B" "$H_W"; do mkdir -p $CFG/hosts/$h || return 1; done
+  for h in "$H_A" "$H_B" "$H_W" "$H_C"; do mkdir -p $CFG/hosts/$h || return 1; done
   for s in "$NQN tlsns" "$PLAIN_NQN plainns"; do
     set -- $s
     mkdir $CFG/subsystems/$1 && echo 0 > $CFG/subsystems/$1/attr_allow_any_host &&
       mkdir $CFG/subsystems/$1/namespaces/1 && echo -n /dev/$2 > $CFG/subsystems/$1/namespaces/1/device_path &&
       echo 1 > $CFG/subsystems/$1/namespaces/1/enable || return 1
   done
-  for h in "$H_A" "$H_B" "$H_W"; do ln -s $CFG/hosts/$h $CFG/subsystems/$NQN/allowed_hosts/ || return 1; done
+  for h in "$H_A" "$H_B" "$H_W" "$H_C"; do ln -s $CFG/hosts/$h $CFG/subsystems/$NQN/allowed_hosts/ || return 1; done
   ln -s $CFG/hosts/$H_A $CFG/subsystems/$PLAIN_NQN/allowed_hosts/ || return 1
   # port 1: secure (TLS 1.3 required) with ...:tls; port 2: plain with ...:plain
   p=$CFG/ports/1
@@ -289,15 +295,74 @@ discover_tls() {
   echo "$out" | python3 -c '
 import json, sys
 nqn, port = sys.argv[1], sys.argv[2]
-ok = False
+ok, elsewhere = False, False
 for r in json.load(sys.stdin)["records"]:
     treq, sectype = str(r.get("treq", "")).strip(), str(r.get("sectype", "")).strip()
     print("    record: %s %s:%s %s treq=%r sectype=%r" % (r.get("trtype"), r.get("traddr"), r.get("trsvcid"), r.get("subnqn"), treq, sectype))
-    if r.get("subnqn", "").strip() == nqn and str(r.get("trsvcid", "")).strip() == port:
+    if r.get("subnqn", "").strip() != nqn:
+        continue
+    if str(r.get("trsvcid", "")).strip() == port:
         ok = treq.startswith("required") and sectype == "tls13"
         if not ok:
             print("    %s on port %s: expected treq required and sectype tls13" % (nqn, port))
-sys.exit(0 if ok else 1)' "$NQN" "$PORT"
+    else:
+        elsewhere = True
+        print("    %s is offered on port %s too, where it requires TLS that port does not take" % (nqn, r.get("trsvcid")))
+sys.exit(0 if ok and not elsewhere else 1)' "$NQN" "$PORT"
+}
+# nvme discover through the plain port, without TLS: the TLS-required subsystem is not
+# offered there (a connect-all would be refused tls_required), the plain one is.
+discover_plain() {
+  local out
+  out=$(timeout -k 5 60 nvme discover -t tcp -a "$ADDR" -s "$PLAIN_PORT" --hostnqn="$H_A" --hostid="$ID_A" -o json 2>&1) ||
+    { say "nvme discover through $ADDR:$PLAIN_PORT failed: $out"; return 1; }
+  echo "$out" > "$LOGDIR/discover-plain.json"
+  echo "$out" | python3 -c '
+import json, sys
+tls_nqn, plain_nqn, plain_port = sys.argv[1], sys.argv[2], sys.argv[3]
+bad, plain_ok = False, False
+for r in json.load(sys.stdin)["records"]:
+    nqn, port = r.get("subnqn", "").strip(), str(r.get("trsvcid", "")).strip()
+    treq = str(r.get("treq", "")).strip()
+    print("    record: %s %s:%s %s treq=%r" % (r.get("trtype"), r.get("traddr"), port, nqn, treq))
+    if nqn == tls_nqn and not treq.startswith("required"):
+        bad = True
+        print("    %s offered on port %s without TLS required" % (nqn, port))
+    if nqn == plain_nqn and port == plain_port:
+        plain_ok = not treq.startswith("required")
+    if nqn == tls_nqn and port == plain_port:
+        bad = True
+        print("    %s offered on the plain port %s" % (nqn, port))
+if not plain_ok:
+    print("    %s is not offered on the plain port %s (treq not required)" % (plain_nqn, plain_port))
+sys.exit(0 if plain_ok and not bad else 1)' "$NQN" "$PLAIN_NQN" "$PLAIN_PORT"
+}
+# nvme connect-all --tls through the secure port, as host C (a PSK for $NQN only): it connects
+# $NQN there over TLS, and prints no error (no path offered that C cannot take).
+drop_host_c() { # every controller host C has (connect-all may make more than one)
+  local x
+  for x in $(connected_ctrls "$NQN") $(connected_ctrls "$PLAIN_NQN"); do
+    [ "$(cat /sys/class/nvme/$x/hostnqn 2>/dev/null)" = "$H_C" ] && CTRL=$x && disconnect
+  done
+  CTRL=""
+}
+connect_all_tls() {
+  local out rc c x
+  out=$(timeout -k 5 120 nvme connect-all -t tcp -a "$ADDR" -s "$PORT" --hostnqn="$H_C" --hostid="$ID_C" \
+          --tls --ctrl-loss-tmo=5 --reconnect-delay=1 2>&1)
+  rc=$?
+  [ -n "$out" ] && echo "$out" | sed 's/^/    connect-all: /'
+  c=$(host_ctrl "$NQN" "$H_C" "$PORT")
+  for x in $(connected_ctrls "$NQN") $(connected_ctrls "$PLAIN_NQN"); do
+    [ "$(cat /sys/class/nvme/$x/hostnqn 2>/dev/null)" = "$H_C" ] && say "controller $x: $(cat /sys/class/nvme/$x/subsysnqn) $(cat /sys/class/nvme/$x/address) tls_key=$(cat /sys/class/nvme/$x/tls_key 2>/dev/null)"
+  done
+  [ $rc -eq 0 ] || { say "nvme connect-all --tls exited $rc"; drop_host_c; return 1; }
+  [ -n "$c" ] || { say "no controller of $NQN for host C on port $PORT"; return 1; }
+  local key; key=$(cat /sys/class/nvme/$c/tls_key 2>/dev/null)
+  [ -n "$key" ] && [ "$key" != none ] || { say "$c has no TLS key: not a TLS connection"; drop_host_c; return 1; }
+  if echo "$out" | grep -qiE 'fail|error|refused|invalid'; then say "nvme connect-all printed an error"; drop_host_c; return 1; fi
+  say "connect-all: $c over TLS, nothing printed as failed"
+  drop_host_c
 }
 HS0=0 KTLS_LINE=""
 tls_connect() { # hostnqn hostid label: connect with --tls, check the key and the handshakes, fio verify 8M
@@ -459,7 +524,9 @@ elif ! step keys "gen-tls-key for hosts A (hmac 1), B (hmac 2), W; check-tls-key
      ! step target "the target listens on the secure and the plain port" start_target; then
   skip_from a.discover-tls "no keys or no target"
 else
-  step a.discover-tls "nvme discover --tls: $NQN listed with treq required, sectype tls13" discover_tls
+  step a.discover-tls "nvme discover --tls: $NQN listed with treq required, sectype tls13, at the secure port only" discover_tls
+  step a2.discover-plain "nvme discover on the plain port: $NQN not offered, $PLAIN_NQN offered" discover_plain
+  step a3.connect-all-tls "host C: nvme connect-all --tls on the secure port connects $NQN, no error printed" connect_all_tls
   step b.tls-sha256 "host A: connect --tls (SHA-256 PSK), fio verify 8M" tls_connect "$H_A" $ID_A tls-a
   step c.tls-sha384 "host B: connect --tls (SHA-384 PSK, AES-256 suite), fio verify 8M" sha384_connect
   step d.no-plaintext "a marker through TLS is not in the secure port's packets; through plain it is" no_plaintext

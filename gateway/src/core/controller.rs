@@ -254,6 +254,9 @@ impl Controller {
         tracing::info!(cntlid = self.cntlid, subsystem = self.subsystem.nqn(), host = %self.hostnqn, ?reason, "controller torn down");
         self.subsystem.remove_controller(self.cntlid);
         self.wake_all();
+        if !self.subsystem.is_discovery() {
+            self.target.controller_gone();
+        }
     }
 
     // ---- registers ---------------------------------------------------------------------

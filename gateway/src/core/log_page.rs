@@ -4,6 +4,7 @@ use std::net::IpAddr;
 
 use super::command::Status;
 use super::controller::Controller;
+use super::subsystem::Subsystem;
 use super::supported;
 use super::target::{ListenerInfo, Target, TransportType};
 use super::wire::{put_str, put_u16, put_u32, put_u64};
@@ -190,6 +191,42 @@ fn advertised_address(
     }
 }
 
+/// A listener that takes TLS connections only: an NVMe/TCP listener the configuration or
+/// the control plane marks secure (RDMA has no secure channel here).
+fn is_secure_listener(target: &Target, listener: &ListenerInfo) -> bool {
+    listener.transport == TransportType::Tcp
+        && target
+            .secure_listeners
+            .is_secure(&listener.address, listener.port)
+}
+
+/// Whether `hostnqn` can connect to `subsystem` (None: the discovery subsystem) through
+/// `listener`, which is what decides if the discovery log offers that pair. Linux nvmet
+/// offers a subsystem only on the ports it is linked to; here every subsystem is on every
+/// listener, so the pairs a Connect would refuse are left out instead, or `nvme
+/// connect-all` tries them and prints an error for a path that was never usable:
+/// - a subsystem that requires TLS, on a plain (or RDMA) listener: refused `tls_required`;
+/// - any subsystem on a secure listener for a host without a PSK there: the handshake
+///   finds no key ([`super::tls::tls_psk_for`]); for the discovery subsystem, a host with
+///   no PSK in any subsystem, the same rule as the handshake's.
+fn offered(
+    target: &Target,
+    subsystem: Option<&Subsystem>,
+    listener: &ListenerInfo,
+    hostnqn: &str,
+) -> bool {
+    let secure = is_secure_listener(target, listener);
+    match subsystem {
+        Some(s) if secure => s.tls.psk(hostnqn).is_some(),
+        Some(s) => !s.tls.required(),
+        None if secure => target
+            .subsystems()
+            .iter()
+            .any(|s| s.tls.psk(hostnqn).is_some()),
+        None => true,
+    }
+}
+
 fn discovery_entry(
     page: &mut Vec<u8>,
     target: &Target,
@@ -208,10 +245,7 @@ fn discovery_entry(
     };
     entry[1] = adrfam;
     entry[2] = subtype;
-    let secure = listener.transport == TransportType::Tcp
-        && target
-            .secure_listeners
-            .is_secure(&listener.address, listener.port);
+    let secure = is_secure_listener(target, listener);
     let secure_channel = if secure {
         disc::TREQ_SECURE_CHANNEL_REQUIRED
     } else {
@@ -235,32 +269,49 @@ fn discovery_entry(
     }
 }
 
-/// Discovery log: every listener of every subsystem this host may connect to, plus the
-/// discovery subsystem itself on each listener.
+/// Discovery log: every subsystem this host may connect to, on each listener it can connect
+/// to it through, plus the discovery subsystem itself on each listener the host can reach it
+/// on ([`offered`]). Every gateway of a group lists the group's listeners, so this holds for
+/// the paths it names on other gateways too.
 fn discovery_log(ctrl: &Controller) -> Vec<u8> {
-    let target = &ctrl.target;
+    discovery_page(&ctrl.target, &ctrl.hostnqn, ctrl.local_address)
+}
+
+/// The discovery log page `hostnqn` gets from a discovery controller it reached at `local`
+/// (the transport and address it dialled, for wildcard listeners).
+pub fn discovery_page(
+    target: &Target,
+    hostnqn: &str,
+    local: Option<(TransportType, IpAddr)>,
+) -> Vec<u8> {
     let listeners = target.listeners();
     let mut page = vec![0; disc::HEADER_LEN];
     for listener in &listeners {
+        if !offered(target, None, listener, hostnqn) {
+            continue;
+        }
         discovery_entry(
             &mut page,
             target,
             listener,
-            ctrl.local_address,
+            local,
             disc::SUBTYPE_CURRENT_DISCOVERY,
-            ctrl.subsystem.nqn(),
+            crate::spec::DISCOVERY_NQN,
         );
     }
     for subsystem in target.subsystems() {
-        if !subsystem.allows_host(&ctrl.hostnqn) {
+        if !subsystem.allows_host(hostnqn) {
             continue;
         }
         for listener in &listeners {
+            if !offered(target, Some(&subsystem), listener, hostnqn) {
+                continue;
+            }
             discovery_entry(
                 &mut page,
                 target,
                 listener,
-                ctrl.local_address,
+                local,
                 disc::SUBTYPE_NVME,
                 subsystem.nqn(),
             );

@@ -39,6 +39,8 @@ pub use visibility::Visibility;
 #[cfg(test)]
 mod auth_tests;
 #[cfg(test)]
+mod discovery_tests;
+#[cfg(test)]
 mod pr_tests;
 #[cfg(test)]
 mod refusal_tests;

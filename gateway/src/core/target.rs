@@ -82,7 +82,14 @@ pub struct Target {
     /// Whether each reservation change is stored with the namespace's device before it
     /// completes (a gateway of a group, see `core::pr`).
     reservations_persisted: bool,
+    /// Called when a host's controller of an NVM subsystem ends: a group gateway beacons at
+    /// once, so the control plane's view of who is connected (which `namespace del
+    /// --delete-image` checks) follows a disconnect without waiting for the next beacon.
+    on_controller_gone: RwLock<Option<ControllerGone>>,
 }
+
+/// What [`Target::set_on_controller_gone`] installs.
+pub type ControllerGone = Arc<dyn Fn() + Send + Sync>;
 
 impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -116,6 +123,28 @@ impl Target {
             reservations: true,
             secure_listeners: Default::default(),
             reservations_persisted: false,
+            on_controller_gone: RwLock::new(None),
+        }
+    }
+
+    /// Installs what runs each time a host controller of an NVM subsystem ends (see
+    /// `on_controller_gone`); it must not block.
+    pub fn set_on_controller_gone(&self, f: ControllerGone) {
+        *self
+            .on_controller_gone
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(f);
+    }
+
+    /// A host controller of an NVM subsystem ended.
+    pub(crate) fn controller_gone(&self) {
+        let f = self
+            .on_controller_gone
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(f) = f {
+            f();
         }
     }
 
@@ -279,7 +308,11 @@ impl Target {
         self.discovery_generation.load(Ordering::SeqCst)
     }
 
-    fn discovery_changed(&self) {
+    /// Bumps the discovery log's generation and raises a Discovery Log Change event on every
+    /// discovery controller. Called for every change of what the log lists: subsystems and
+    /// listeners here, and by whoever changes a subsystem's TLS requirement or a listener's
+    /// secure flag, which decide where a subsystem is offered.
+    pub fn discovery_changed(&self) {
         self.discovery_generation.fetch_add(1, Ordering::SeqCst);
         for ctrl in self.discovery.controllers() {
             ctrl.notify_discovery_change();

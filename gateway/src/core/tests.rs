@@ -1649,3 +1649,35 @@ fn a_plain_connect_racing_require_tls_never_stays_connected() {
         drop(secure_admin);
     }
 }
+
+/// A host controller that ends (its admin queue's connection closed) calls the target's
+/// `on_controller_gone`, which a group gateway uses to beacon the disconnect at once; a
+/// discovery controller's end does not (the control plane does not track those), nor does
+/// an I/O queue's close alone.
+#[test]
+fn the_end_of_a_host_controller_is_reported_at_once() {
+    let f = fixture();
+    let gone = Arc::new(Mutex::new(0u32));
+    {
+        let gone = gone.clone();
+        f.target
+            .set_on_controller_gone(Arc::new(move || *gone.lock().unwrap() += 1));
+    }
+    let (mut admin, mut io) = admin_and_io(&f);
+    io.close();
+    assert_eq!(
+        *gone.lock().unwrap(),
+        0,
+        "an I/O queue closed, the controller lives"
+    );
+    admin.close();
+    assert_eq!(*gone.lock().unwrap(), 1, "the controller ended");
+    let mut disc = f.queue();
+    discovery_ready(&mut disc, HOSTNQN);
+    disc.close();
+    assert_eq!(
+        *gone.lock().unwrap(),
+        1,
+        "a discovery controller is not reported"
+    );
+}
