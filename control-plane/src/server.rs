@@ -1260,7 +1260,7 @@ impl ControlPlane {
     /// before the beacon that reports it (a gateway beacons at once when a host's controller
     /// ends, but the host's `nvme disconnect` returns without waiting for the gateway). So
     /// while a gateway still reports a connection to `nqn`, wait until it has beaconed twice
-    /// since this call began, at most [`CONNECTIONS_SETTLE_WAIT`]; then decide from what the
+    /// since this call began, at most `CONNECTIONS_SETTLE_WAIT`; then decide from what the
     /// gateways said last. The second was sent after this call began (a gateway sends its
     /// next beacon only once the last one is answered, and the first was received after the
     /// call began), so the gateway had had a beacon interval to see the disconnect. No
