@@ -30,6 +30,22 @@ impl DeviceEventSink for NamespaceEvents {
         };
         match event {
             DeviceEvent::Resized { new_size } => {
+                // Auto-resize off: hosts keep seeing the frozen size while the image is at
+                // least that large (no notice: nothing changed for them). An image shrunk
+                // below it (rbd resize --allow-shrink) still changes what they see.
+                let frozen = subsystem
+                    .namespace(self.nsid)
+                    .and_then(|ns| ns.frozen_size.get());
+                if let Some(frozen) = frozen.filter(|f| new_size >= *f) {
+                    tracing::info!(
+                        subsystem = subsystem.nqn(),
+                        nsid = self.nsid,
+                        new_size,
+                        frozen,
+                        "namespace's image resized; auto-resize off: hosts keep its frozen size"
+                    );
+                    return;
+                }
                 tracing::info!(
                     subsystem = subsystem.nqn(),
                     nsid = self.nsid,
