@@ -31,6 +31,7 @@ fn entry(i: u32) -> NamespaceEntry {
         nguid: String::new(),
         uuid: String::new(),
         trash_image: false,
+        frozen_size: None,
     }
 }
 

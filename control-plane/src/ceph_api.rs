@@ -461,10 +461,6 @@ fn list_listeners(cp: &Arc<ControlPlane>, r: &pb::ListListenersReq) -> Outcome<p
 /// `namespace_add`: the image must exist (unless `create_image`), once in the whole group.
 async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcome<u32> {
     let unsupported = [
-        (
-            flag(r.disable_auto_resize),
-            "disable_auto_resize (gateways always follow an image's growth)",
-        ),
         (flag(r.read_only), "read_only namespaces"),
         (
             r.rbd_data_pool_name
@@ -509,6 +505,7 @@ async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcom
         // Empty: a random one. The checks below keep the one they choose.
         uuid: r.uuid.clone().unwrap_or_default(),
         trash_image: false,
+        frozen_size: None,
     };
     if flag(r.no_auto_visible) {
         no_auto_visible(&mut entry)?;
@@ -534,6 +531,18 @@ async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcom
                 format!("image {} not found", state::image_spec(&checked)),
             ));
         }
+    }
+    let mut checked = checked;
+    if flag(r.disable_auto_resize) {
+        // Auto-resize off from the start: the namespace keeps the image's size at add time.
+        let backend = cp.backend().clone();
+        let e = checked.clone();
+        let size = tokio::task::spawn_blocking(move || {
+            backend.image_size(&e.pool, &e.rados_namespace, &e.image)
+        })
+        .await
+        .map_err(|e| Refusal::new(libc::EIO, format!("task failed: {e}")))??;
+        checked.frozen_size = Some(size);
     }
     let (added, _) = cp
         .add_namespace_with_image(checked, flag(r.create_image))
@@ -588,7 +597,7 @@ fn namespace_cli(n: &NamespaceEntry) -> pb::NamespaceCli {
         hosts: n.hosts.iter().cloned().collect(),
         ns_subsystem_nqn: Some(n.subsystem_nqn.clone()),
         trash_image: Some(n.trash_image),
-        disable_auto_resize: Some(false),
+        disable_auto_resize: Some(n.frozen_size.is_some()),
         read_only: Some(false),
         cluster_name: None,
         configured_load_balancing_group: Some(n.ana_group),
@@ -630,7 +639,8 @@ fn list_namespaces(
 }
 
 /// `namespace_resize` (`new_size` in MiB): grows the image; gateways tell hosts. A resize to
-/// the image's size is no change (0), a shrink is refused (EINVAL).
+/// the image's size is no change (0), a shrink is refused (EINVAL). With auto-resize off the
+/// namespace's frozen size is what is resized (and the image grown to it when smaller).
 async fn namespace_resize(cp: &Arc<ControlPlane>, r: pb::NamespaceResizeReq) -> Outcome<String> {
     let ns = namespace_of(&cp.snapshot(), &r.subsystem_nqn, r.nsid)?;
     let size = r
@@ -638,6 +648,18 @@ async fn namespace_resize(cp: &Arc<ControlPlane>, r: pb::NamespaceResizeReq) -> 
         .checked_mul(MIB)
         .filter(|s| *s > 0)
         .ok_or_else(|| Refusal::new(libc::EINVAL, format!("size {} MiB", r.new_size)))?;
+    if ns.frozen_size.is_some() {
+        // Auto-resize off: the size hosts see is the frozen one; it becomes this one (the
+        // image grown to it when smaller).
+        let (old, _) = cp.resize_frozen_namespace(&ns, size).await?;
+        if old == size {
+            return Ok("unchanged".into());
+        }
+        tracing::info!(nqn = %ns.subsystem_nqn, nsid = ns.nsid, image = %state::image_spec(&ns), old, new = size, "frozen namespace resized (ceph-nvmeof API)");
+        return Ok(format!(
+            "resized from {old} to {size} bytes (auto-resize off)"
+        ));
+    }
     let backend = cp.backend().clone();
     let n = ns.clone();
     let grown = tokio::task::spawn_blocking(move || {
@@ -1228,7 +1250,7 @@ async fn change_visibility(
 ) -> Outcome<String> {
     let (nqn, nsid, auto) = (r.subsystem_nqn.clone(), r.nsid, r.auto_visible);
     let force = flag(r.force);
-    cp.set_namespace(&nqn, nsid, Some(auto), None, force)
+    cp.set_namespace(&nqn, nsid, Some(auto), None, None, force)
         .await?;
     Ok(format!(
         "namespace {nsid} of {} visible to {}",
@@ -1248,7 +1270,7 @@ async fn set_rbd_trash_image(
     r: pb::NamespaceSetRbdTrashImageReq,
 ) -> Outcome<String> {
     let (nqn, nsid, trash) = (r.subsystem_nqn.clone(), r.nsid, r.trash_image);
-    cp.set_namespace(&nqn, nsid, None, Some(trash), false)
+    cp.set_namespace(&nqn, nsid, None, Some(trash), None, false)
         .await?;
     Ok(format!(
         "namespace {nsid} of {}: trash_image {trash}",
@@ -1256,17 +1278,30 @@ async fn set_rbd_trash_image(
     ))
 }
 
-/// `namespace_set_auto_resize`: every gateway follows an image's growth (librbd tells it,
-/// and it tells hosts), always: turning that on is no change; off is not supported.
-fn set_auto_resize(cp: &Arc<ControlPlane>, r: &pb::NamespaceSetAutoResizeReq) -> Outcome<String> {
+/// `namespace_set_auto_resize`: true, the namespace follows its image's growth (librbd
+/// tells every gateway, it tells hosts); false, it keeps the size it has now, stored in the
+/// group state so every gateway reports it, and only `namespace_resize` changes it.
+async fn set_auto_resize(
+    cp: &Arc<ControlPlane>,
+    r: pb::NamespaceSetAutoResizeReq,
+) -> Outcome<String> {
     namespace_of(&cp.snapshot(), &r.subsystem_nqn, r.nsid)?;
-    if !r.auto_resize {
-        return Err(Refusal::unsupported(
-            "turning auto-resize off (the gateways always follow an image's growth and tell \
-             hosts)",
-        ));
-    }
-    Ok(format!("namespace {}: auto-resize on", r.nsid))
+    let (notes, _) = cp
+        .set_namespace(
+            &r.subsystem_nqn,
+            r.nsid,
+            None,
+            None,
+            Some(r.auto_resize),
+            false,
+        )
+        .await?;
+    Ok(format!(
+        "namespace {} of {}: {}",
+        r.nsid,
+        r.subsystem_nqn,
+        notes.join(", ")
+    ))
 }
 
 /// `get_subsystems`: every subsystem with its listeners, hosts and namespaces (ceph-nvmeof
@@ -1706,7 +1741,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
         &self,
         r: Request<pb::NamespaceSetAutoResizeReq>,
     ) -> Reply<pb::ReqStatus> {
-        let outcome = set_auto_resize(&self.0, r.get_ref());
+        let outcome = set_auto_resize(&self.0, r.into_inner()).await;
         Ok(Response::new(req_status(logged(
             "namespace_set_auto_resize",
             outcome,

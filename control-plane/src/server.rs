@@ -476,12 +476,47 @@ impl ControlPlane {
         nsid: u32,
         auto_visible: Option<bool>,
         trash_image: Option<bool>,
+        auto_resize: Option<bool>,
         force: bool,
     ) -> Result<(Vec<String>, Arc<GroupState>), StoreError> {
         let n = nqn.to_string();
+        // Turning auto-resize off freezes the size hosts see now: the image's. Read before
+        // the state change (a cluster round trip); an already frozen namespace keeps its
+        // size ([`GroupState::set_auto_resize`]), so it is not read again.
+        let frozen = match auto_resize {
+            Some(false) => {
+                let st = self.snapshot();
+                let ns = st.namespaces.get(&(n.clone(), nsid)).ok_or_else(|| {
+                    ConfigError::NoNamespace {
+                        nqn: n.clone(),
+                        nsid,
+                    }
+                })?;
+                Some(match ns.frozen_size {
+                    Some(kept) => kept,
+                    None => self.image_size_of(ns).await?,
+                })
+            }
+            _ => None,
+        };
         let (notes, st) = self
             .try_update(move |st| {
                 let mut notes = Vec::new();
+                if let Some(on) = auto_resize {
+                    let changed = st.set_auto_resize(&n, nsid, if on { None } else { frozen })?;
+                    let kept = st
+                        .namespaces
+                        .get(&(n.clone(), nsid))
+                        .and_then(|e| e.frozen_size);
+                    notes.push(format!(
+                        "{}{}",
+                        match kept {
+                            Some(size) => format!("auto-resize off, size kept at {size} bytes"),
+                            None => "auto-resize on: follows its image".into(),
+                        },
+                        if changed { "" } else { " (unchanged)" }
+                    ));
+                }
                 if let Some(auto) = auto_visible {
                     let changed = st.set_namespace_visibility(&n, nsid, auto, force)?;
                     notes.push(format!(
@@ -510,9 +545,53 @@ impl ControlPlane {
             nsid,
             ?auto_visible,
             ?trash_image,
+            ?auto_resize,
             "namespace settings changed"
         );
         Ok((notes, st))
+    }
+
+    /// A namespace's image size in bytes as RBD has it now (off the runtime).
+    async fn image_size_of(&self, ns: &NamespaceEntry) -> Result<u64, StoreError> {
+        let backend = self.backend().clone();
+        let n = ns.clone();
+        tokio::task::spawn_blocking(move || {
+            backend.image_size(&n.pool, &n.rados_namespace, &n.image)
+        })
+        .await
+        .map_err(|e| StoreError::Other(format!("task failed: {e}")))?
+    }
+
+    /// An explicit resize (`namespace resize`, ceph-nvmeof's `namespace_resize`) of a
+    /// namespace whose auto-resize is off: its image grows to at least `size` (left alone
+    /// when already larger: `rbd resize` may have grown it while frozen), then the frozen
+    /// size becomes `size`, which every gateway reports. A shrink of the frozen size is
+    /// refused before the image is touched. Returns the size frozen before (equal to
+    /// `size`: no change).
+    pub(crate) async fn resize_frozen_namespace(
+        self: &Arc<Self>,
+        ns: &NamespaceEntry,
+        size: u64,
+    ) -> Result<(u64, Arc<GroupState>), StoreError> {
+        let (nqn, nsid) = (ns.subsystem_nqn.clone(), ns.nsid);
+        // Checked on the cached state first (no image change for a refused resize); the
+        // state change checks again.
+        ns.check_frozen_resize(size)?;
+        let image = self.image_size_of(ns).await?;
+        if size > image {
+            let backend = self.backend().clone();
+            let n = ns.clone();
+            tokio::task::spawn_blocking(move || {
+                backend.grow_image(&n.pool, &n.rados_namespace, &n.image, size)
+            })
+            .await
+            .map_err(|e| StoreError::Other(format!("task failed: {e}")))??;
+        }
+        let (old, st) = self
+            .try_update(move |st| st.resize_frozen(&nqn, nsid, size))
+            .await?;
+        tracing::info!(nqn = %ns.subsystem_nqn, nsid, image = %state::image_spec(ns), old, new = size, image_size = image.max(size), "frozen namespace resized");
+        Ok((old, st))
     }
 
     /// Sets (or, empty, removes) a subsystem's DH-HMAC-CHAP key: the Admin API's
@@ -1187,6 +1266,7 @@ fn namespace_proto(n: &NamespaceEntry) -> proto::Namespace {
         hosts: n.hosts.iter().cloned().collect(),
         qos: (!n.qos.is_unlimited()).then(|| n.qos.to_proto()),
         trash_image: n.trash_image,
+        frozen_size: n.frozen_size.unwrap_or(0),
     }
 }
 
@@ -1206,6 +1286,7 @@ fn namespace_entry(r: proto::NamespaceAddRequest) -> NamespaceEntry {
         nguid: String::new(),
         uuid: r.uuid,
         trash_image: false,
+        frozen_size: None,
     }
 }
 
@@ -2032,15 +2113,23 @@ impl proto::admin_server::Admin for AdminService {
         r: Request<proto::NamespaceSetRequest>,
     ) -> Result<Response<proto::Reply>, Status> {
         let r = r.into_inner();
-        if r.auto_visible.is_none() && r.trash_image.is_none() {
+        if r.auto_visible.is_none() && r.trash_image.is_none() && r.auto_resize.is_none() {
             return Err(Status::invalid_argument(
-                "namespace set: give a setting to change (auto_visible, trash_image)",
+                "namespace set: give a setting to change (auto_visible, trash_image, \
+                 auto_resize)",
             ));
         }
         let (nqn, nsid) = (r.subsystem_nqn.clone(), r.nsid);
         let (notes, st) = self
             .0
-            .set_namespace(&nqn, nsid, r.auto_visible, r.trash_image, r.force)
+            .set_namespace(
+                &nqn,
+                nsid,
+                r.auto_visible,
+                r.trash_image,
+                r.auto_resize,
+                r.force,
+            )
             .await
             .map_err(status)?;
         Ok(reply(
@@ -2139,6 +2228,24 @@ impl proto::admin_server::Admin for AdminService {
                 "size {} is not a multiple of the block size {}",
                 r.size_bytes, ns.block_size
             )));
+        }
+        if ns.frozen_size.is_some() {
+            // Auto-resize off: the frozen size is what hosts see; it becomes this one.
+            let size = r.size_bytes;
+            let (old, st) = self
+                .0
+                .resize_frozen_namespace(&ns, size)
+                .await
+                .map_err(status)?;
+            return Ok(reply(
+                &st,
+                format!(
+                    "namespace {} of {} ({}, auto-resize off) resized from {old} to {size} bytes",
+                    ns.nsid,
+                    ns.subsystem_nqn,
+                    state::image_spec(&ns)
+                ),
+            ));
         }
         let backend = self.0.store.backend().clone();
         let (n, size) = (ns.clone(), r.size_bytes);

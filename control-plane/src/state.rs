@@ -107,6 +107,35 @@ pub struct NamespaceEntry {
     /// `trash_image`; the delete then needs `i_am_sure`). Left out of the JSON when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub trash_image: bool,
+    /// Auto-resize off (ceph-nvmeof's `namespace_set_auto_resize` false, `namespace_add`
+    /// `disable_auto_resize`): the size in bytes hosts see, whatever the image grows to
+    /// (`namespace resize` changes it). None: the namespace follows its image. Stored here,
+    /// not on a gateway, so a failover or a restart never changes the size under a host;
+    /// left out of the JSON when None, so older states load and older replicas read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen_size: Option<u64>,
+}
+
+impl NamespaceEntry {
+    /// Whether this namespace's frozen size may become `size` ([`GroupState::resize_frozen`]):
+    /// its auto-resize is off and `size` is no shrink. The size frozen now.
+    pub fn check_frozen_resize(&self, size: u64) -> Result<u64, ConfigError> {
+        let Some(old) = self.frozen_size else {
+            return Err(ConfigError::Invalid {
+                what: "namespace",
+                value: format!("{} {}", self.subsystem_nqn, self.nsid),
+                why: "its auto-resize is on: it follows its image",
+            });
+        };
+        if size < old {
+            return Err(ConfigError::Invalid {
+                what: "namespace size",
+                value: size.to_string(),
+                why: "smaller than the namespace's (a namespace is never shrunk)",
+            });
+        }
+        Ok(old)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -938,6 +967,44 @@ impl GroupState {
         Ok(changed)
     }
 
+    /// Turns a namespace's auto-resize on (`frozen` None: it follows its image again) or off
+    /// (`frozen`: the size it keeps, the image's size now as the caller read it). Turning it
+    /// off while already off keeps the size frozen before: what hosts see does not move.
+    /// Returns whether it changed.
+    pub fn set_auto_resize(
+        &mut self,
+        nqn: &str,
+        nsid: u32,
+        frozen: Option<u64>,
+    ) -> Result<bool, ConfigError> {
+        let ns = self.namespace_mut(nqn, nsid)?;
+        let next = match (ns.frozen_size, frozen) {
+            (Some(kept), Some(_)) => Some(kept),
+            (_, next) => next,
+        };
+        if next == Some(0) {
+            return Err(ConfigError::Invalid {
+                what: "frozen namespace size",
+                value: "0".into(),
+                why: "a namespace keeps a size of at least one block",
+            });
+        }
+        let changed = ns.frozen_size != next;
+        ns.frozen_size = next;
+        Ok(changed)
+    }
+
+    /// An explicit resize of a namespace whose auto-resize is off: its frozen size becomes
+    /// `size` (the caller grew its image to at least that first). Refused for a namespace
+    /// that follows its image (nothing frozen to change) and for a shrink. Returns the size
+    /// frozen before.
+    pub fn resize_frozen(&mut self, nqn: &str, nsid: u32, size: u64) -> Result<u64, ConfigError> {
+        let ns = self.namespace_mut(nqn, nsid)?;
+        let old = ns.check_frozen_resize(size)?;
+        ns.frozen_size = Some(size);
+        Ok(old)
+    }
+
     /// Sets (a key) or removes (empty) subsystem `nqn`'s DH-HMAC-CHAP key, checked with the
     /// gateway's parser and stored in canonical text. As in ceph-nvmeof, a key is refused
     /// while a host of the subsystem has no key of its own (it could never be asked for the
@@ -1432,6 +1499,7 @@ mod tests {
             nguid: String::new(),
             uuid: String::new(),
             trash_image: false,
+            frozen_size: None,
         }
     }
 
@@ -2144,5 +2212,108 @@ mod tests {
         omap.insert(key, text.replace(&uuid, &uuid.to_uppercase()).into_bytes());
         let e = GroupState::from_omap(&omap).expect_err("upper-case UUID");
         assert!(matches!(e, ConfigError::Corrupt { .. }), "{e}");
+    }
+
+    #[test]
+    fn auto_resize_off_keeps_the_first_frozen_size_until_turned_on() {
+        let mut st = with_groups(1);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        let n = st.add_namespace(ns("img")).expect("ns");
+        assert_eq!(
+            n.frozen_size, None,
+            "a namespace follows its image by default"
+        );
+        assert!(st.set_auto_resize(NQN, n.nsid, Some(1 << 30)).expect("off"));
+        assert_eq!(
+            st.namespaces[&(NQN.to_string(), n.nsid)].frozen_size,
+            Some(1 << 30)
+        );
+        // Off again with the image grown meanwhile: the size hosts see does not move.
+        assert!(!st
+            .set_auto_resize(NQN, n.nsid, Some(2 << 30))
+            .expect("off again"));
+        assert_eq!(
+            st.namespaces[&(NQN.to_string(), n.nsid)].frozen_size,
+            Some(1 << 30)
+        );
+        assert!(st.set_auto_resize(NQN, n.nsid, None).expect("on"));
+        assert_eq!(st.namespaces[&(NQN.to_string(), n.nsid)].frozen_size, None);
+        assert!(!st.set_auto_resize(NQN, n.nsid, None).expect("on again"));
+        let e = st
+            .set_auto_resize(NQN, n.nsid, Some(0))
+            .expect_err("size 0");
+        assert!(matches!(e, ConfigError::Invalid { .. }), "{e}");
+        assert_eq!(st.namespaces[&(NQN.to_string(), n.nsid)].frozen_size, None);
+    }
+
+    #[test]
+    fn auto_resize_of_an_unknown_namespace_is_refused_with_the_state_unchanged() {
+        let mut st = with_groups(1);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        st.add_namespace(ns("img")).expect("ns");
+        let before = st.clone();
+        let e = st
+            .set_auto_resize(NQN, 9, Some(1 << 20))
+            .expect_err("no NSID 9");
+        assert!(matches!(e, ConfigError::NoNamespace { nsid: 9, .. }), "{e}");
+        let e = st
+            .set_auto_resize("nqn.2016-06.io.spdk:none", 1, None)
+            .expect_err("no subsystem");
+        assert!(
+            matches!(
+                e,
+                ConfigError::NoSubsystem(_) | ConfigError::NoNamespace { .. }
+            ),
+            "{e}"
+        );
+        let e = st.resize_frozen(NQN, 9, 1 << 20).expect_err("no NSID 9");
+        assert!(matches!(e, ConfigError::NoNamespace { nsid: 9, .. }), "{e}");
+        assert_eq!(st, before);
+    }
+
+    #[test]
+    fn a_frozen_namespace_is_resized_only_up_and_only_while_frozen() {
+        let mut st = with_groups(1);
+        st.add_subsystem(NQN, "", false, 0).expect("subsystem");
+        let n = st.add_namespace(ns("img")).expect("ns");
+        let e = st
+            .resize_frozen(NQN, n.nsid, 1 << 30)
+            .expect_err("auto-resize on: nothing frozen");
+        assert!(e.to_string().contains("auto-resize is on"), "{e}");
+        st.set_auto_resize(NQN, n.nsid, Some(1 << 30)).expect("off");
+        assert_eq!(
+            st.resize_frozen(NQN, n.nsid, 3 << 30).expect("grow"),
+            1 << 30
+        );
+        assert_eq!(
+            st.namespaces[&(NQN.to_string(), n.nsid)].frozen_size,
+            Some(3 << 30)
+        );
+        let e = st.resize_frozen(NQN, n.nsid, 2 << 30).expect_err("shrink");
+        assert!(e.to_string().contains("never shrunk"), "{e}");
+        assert_eq!(
+            st.namespaces[&(NQN.to_string(), n.nsid)].frozen_size,
+            Some(3 << 30)
+        );
+        assert_eq!(
+            st.resize_frozen(NQN, n.nsid, 3 << 30).expect("same"),
+            3 << 30
+        );
+    }
+
+    #[test]
+    fn a_frozen_size_is_stored_only_when_set_and_older_entries_load() {
+        let mut entry = ns("img");
+        entry.nsid = 1;
+        let plain = serde_json::to_string(&entry).expect("encode");
+        assert!(!plain.contains("frozen_size"), "{plain}");
+        // An entry written before the field existed (none in it) follows its image.
+        let old: NamespaceEntry = serde_json::from_str(&plain).expect("decode");
+        assert_eq!(old.frozen_size, None);
+        entry.frozen_size = Some(5 << 20);
+        let frozen = serde_json::to_string(&entry).expect("encode");
+        assert!(frozen.contains("\"frozen_size\":5242880"), "{frozen}");
+        let back: NamespaceEntry = serde_json::from_str(&frozen).expect("decode");
+        assert_eq!(back, entry);
     }
 }

@@ -153,6 +153,7 @@ mod tests {
                 nguid: String::new(),
                 uuid: String::new(),
                 trash_image: false,
+                frozen_size: None,
             })
             .expect("namespace");
         }

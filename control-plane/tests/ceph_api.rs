@@ -1598,27 +1598,107 @@ async fn cli_and_dashboard_calls() {
     let pushed = f.cp.assignment("gw1").expect("assignment");
     assert!(!pushed.namespaces[0].no_auto_visible);
 
-    // Auto-resize: always on here.
+    // Auto-resize: on by default (the namespace follows its image). Off freezes the size
+    // hosts see in the group state (pushed to every gateway); an `rbd resize` then changes
+    // nothing, a namespace_resize changes the frozen size; on again follows the image.
     let ar = |nsid: u32, auto_resize: bool| pb::NamespaceSetAutoResizeReq {
         subsystem_nqn: NQN.into(),
         nsid,
         auto_resize,
     };
+    let frozen = |cp: &ControlPlane| cp.state().namespaces[&(NQN.to_string(), 1)].frozen_size;
+    let pushed_frozen =
+        |cp: &ControlPlane| cp.assignment("gw1").expect("assignment").namespaces[0].frozen_size;
     let r = gw
         .namespace_set_auto_resize(ar(1, true))
         .await
         .expect("rpc");
-    assert_eq!(r.get_ref().status, 0);
+    assert_eq!(r.get_ref().status, 0, "{:?}", r.get_ref());
+    assert_eq!(frozen(&f.cp), None);
+    assert_eq!(listed(gw).await.disable_auto_resize, Some(false));
     let r = gw
         .namespace_set_auto_resize(ar(1, false))
         .await
         .expect("rpc");
-    assert_eq!(r.get_ref().status, EOPNOTSUPP, "{:?}", r.get_ref());
+    assert_eq!(r.get_ref().status, 0, "{:?}", r.get_ref());
+    assert_eq!(
+        frozen(&f.cp),
+        Some(4 * GIB),
+        "the image's size when turned off"
+    );
+    assert_eq!(pushed_frozen(&f.cp), 4 * GIB);
+    assert_eq!(listed(gw).await.disable_auto_resize, Some(true));
+    // The image grows outside (rbd resize): off again keeps the size frozen first.
+    f.backend
+        .sizes
+        .lock()
+        .expect("sizes")
+        .insert("rbd/img1".into(), 6 * GIB);
     let r = gw
-        .namespace_set_auto_resize(ar(4, true))
+        .namespace_set_auto_resize(ar(1, false))
         .await
         .expect("rpc");
-    assert_eq!(r.get_ref().status, ENODEV);
+    assert_eq!(r.get_ref().status, 0, "{:?}", r.get_ref());
+    assert_eq!(frozen(&f.cp), Some(4 * GIB));
+    let resize = |new_size: u64| pb::NamespaceResizeReq {
+        subsystem_nqn: NQN.into(),
+        nsid: 1,
+        new_size,
+        ..Default::default()
+    };
+    // Below the (grown) image: only the frozen size moves, the image is left as it is.
+    let r = gw
+        .namespace_resize(resize(5120))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(frozen(&f.cp), Some(5 * GIB));
+    assert_eq!(pushed_frozen(&f.cp), 5 * GIB);
+    assert_eq!(listed(gw).await.rbd_image_size, 6 * GIB);
+    // A shrink of the frozen size: refused, nothing changed.
+    let r = gw
+        .namespace_resize(resize(4096))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, EINVAL, "{r:?}");
+    assert_eq!(frozen(&f.cp), Some(5 * GIB));
+    // Above the image: the image grows to it too.
+    let r = gw
+        .namespace_resize(resize(8192))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(frozen(&f.cp), Some(8 * GIB));
+    assert_eq!(listed(gw).await.rbd_image_size, 8 * GIB);
+    // Bad input: an unknown NSID or subsystem, the state unchanged.
+    let before = f.cp.state();
+    let r = gw
+        .namespace_set_auto_resize(ar(4, false))
+        .await
+        .expect("rpc");
+    assert_eq!(r.get_ref().status, ENODEV, "{:?}", r.get_ref());
+    let r = gw
+        .namespace_set_auto_resize(pb::NamespaceSetAutoResizeReq {
+            subsystem_nqn: "nqn.2016-06.io.test:unknown".into(),
+            nsid: 1,
+            auto_resize: false,
+        })
+        .await
+        .expect("rpc");
+    assert_ne!(r.get_ref().status, 0, "{:?}", r.get_ref());
+    assert_eq!(f.cp.state().namespaces, before.namespaces);
+    // On again: the namespace follows its image.
+    let r = gw
+        .namespace_set_auto_resize(ar(1, true))
+        .await
+        .expect("rpc");
+    assert_eq!(r.get_ref().status, 0, "{:?}", r.get_ref());
+    assert_eq!(frozen(&f.cp), None);
+    assert_eq!(pushed_frozen(&f.cp), 0);
+    assert_eq!(listed(gw).await.disable_auto_resize, Some(false));
 
     // Trash on delete: the flag is kept with the namespace; a delete needs i_am_sure, and
     // then the image is in the trash, not deleted outright and not left in the pool.
@@ -2032,4 +2112,63 @@ async fn namespace_identities_are_chosen_once_and_never_reused() {
         .namespaces
         .iter()
         .any(|n| n.nsid == 1 && n.uuid == second));
+}
+
+/// `namespace_add` with `disable_auto_resize`: the namespace keeps its image's size at add
+/// time (stored, pushed, listed); without it the namespace follows its image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_add_with_auto_resize_off_keeps_the_image_size() {
+    let mut f = start().await;
+    f.backend
+        .sizes
+        .lock()
+        .expect("sizes")
+        .insert("rbd/img2".into(), 2 * GIB);
+    let gw = &mut f.gw;
+    assert_eq!(
+        gw.create_subsystem(subsystem_req(NQN))
+            .await
+            .expect("rpc")
+            .get_ref()
+            .status,
+        0
+    );
+    let r = gw
+        .namespace_add(namespace_req("img1", 512))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    let mut frozen = namespace_req("img2", 512);
+    frozen.disable_auto_resize = Some(true);
+    let r = gw.namespace_add(frozen).await.expect("rpc").into_inner();
+    assert_eq!(r.status, 0, "{r:?}");
+    let st = f.cp.state();
+    assert_eq!(st.namespaces[&(NQN.to_string(), 1)].frozen_size, None);
+    assert_eq!(
+        st.namespaces[&(NQN.to_string(), r.nsid)].frozen_size,
+        Some(2 * GIB)
+    );
+    let pushed = f.cp.assignment("gw1").expect("assignment");
+    let sizes: Vec<(u32, u64)> = pushed
+        .namespaces
+        .iter()
+        .map(|n| (n.nsid, n.frozen_size))
+        .collect();
+    assert_eq!(sizes, vec![(1, 0), (r.nsid, 2 * GIB)]);
+    let listed = gw
+        .list_namespaces(pb::ListNamespacesReq {
+            subsystem: NQN.into(),
+            nsid: None,
+            uuid: None,
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    let flags: Vec<(u32, Option<bool>)> = listed
+        .namespaces
+        .iter()
+        .map(|n| (n.nsid, n.disable_auto_resize))
+        .collect();
+    assert_eq!(flags, vec![(1, Some(false)), (r.nsid, Some(true))]);
 }

@@ -361,6 +361,9 @@ async fn every_subcommand_prints_the_same_tables_and_json() {
         "true",
     ]);
     ctl(&["namespace", "set", "-n", NQN, "--nsid", "3"]);
+    // Auto-resize off: the listings show the size kept (the image's, 1 GiB here).
+    #[rustfmt::skip]
+    ctl(&["namespace", "set", "-n", NQN, "--nsid", "3", "--auto-resize", "false"]);
     ctl(&[
         "namespace",
         "set",

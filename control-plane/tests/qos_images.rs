@@ -356,6 +356,7 @@ async fn namespace_settings_subsystem_key_and_log_level() {
             nsid: 1,
             auto_visible,
             trash_image,
+            auto_resize: None,
             force,
         }
     };
@@ -396,6 +397,49 @@ async fn namespace_settings_subsystem_key_and_log_level() {
     assert!(!e1.no_auto_visible && e1.hosts.is_empty() && e1.trash_image);
     let pushed = f.cp.assignment("gw1").expect("assignment");
     assert!(pushed.namespaces[0].trash_image && !pushed.namespaces[0].no_auto_visible);
+
+    // Auto-resize off: the image's size now is kept (stored, pushed); `namespace resize`
+    // then changes the kept size (a shrink of it refused); on again follows the image.
+    let auto_resize = |on: bool| proto::NamespaceSetRequest {
+        auto_resize: Some(on),
+        ..set(None, None, false)
+    };
+    let r = a
+        .namespace_set(auto_resize(false))
+        .await
+        .expect("auto-resize off")
+        .into_inner();
+    assert!(r.message.contains("auto-resize off"), "{r:?}");
+    assert_eq!(entry(&f.cp).frozen_size, Some(1 << 30), "the image's size");
+    let pushed = f.cp.assignment("gw1").expect("assignment");
+    assert_eq!(pushed.namespaces[0].frozen_size, 1 << 30);
+    let resize = |size_bytes: u64| proto::NamespaceResizeRequest {
+        subsystem_nqn: NQN.into(),
+        nsid: 1,
+        size_bytes,
+    };
+    let before = f.cp.state();
+    let e = a
+        .namespace_resize(resize(512 << 20))
+        .await
+        .expect_err("below the kept size");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let mut missing = auto_resize(false);
+    missing.nsid = 9;
+    let e = a.namespace_set(missing).await.expect_err("no namespace 9");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert_eq!(f.cp.state(), before, "refusals changed the state");
+    a.namespace_resize(resize(2 << 30))
+        .await
+        .expect("resize while frozen");
+    assert_eq!(entry(&f.cp).frozen_size, Some(2 << 30));
+    assert_eq!(f.backend.sizes.lock().expect("sizes")["rbd/img1"], 2 << 30);
+    a.namespace_set(auto_resize(true))
+        .await
+        .expect("auto-resize on");
+    assert_eq!(entry(&f.cp).frozen_size, None);
+    let pushed = f.cp.assignment("gw1").expect("assignment");
+    assert_eq!(pushed.namespaces[0].frozen_size, 0);
 
     // Deleting a namespace whose image goes to the trash needs --delete-image; then the
     // image is in the trash.

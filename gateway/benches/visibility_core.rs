@@ -181,6 +181,7 @@ fn setup(restricted: bool) -> Setup {
             ana_group: 1,
             read_only: false,
             qos: Default::default(),
+            frozen_size: Default::default(),
         }));
     }
     target.add_subsystem(sub);

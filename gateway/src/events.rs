@@ -30,6 +30,25 @@ impl DeviceEventSink for NamespaceEvents {
         };
         match event {
             DeviceEvent::Resized { new_size } => {
+                // Auto-resize off: hosts keep seeing the frozen size while the image is
+                // larger (no notice: nothing changed for them). An image that reaches it
+                // exactly may be the growth of a frozen namespace's resize whose new frozen
+                // size was pushed before librbd told us: hosts are told then (a notice for
+                // an unchanged size costs a host one rescan; a missed one leaves it at the
+                // old size). An image shrunk below it changes what they see too.
+                let frozen = subsystem
+                    .namespace(self.nsid)
+                    .and_then(|ns| ns.frozen_size.get());
+                if let Some(frozen) = frozen.filter(|f| new_size > *f) {
+                    tracing::info!(
+                        subsystem = subsystem.nqn(),
+                        nsid = self.nsid,
+                        new_size,
+                        frozen,
+                        "namespace's image resized; auto-resize off: hosts keep its frozen size"
+                    );
+                    return;
+                }
                 tracing::info!(
                     subsystem = subsystem.nqn(),
                     nsid = self.nsid,

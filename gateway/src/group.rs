@@ -1226,6 +1226,7 @@ async fn assignment_loop(
                                 clients.refresh_lost_groups_before_opening(&target, &a);
                                 apply_config(&target, config, &a).await;
                                 apply_qos(&target, config, &a);
+                                apply_frozen_sizes(&target, config, &a);
                                 apply_removals(&target, config, &a).await;
                                 apply_listeners(&target, &a);
                                 apply_tls(&target, &a);
@@ -1649,6 +1650,7 @@ fn replace_namespace(
         ana_group: group,
         read_only: old.read_only,
         qos: old.qos.clone(),
+        frozen_size: old.frozen_size.clone(),
     }));
 }
 
@@ -1764,6 +1766,7 @@ pub async fn apply_config(target: &Arc<Target>, base: &Config, a: &Assignment) {
                 rw_megabytes_per_second: pushed_qos(n).rw_megabytes_per_second,
                 r_megabytes_per_second: pushed_qos(n).r_megabytes_per_second,
                 w_megabytes_per_second: pushed_qos(n).w_megabytes_per_second,
+                frozen_size: (n.frozen_size != 0).then_some(n.frozen_size),
             })
             .collect();
         if existing.is_none() || !namespaces.is_empty() {
@@ -1862,6 +1865,43 @@ pub fn apply_qos(target: &Target, base: &Config, a: &Assignment) -> usize {
         if ns.qos.set_limits(limits) {
             changed += 1;
             tracing::info!(nqn = %n.subsystem_nqn, nsid = n.nsid, qos = %limits, "QoS limits changed in the control plane");
+        }
+    }
+    changed
+}
+
+/// Gives every pushed namespace this gateway serves the frozen size of the assignment, live
+/// (`nvmeofctl namespace set --auto-resize`, `namespace resize` of a frozen namespace):
+/// whichever gateway serves a namespace, after a failover or a restart too, reports the size
+/// the group state has. Hosts get a Namespace Attribute Changed notice when the size they see
+/// changes. Namespaces from the gateway's own file keep following their devices. Returns how
+/// many namespaces' sizes changed for hosts.
+pub fn apply_frozen_sizes(target: &Target, base: &Config, a: &Assignment) -> usize {
+    let mut changed = 0;
+    for n in &a.namespaces {
+        let in_file = base
+            .subsystems
+            .iter()
+            .any(|s| s.nqn == n.subsystem_nqn && s.namespaces.iter().any(|f| f.nsid == n.nsid));
+        if in_file {
+            continue;
+        }
+        let Some(sub) = target.subsystem(&n.subsystem_nqn) else {
+            continue;
+        };
+        let Some(ns) = sub.namespace(n.nsid) else {
+            continue;
+        };
+        let frozen = (n.frozen_size != 0).then_some(n.frozen_size);
+        let seen = ns.size_in_lbas();
+        if !ns.frozen_size.set(frozen) {
+            continue;
+        }
+        let now = ns.size_in_lbas();
+        tracing::info!(nqn = %n.subsystem_nqn, nsid = n.nsid, ?frozen, lbas_before = seen, lbas = now, "namespace's frozen size changed in the control plane");
+        if now != seen {
+            changed += 1;
+            sub.notify_namespace_changed(n.nsid);
         }
     }
     changed
@@ -3041,5 +3081,49 @@ ana_group = 2
         )
         .await;
         assert_eq!(s.ana_change_count(), before + 4);
+    }
+
+    /// A pushed frozen size (auto-resize off) applies live to the namespace served here, with
+    /// a notice only when the size hosts see changes; cleared, the namespace follows its
+    /// device again. A namespace of the gateway's own file keeps following its device.
+    #[test]
+    fn a_pushed_frozen_size_applies_live() {
+        let base = Config::from_toml_str(TOML).expect("config");
+        let served = format!(
+            "{TOML}\n[[subsystem]]\nnqn = \"{PUSHED}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\nbackend = \"memory\"\nsize = \"1MiB\"\n"
+        );
+        let target = Config::from_toml_str(&served)
+            .expect("config")
+            .build_target()
+            .expect("target");
+        let ns = target
+            .subsystem(PUSHED)
+            .and_then(|s| s.namespace(1))
+            .expect("pushed namespace");
+        let mut a = pushed_assignment(3, &[1], &[]);
+        // Frozen at the device's size: what hosts see does not change (no notice).
+        a.namespaces[0].frozen_size = 1 << 20;
+        assert_eq!(apply_frozen_sizes(&target, &base, &a), 0);
+        assert_eq!(ns.frozen_size.get(), Some(1 << 20));
+        // Below the device's (it grew while frozen, the admin resized below it): told.
+        a.namespaces[0].frozen_size = 512 << 10;
+        assert_eq!(apply_frozen_sizes(&target, &base, &a), 1);
+        assert_eq!(ns.size_in_lbas(), (512 << 10) / 512);
+        assert_eq!(apply_frozen_sizes(&target, &base, &a), 0, "same again");
+        // Auto-resize on: the device's size, told.
+        a.namespaces[0].frozen_size = 0;
+        assert_eq!(apply_frozen_sizes(&target, &base, &a), 1);
+        assert_eq!(ns.frozen_size.get(), None);
+        assert_eq!(ns.size_in_lbas(), (1 << 20) / 512);
+        // The file's namespace: not the control plane's to freeze.
+        let file_ns = target
+            .subsystem("nqn.2016-06.io.test:group")
+            .and_then(|s| s.namespace(1))
+            .expect("file namespace");
+        a.namespaces[0].subsystem_nqn = "nqn.2016-06.io.test:group".into();
+        a.namespaces[0].frozen_size = 512 << 10;
+        assert_eq!(apply_frozen_sizes(&target, &base, &a), 0);
+        assert_eq!(file_ns.frozen_size.get(), None);
     }
 }

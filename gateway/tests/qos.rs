@@ -33,6 +33,7 @@ fn two_namespaces() -> Arc<Target> {
         ana_group: 1,
         read_only: false,
         qos: Default::default(),
+        frozen_size: Default::default(),
     }));
     target
 }

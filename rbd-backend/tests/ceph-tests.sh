@@ -10,6 +10,8 @@
 #   - gateway/tests/failover.rs   (two gateway processes + control plane: fenced failover)
 #   - gateway/tests/failover_kill.rs   (kill -9 of a gateway: fenced and moved at once, no grace)
 #   - gateway/tests/group_config.rs (subsystems/namespaces pushed from the control plane)
+#   - gateway/tests/group_auto_resize.rs (auto-resize off: rbd resize and a restart keep the
+#                                  size the host sees; namespace resize changes it)
 #   - gateway/tests/osd_down_start.rs (gateway start with the OSD stopped: serves, RBD later)
 #   - gateway/tests/osd_stall_budget.rs (hosts writing into a stopped OSD: the data budget
 #                                  bounds the buffers, every write lands once it resumes)
@@ -70,6 +72,7 @@ bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test rbd_e2e -- --ignored "$@
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test failover -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test failover_kill -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_config -- --ignored "$@" || rc=1
+bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test group_auto_resize -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_down_start -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_stall_budget -- --ignored "$@" || rc=1
 bounded "${CARGO:-cargo}" test -p nvmeof-gateway --test osd_unanswered -- --ignored "$@" || rc=1

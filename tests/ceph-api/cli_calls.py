@@ -147,9 +147,19 @@ def main():
     print("auto-resize")
     status(stub, "namespace_set_auto_resize",
            pb2.namespace_set_auto_resize_req(subsystem_nqn=nqn, nsid=nsid, auto_resize=True))
+    check("auto-resize on by default", not namespace(stub, nqn, nsid).disable_auto_resize)
     status(stub, "namespace_set_auto_resize",
-           pb2.namespace_set_auto_resize_req(subsystem_nqn=nqn, nsid=nsid, auto_resize=False),
-           errno.EOPNOTSUPP, "auto-resize off")
+           pb2.namespace_set_auto_resize_req(subsystem_nqn=nqn, nsid=nsid, auto_resize=False))
+    check("auto-resize off listed", namespace(stub, nqn, nsid).disable_auto_resize)
+    before = snapshot(stub, nqn)
+    status(stub, "namespace_set_auto_resize",
+           pb2.namespace_set_auto_resize_req(subsystem_nqn=nqn, nsid=nsid + 1000,
+                                             auto_resize=True),
+           errno.ENODEV)
+    unchanged(stub, nqn, before, "auto-resize of an unknown namespace")
+    status(stub, "namespace_set_auto_resize",
+           pb2.namespace_set_auto_resize_req(subsystem_nqn=nqn, nsid=nsid, auto_resize=True))
+    check("auto-resize on again", not namespace(stub, nqn, nsid).disable_auto_resize)
 
     print("subsystem key")
     status(stub, "add_host", pb2.add_host_req(subsystem_nqn=nqn, host_nqn=host,

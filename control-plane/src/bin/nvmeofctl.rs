@@ -309,6 +309,11 @@ enum NamespaceCmd {
         /// --delete-image); false: the image stays unless --delete-image removes it.
         #[arg(long, value_name = "true|false")]
         trash_image: Option<bool>,
+        /// false: the namespace keeps the size it has now when its image grows (`rbd
+        /// resize`), on every gateway; `namespace resize` still changes it. true: it follows
+        /// its image again (hosts see the image's size).
+        #[arg(long, value_name = "true|false")]
+        auto_resize: Option<bool>,
         /// With --auto-visible true: drop the namespace's host list.
         #[arg(long)]
         force: bool,
@@ -800,11 +805,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             nsid,
             auto_visible,
             trash_image,
+            auto_resize,
             force,
         }) => {
-            if auto_visible.is_none() && trash_image.is_none() {
+            if auto_visible.is_none() && trash_image.is_none() && auto_resize.is_none() {
                 return Err(Failure::Usage(
-                    "namespace set: give a setting to change (--auto-visible, --trash-image)"
+                    "namespace set: give a setting to change (--auto-visible, --trash-image, \
+                     --auto-resize)"
                         .into(),
                 ));
             }
@@ -813,6 +820,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 nsid,
                 auto_visible,
                 trash_image,
+                auto_resize,
                 force,
             };
             done(out, answer(c.namespace_set(request), tls_on).await?)

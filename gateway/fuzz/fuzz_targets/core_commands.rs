@@ -257,6 +257,7 @@ fn target(device: &Arc<MemoryDevice>, keyed_host: bool) -> Arc<Target> {
         ana_group: 1,
         read_only: false,
         qos: Default::default(),
+        frozen_size: Default::default(),
     }));
     device.set_event_sink(Arc::new(nvmeof_gateway::events::NamespaceEvents::new(
         &sub, 1,

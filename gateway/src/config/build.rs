@@ -112,6 +112,8 @@ fn attach_namespace(
         ana_group: ns.ana_group,
         read_only: ns.read_only,
         qos: Arc::new(crate::core::qos::NamespaceQos::new(ns.qos_limits())),
+        // Set before the namespace is added: no host ever sees it beyond its frozen size.
+        frozen_size: Arc::new(crate::core::FrozenSize::new(ns.frozen_size)),
     });
     device.set_event_sink(Arc::new(crate::events::NamespaceEvents::new(
         subsystem, ns.nsid,

@@ -254,6 +254,10 @@ pub struct NamespaceConfig {
     pub r_megabytes_per_second: u64,
     #[serde(default)]
     pub w_megabytes_per_second: u64,
+    /// Auto-resize off: the size the namespace keeps (pushed by the control plane only; a
+    /// configuration file has no such setting).
+    #[serde(skip)]
+    pub frozen_size: Option<u64>,
 }
 
 /// Hosts a namespace may be made visible to (the control plane's limit).
@@ -283,7 +287,7 @@ impl NamespaceConfig {
     }
 
     /// Whether `other` serves the same device the same way: equal but for the hosts that see
-    /// it and its QoS limits (a reload changes those live, without a new device).
+    /// it, its QoS limits and its frozen size (changed live, without a new device).
     pub fn same_device(&self, other: &NamespaceConfig) -> bool {
         let strip = |n: &NamespaceConfig| NamespaceConfig {
             auto_visible: true,
@@ -292,6 +296,7 @@ impl NamespaceConfig {
             rw_megabytes_per_second: 0,
             r_megabytes_per_second: 0,
             w_megabytes_per_second: 0,
+            frozen_size: None,
             ..n.clone()
         };
         strip(self) == strip(other)

@@ -30,7 +30,7 @@ pub use command::{Command, Completion, Status};
 pub use controller::{Controller, QueueNotifier, TeardownReason};
 pub use queue::{Action, Queue, Response};
 pub use refusals::{ConnectRefusals, RefusalReason};
-pub use subsystem::{HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec};
+pub use subsystem::{FrozenSize, HostAccess, Namespace, Subsystem, SubsystemKind, SubsystemSpec};
 pub use target::{
     ListenerInfo, Target, TargetIdentity, TransportCaps, TransportType, UnavailableNamespace,
 };

@@ -28,6 +28,9 @@ pub struct Namespace {
     /// QoS limits, shared by the namespace's every queue and changed in place (live); a
     /// namespace re-registered on another device or ANA group keeps them.
     pub qos: Arc<NamespaceQos>,
+    /// Auto-resize off: the size the namespace keeps whatever its device grows to. Shared
+    /// and changed in place as `qos` is (the control plane pushes it with the namespace).
+    pub frozen_size: Arc<FrozenSize>,
 }
 
 impl Namespace {
@@ -35,9 +38,42 @@ impl Namespace {
         1 << self.lba_shift
     }
 
-    /// Size in logical blocks, rounded down.
+    /// The size hosts see in bytes: the device's, or with auto-resize off at most the frozen
+    /// size (an image grown by `rbd resize` stays hidden beyond it).
+    pub fn size_bytes(&self) -> u64 {
+        let device = self.device.size_bytes();
+        match self.frozen_size.get() {
+            Some(frozen) => device.min(frozen),
+            None => device,
+        }
+    }
+
+    /// Size in logical blocks, rounded down: Identify's NSZE and the end of the LBA range
+    /// I/O may address.
     pub fn size_in_lbas(&self) -> u64 {
-        self.device.size_bytes() >> self.lba_shift
+        self.size_bytes() >> self.lba_shift
+    }
+}
+
+/// A namespace's frozen size in bytes (ceph-nvmeof's auto-resize off), or none: the
+/// namespace follows its device. One atomic, read on every I/O range check and changed
+/// live by [`FrozenSize::set`].
+#[derive(Debug, Default)]
+pub struct FrozenSize(AtomicU64);
+
+impl FrozenSize {
+    /// None or 0: no frozen size.
+    pub fn new(bytes: Option<u64>) -> Self {
+        Self(AtomicU64::new(bytes.unwrap_or(0)))
+    }
+
+    pub fn get(&self) -> Option<u64> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|b| *b != 0)
+    }
+
+    /// Sets (None: clears) the frozen size. Returns whether it changed.
+    pub fn set(&self, bytes: Option<u64>) -> bool {
+        self.0.swap(bytes.unwrap_or(0), Ordering::Relaxed) != bytes.unwrap_or(0)
     }
 }
 

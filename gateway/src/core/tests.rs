@@ -64,6 +64,7 @@ pub(crate) fn fixture() -> Fixture {
         ana_group: 1,
         read_only: false,
         qos: Default::default(),
+        frozen_size: Default::default(),
     }));
     device.set_event_sink(Arc::new(crate::events::NamespaceEvents::new(&sub, 1)));
     target.add_subsystem(sub);
@@ -1679,5 +1680,75 @@ fn the_end_of_a_host_controller_is_reported_at_once() {
         *gone.lock().unwrap(),
         1,
         "a discovery controller is not reported"
+    );
+}
+
+/// Auto-resize off: a namespace with a frozen size reports it (Identify NSZE, NCAP, NUSE)
+/// and refuses I/O beyond it after its device grew, without telling hosts anything changed;
+/// a changed frozen size applies at once, and clearing it shows the device's size again.
+#[test]
+fn a_frozen_namespace_does_not_follow_its_device_growth() {
+    let f = fixture();
+    let sub = f.target.subsystem(SUBNQN).expect("subsystem");
+    let ns = sub.namespace(1).expect("namespace");
+    assert!(ns.frozen_size.set(Some(NS_BYTES)));
+    let mut admin = f.queue();
+    let cntlid = admin_ready(&mut admin, 0);
+    arm_aer(&mut admin, spec::aer::CFG_NS_ATTR);
+    let mut q = io_ready(&f, cntlid, 1);
+
+    f.device.resize(NS_BYTES * 2);
+    assert_eq!(f.device.size_bytes(), NS_BYTES * 2, "the device did grow");
+    let mut actions = Vec::new();
+    admin.poll_events(&mut actions);
+    assert!(
+        settle(&mut admin, actions).is_empty(),
+        "no Namespace Attribute Changed while frozen"
+    );
+    let frozen_lbas = NS_BYTES / 512;
+    let id = identify(&mut admin, spec::cns::NS, 1)
+        .data
+        .unwrap()
+        .into_vec();
+    assert_eq!(
+        (le64(&id, 0), le64(&id, 8), le64(&id, 16)),
+        (frozen_lbas, frozen_lbas, frozen_lbas),
+        "NSZE, NCAP, NUSE: the frozen size"
+    );
+    let r = one(run(
+        &mut q,
+        rw(io_opcode::READ, 40, frozen_lbas - 1, 1),
+        None,
+    ));
+    assert!(
+        r.completion.status.is_success(),
+        "{:?}",
+        r.completion.status
+    );
+    let r = one(run(&mut q, rw(io_opcode::READ, 41, frozen_lbas, 1), None));
+    assert_eq!(
+        r.completion.status.code(),
+        sc::LBA_RANGE,
+        "beyond the frozen size, on the device"
+    );
+    let r = one(run(
+        &mut q,
+        rw(io_opcode::WRITE, 42, frozen_lbas - 1, 2),
+        Some(IoBuf::zeroed(1024)),
+    ));
+    assert_eq!(r.completion.status.code(), sc::LBA_RANGE);
+
+    // Auto-resize on again: the device's size.
+    assert!(ns.frozen_size.set(None));
+    let id = identify(&mut admin, spec::cns::NS, 1)
+        .data
+        .unwrap()
+        .into_vec();
+    assert_eq!(le64(&id, 0), 2 * frozen_lbas);
+    let r = one(run(&mut q, rw(io_opcode::READ, 43, frozen_lbas, 1), None));
+    assert!(
+        r.completion.status.is_success(),
+        "{:?}",
+        r.completion.status
     );
 }

@@ -167,6 +167,7 @@ mod table_tests {
             ana_group: 1,
             read_only: false,
             qos: Default::default(),
+            frozen_size: Default::default(),
         })
     }
 

@@ -32,6 +32,7 @@ fn add_namespace(sub: &Subsystem, nsid: u32) {
         ana_group: 1,
         read_only: false,
         qos: Default::default(),
+        frozen_size: Default::default(),
     }));
 }
 
@@ -309,6 +310,7 @@ fn visibility_cost_with_1000_namespaces_and_64_hosts_each() {
                 ana_group: 1,
                 read_only: false,
                 qos: Default::default(),
+                frozen_size: Default::default(),
             }));
         }
         let (mut admin, mut io) = attach(&f, HOSTNQN);

@@ -372,7 +372,7 @@ fn render_namespaces(out: &mut String, target: &Target) {
                 nsid: ns.nsid.to_string(),
                 device: ns.device.name().to_string(),
                 ana_group: ns.ana_group.to_string(),
-                capacity: ns.device.size_bytes(),
+                capacity: ns.size_bytes(),
                 in_flight: ns.device.in_flight(),
                 stats: ns.device.io_stats(),
                 qos: ns.qos.limits(),

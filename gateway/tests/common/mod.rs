@@ -89,6 +89,7 @@ pub fn target_with_device(subnqn: &str, device: Arc<dyn rbd_backend::BlockDevice
         ana_group: 1,
         read_only: false,
         qos: Default::default(),
+        frozen_size: Default::default(),
     }));
     target.add_subsystem(sub);
     target

@@ -136,6 +136,7 @@ impl Listing for proto::Namespace {
         "UUID",
         "VISIBLE TO",
         "QOS",
+        "SIZE",
     ];
     fn row(&self) -> Vec<String> {
         let image = if self.rados_namespace.is_empty() {
@@ -157,6 +158,11 @@ impl Listing for proto::Namespace {
                 (true, false) => self.hosts.join(","),
             },
             control_plane::qos::QosLimits::from_proto(self.qos.as_ref()).to_string(),
+            // Auto-resize off: the size every gateway reports; on: the image's, whatever it is.
+            match self.frozen_size {
+                0 => "image".into(),
+                bytes => format!("{bytes} (auto-resize off)"),
+            },
         ]
     }
 }
