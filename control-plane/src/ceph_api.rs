@@ -139,6 +139,13 @@ fn logged<T>(call: &'static str, outcome: Outcome<T>) -> Outcome<T> {
     outcome
 }
 
+/// A change's answer as the API sends it: its status, the refusal logged.
+// The type tonic's generated trait methods return; the Err is never built here.
+#[allow(clippy::result_large_err)]
+fn status_reply(call: &'static str, outcome: Outcome<String>) -> Reply<pb::ReqStatus> {
+    Ok(Response::new(req_status(logged(call, outcome))))
+}
+
 fn flag(o: Option<bool>) -> bool {
     o.unwrap_or(false)
 }
@@ -535,14 +542,7 @@ async fn namespace_add(cp: &Arc<ControlPlane>, r: pb::NamespaceAddReq) -> Outcom
     let mut checked = checked;
     if flag(r.disable_auto_resize) {
         // Auto-resize off from the start: the namespace keeps the image's size at add time.
-        let backend = cp.backend().clone();
-        let e = checked.clone();
-        let size = tokio::task::spawn_blocking(move || {
-            backend.image_size(&e.pool, &e.rados_namespace, &e.image)
-        })
-        .await
-        .map_err(|e| Refusal::new(libc::EIO, format!("task failed: {e}")))??;
-        checked.frozen_size = Some(size);
+        checked.frozen_size = Some(cp.image_size_of(&checked).await?);
     }
     let (added, _) = cp
         .add_namespace_with_image(checked, flag(r.create_image))
@@ -1528,10 +1528,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
 
     async fn delete_subsystem(&self, r: Request<pb::DeleteSubsystemReq>) -> Reply<pb::ReqStatus> {
         let outcome = delete_subsystem(&self.0, r.into_inner()).await;
-        Ok(Response::new(req_status(logged(
-            "delete_subsystem",
-            outcome,
-        ))))
+        status_reply("delete_subsystem", outcome)
     }
 
     async fn list_namespaces(
@@ -1547,10 +1544,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
 
     async fn namespace_resize(&self, r: Request<pb::NamespaceResizeReq>) -> Reply<pb::ReqStatus> {
         let outcome = namespace_resize(&self.0, r.into_inner()).await;
-        Ok(Response::new(req_status(logged(
-            "namespace_resize",
-            outcome,
-        ))))
+        status_reply("namespace_resize", outcome)
     }
 
     async fn namespace_get_io_stats(
@@ -1580,18 +1574,12 @@ impl pb::gateway_server::Gateway for CephGatewayService {
             Ok(_) => set_qos_limits(&self.0, &r).await,
             Err(e) => Err(e),
         };
-        Ok(Response::new(req_status(logged(
-            "namespace_set_qos_limits",
-            outcome,
-        ))))
+        status_reply("namespace_set_qos_limits", outcome)
     }
 
     async fn namespace_delete(&self, r: Request<pb::NamespaceDeleteReq>) -> Reply<pb::ReqStatus> {
         let outcome = namespace_delete(&self.0, r.into_inner()).await;
-        Ok(Response::new(req_status(logged(
-            "namespace_delete",
-            outcome,
-        ))))
+        status_reply("namespace_delete", outcome)
     }
 
     async fn namespace_add_host(
@@ -1603,10 +1591,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
             Ok(_) => add_namespace_host(&self.0, &r).await,
             Err(e) => Err(e),
         };
-        Ok(Response::new(req_status(logged(
-            "namespace_add_host",
-            outcome,
-        ))))
+        status_reply("namespace_add_host", outcome)
     }
 
     async fn namespace_delete_host(
@@ -1618,10 +1603,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
             Ok(_) => delete_namespace_host(&self.0, &r).await,
             Err(e) => Err(e),
         };
-        Ok(Response::new(req_status(logged(
-            "namespace_delete_host",
-            outcome,
-        ))))
+        status_reply("namespace_delete_host", outcome)
     }
 
     async fn add_host(&self, r: Request<pb::AddHostReq>) -> Reply<pb::ReqStatus> {
@@ -1636,10 +1618,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
 
     async fn change_host_key(&self, r: Request<pb::ChangeHostKeyReq>) -> Reply<pb::ReqStatus> {
         let outcome = change_host_key(&self.0, r.into_inner()).await;
-        Ok(Response::new(req_status(logged(
-            "change_host_key",
-            outcome,
-        ))))
+        status_reply("change_host_key", outcome)
     }
 
     async fn list_hosts(&self, r: Request<pb::ListHostsReq>) -> Reply<pb::HostsInfo> {
@@ -1661,18 +1640,12 @@ impl pb::gateway_server::Gateway for CephGatewayService {
 
     async fn create_listener(&self, r: Request<pb::CreateListenerReq>) -> Reply<pb::ReqStatus> {
         let outcome = create_listener(&self.0, r.into_inner()).await;
-        Ok(Response::new(req_status(logged(
-            "create_listener",
-            outcome,
-        ))))
+        status_reply("create_listener", outcome)
     }
 
     async fn delete_listener(&self, r: Request<pb::DeleteListenerReq>) -> Reply<pb::ReqStatus> {
         let outcome = delete_listener(&self.0, r.into_inner()).await;
-        Ok(Response::new(req_status(logged(
-            "delete_listener",
-            outcome,
-        ))))
+        status_reply("delete_listener", outcome)
     }
 
     async fn list_listeners(&self, r: Request<pb::ListListenersReq>) -> Reply<pb::ListenersInfo> {
@@ -1698,10 +1671,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
         r: Request<pb::ChangeSubsystemKeyReq>,
     ) -> Reply<pb::ReqStatus> {
         let outcome = change_subsystem_key(&self.0, r.into_inner()).await;
-        Ok(Response::new(req_status(logged(
-            "change_subsystem_key",
-            outcome,
-        ))))
+        status_reply("change_subsystem_key", outcome)
     }
 
     async fn namespace_change_load_balancing_group(
@@ -1709,10 +1679,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
         r: Request<pb::NamespaceChangeLoadBalancingGroupReq>,
     ) -> Reply<pb::ReqStatus> {
         let outcome = change_load_balancing_group(&self.0, r.into_inner()).await;
-        Ok(Response::new(req_status(logged(
-            "namespace_change_load_balancing_group",
-            outcome,
-        ))))
+        status_reply("namespace_change_load_balancing_group", outcome)
     }
 
     async fn namespace_change_visibility(
@@ -1720,10 +1687,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
         r: Request<pb::NamespaceChangeVisibilityReq>,
     ) -> Reply<pb::ReqStatus> {
         let outcome = change_visibility(&self.0, r.into_inner()).await;
-        Ok(Response::new(req_status(logged(
-            "namespace_change_visibility",
-            outcome,
-        ))))
+        status_reply("namespace_change_visibility", outcome)
     }
 
     async fn namespace_set_rbd_trash_image(
@@ -1731,10 +1695,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
         r: Request<pb::NamespaceSetRbdTrashImageReq>,
     ) -> Reply<pb::ReqStatus> {
         let outcome = set_rbd_trash_image(&self.0, r.into_inner()).await;
-        Ok(Response::new(req_status(logged(
-            "namespace_set_rbd_trash_image",
-            outcome,
-        ))))
+        status_reply("namespace_set_rbd_trash_image", outcome)
     }
 
     async fn namespace_set_auto_resize(
@@ -1742,10 +1703,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
         r: Request<pb::NamespaceSetAutoResizeReq>,
     ) -> Reply<pb::ReqStatus> {
         let outcome = set_auto_resize(&self.0, r.into_inner()).await;
-        Ok(Response::new(req_status(logged(
-            "namespace_set_auto_resize",
-            outcome,
-        ))))
+        status_reply("namespace_set_auto_resize", outcome)
     }
 
     async fn get_subsystems(&self, _: Request<pb::GetSubsystemsReq>) -> Reply<pb::SubsystemsInfo> {
@@ -1803,10 +1761,7 @@ impl pb::gateway_server::Gateway for CephGatewayService {
         r: Request<pb::SetGatewayLogLevelReq>,
     ) -> Reply<pb::ReqStatus> {
         let outcome = set_log_level(&self.0, r.get_ref()).await;
-        Ok(Response::new(req_status(logged(
-            "set_gateway_log_level",
-            outcome,
-        ))))
+        status_reply("set_gateway_log_level", outcome)
     }
 
     async fn show_gateway_listeners_info(

@@ -552,7 +552,7 @@ impl ControlPlane {
     }
 
     /// A namespace's image size in bytes as RBD has it now (off the runtime).
-    async fn image_size_of(&self, ns: &NamespaceEntry) -> Result<u64, StoreError> {
+    pub async fn image_size_of(&self, ns: &NamespaceEntry) -> Result<u64, StoreError> {
         let backend = self.backend().clone();
         let n = ns.clone();
         tokio::task::spawn_blocking(move || {
